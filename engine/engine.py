@@ -1,0 +1,106 @@
+"""The engine facade: prompt in, streamed events out, for one loaded model.
+
+`Engine.stream()` renders a prompt (text, token ids or chat messages) to tokens, runs the token
+generator and turns its steps into `GenerationEvent`s; `generate()` collects them. The
+checkpoint machinery plugs in through `prepare()`/the boundary hook.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+
+from .errors import GenerationError
+from .events import GenerationEvent, GenerationResult, Timings
+from .generate import generate_steps
+from .loader import LoadedModel, load_model
+from .sampling import Sampler, SamplingParams
+from .textstream import TextStream
+
+DEFAULT_BLOCK_SIZE = 256
+
+
+class Engine:
+    def __init__(self, model: LoadedModel | str, block_size: int = DEFAULT_BLOCK_SIZE):
+        self.lm = load_model(model) if isinstance(model, str) else model
+        if block_size <= 0:
+            raise GenerationError(f"block_size must be positive, got {block_size}.")
+        self.block_size = block_size
+        self._vocab_limit = len(self.lm.tokenizer.vocab) if hasattr(
+            self.lm.tokenizer, "vocab") else None
+
+    # -- prompts -----------------------------------------------------------------------------
+    def encode(self, prompt: str | Sequence[int] | Sequence[dict],
+               add_generation_prompt: bool = True) -> list[int]:
+        """Token ids for plain text, token ids, or chat messages (via the chat template)."""
+        tok = self.lm.tokenizer
+        if isinstance(prompt, str):
+            ids = tok.encode(prompt, add_special_tokens=False)
+        elif prompt and all(isinstance(m, dict) for m in prompt):
+            ids = tok.apply_chat_template(list(prompt), tokenize=True,
+                                          add_generation_prompt=add_generation_prompt)
+        else:
+            ids = [int(t) for t in prompt]
+        if not ids:
+            raise GenerationError("The prompt is empty; give at least one token of text.")
+        return list(ids)
+
+    # -- generation --------------------------------------------------------------------------
+    def stream(self, prompt, params: SamplingParams | None = None,
+               **kwargs) -> Iterator[GenerationEvent]:
+        """Stream a completion of `prompt`; keyword arguments build a SamplingParams."""
+        params = params or SamplingParams(**kwargs)
+        tokens = self.encode(prompt)
+        if len(tokens) + params.max_tokens > self.lm.context_length:
+            raise GenerationError(
+                f"Prompt ({len(tokens)} tokens) plus max_tokens ({params.max_tokens}) exceeds "
+                f"the model's context of {self.lm.context_length}; shorten one of them.")
+        yield from self._run(tokens, params)
+
+    def generate(self, prompt, params: SamplingParams | None = None, **kwargs) -> GenerationResult:
+        text, ids, logprobs, last = [], [], [], None
+        for event in self.stream(prompt, params, **kwargs):
+            text.append(event.text)
+            ids += event.token_ids
+            logprobs += event.logprobs
+            last = event
+        assert last is not None and last.finish_reason is not None
+        return GenerationResult("".join(text), ids, logprobs, last.finish_reason, last.timings)
+
+    def _run(self, tokens: list[int], params: SamplingParams) -> Iterator[GenerationEvent]:
+        t0 = time.perf_counter()
+        timings = Timings(prompt_tokens=len(tokens))
+        cache, start, hook = self.prepare(tokens, timings)
+        timings.computed_tokens = len(tokens) - start
+        stream = TextStream(self.lm.tokenizer, params.stop)
+        raw: dict = {}
+        steps = generate_steps(self.lm.model, cache, tokens, start,
+                               Sampler(params, self._vocab_limit), params.max_tokens,
+                               self.block_size, self.lm.eos_token_ids, hook, raw)
+        finish, ids, lps, delta = "length", [], [], ""
+        for step in steps:
+            timings.generated_tokens += 1
+            ids, lps = [step.token], [step.logprob]
+            finish = None
+            if step.token in self.lm.eos_token_ids:
+                finish, delta = "stop", ""
+            else:
+                delta = stream.add(step.token)
+                if stream.stopped:
+                    finish = "stop"
+                elif timings.generated_tokens == params.max_tokens:
+                    finish = "length"
+            if finish:
+                steps.close()
+                break
+            yield GenerationEvent(delta, ids, lps)
+        if not stream.stopped:
+            delta += stream.finish()
+        timings.prefill_s = raw.get("prefill_s", 0.0)
+        timings.first_token_s = raw.get("first_token_s", time.perf_counter() - t0)
+        timings.decode_s = raw.get("decode_s", time.perf_counter() - t0 - timings.prefill_s)
+        yield GenerationEvent(delta, ids, lps, finish or "length", timings)
+
+    def prepare(self, tokens: list[int], timings: Timings):
+        """A cache to start from, how many tokens it already holds, and the boundary hook."""
+        return self.lm.make_cache(), 0, None

@@ -1,0 +1,146 @@
+"""Load a model by name: any local MLX / Hugging Face-format folder, or `demo:<arch>[:<size>]`.
+
+Returns a `LoadedModel` holding the mlx-lm model and tokenizer, the compute dtype, the cache
+layout and a fingerprint that identifies (config, weights, dtype) for block keys. Never reaches
+the network: a name that is not a local folder or a demo name is an error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import blas
+from .demo import ARCHS, SIZES, ensure_demo_model
+from .errors import ModelLoadError, UnknownDemoModel
+from .layout import CacheLayout, cache_layout
+
+_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    name: str
+    path: Path
+    model: object
+    tokenizer: object
+    config: dict
+    dtype: str
+    layout: CacheLayout
+    fingerprint: bytes
+    context_length: int
+    eos_token_ids: frozenset[int] = field(default_factory=frozenset)
+
+    def make_cache(self) -> list:
+        from mlx_lm.models.cache import make_prompt_cache
+
+        return make_prompt_cache(self.model)
+
+    @property
+    def model_type(self) -> str:
+        return self.config.get("model_type", "?")
+
+
+def resolve_model_path(name: str) -> Path:
+    """Map a model name to a local folder, building a demo model if asked for one."""
+    if name.startswith("demo:"):
+        parts = name.split(":")
+        if len(parts) not in (2, 3) or parts[1] not in ARCHS or (
+            len(parts) == 3 and parts[2] not in SIZES
+        ):
+            raise UnknownDemoModel(
+                f"Unknown demo model {name!r}; use demo:<arch>[:<size>] with arch one of "
+                f"{', '.join(ARCHS)} and size one of {', '.join(SIZES)}."
+            )
+        return ensure_demo_model(parts[1], parts[2] if len(parts) == 3 else "tiny")
+    path = Path(name).expanduser()
+    if not path.is_dir():
+        raise ModelLoadError(
+            f"Model folder {str(path)!r} does not exist; pass a local MLX/Hugging Face model "
+            "folder or a demo name such as 'demo:gemma3'."
+        )
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"{str(path)!r} has no config.json; point at a model folder.")
+    if not any(path.glob("*.safetensors")):
+        raise ModelLoadError(f"{str(path)!r} has no .safetensors weights; convert it with mlx_lm.convert.")
+    return path
+
+
+def pick_dtype(requested: str, native: str) -> str:
+    """On the CPU float32 is at least as fast as bfloat16 (which never uses BLAS) and exact."""
+    import mlx.core as mx
+
+    if requested not in _DTYPES:
+        raise ModelLoadError(f"Unknown dtype {requested!r}; choose one of {', '.join(_DTYPES)}.")
+    if requested != "auto":
+        return requested
+    if mx.default_device() == mx.cpu:
+        return "float32"
+    return native
+
+
+def load_model(name: str, dtype: str = "auto") -> LoadedModel:
+    """Load a model folder or `demo:` model for the engine."""
+    blas.activate()  # must precede the first mlx import to take effect
+    import mlx.core as mx
+    from mlx_lm.utils import load as mlx_lm_load
+
+    path = resolve_model_path(name)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        model, tokenizer, config = mlx_lm_load(str(path), return_config=True)
+    except (ValueError, KeyError, FileNotFoundError, OSError) as e:
+        raise ModelLoadError(f"Could not load model from {str(path)!r}: {e}") from e
+    native = _native_dtype(model)
+    chosen = pick_dtype(dtype, native)
+    if chosen != native:
+        model.set_dtype(getattr(mx, chosen))
+    eos = tokenizer.eos_token_ids if hasattr(tokenizer, "eos_token_ids") else set()
+    loaded = LoadedModel(
+        name=name, path=path, model=model, tokenizer=tokenizer, config=config, dtype=chosen,
+        layout=cache_layout(_make_cache(model)), fingerprint=fingerprint(path, config, chosen),
+        context_length=_context_length(config), eos_token_ids=frozenset(eos or ()),
+    )
+    return loaded
+
+
+def _make_cache(model) -> list:
+    from mlx_lm.models.cache import make_prompt_cache
+
+    return make_prompt_cache(model)
+
+
+def _native_dtype(model) -> str:
+    from mlx.utils import tree_flatten
+
+    for _, v in tree_flatten(model.parameters()):
+        if "float" in str(v.dtype):
+            return str(v.dtype).rsplit(".", 1)[-1]
+    return "float32"
+
+
+def _context_length(config: dict) -> int:
+    text = config.get("text_config", config)
+    return int(text.get("max_position_embeddings") or config.get("max_position_embeddings") or 8192)
+
+
+def fingerprint(path: Path, config: dict, dtype: str) -> bytes:
+    """Identify architecture, weights and dtype without reading every weight byte."""
+    h = hashlib.sha256(b"forkv-model-v1\0")
+    h.update(json.dumps(config, sort_keys=True, default=str).encode())
+    h.update(dtype.encode())
+    for f in sorted(path.glob("*.safetensors")):
+        size = f.stat().st_size
+        h.update(f"{f.name}:{size}".encode())
+        with open(f, "rb") as fh:
+            # The safetensors header names every tensor, its dtype, shape and offsets; the first
+            # and last MiB of data catch re-initialised or fine-tuned weights of equal shape.
+            n = int.from_bytes(fh.read(8), "little")
+            h.update(fh.read(min(n, 1 << 24)))
+            h.update(fh.read(1 << 20))
+            fh.seek(max(0, size - (1 << 20)))
+            h.update(fh.read())
+    return h.digest()
