@@ -8,8 +8,9 @@ the whole trick. Only float32/float64/complex64 matmul benefits; bfloat16 never 
 ``auto`` tries, in order: the system OpenBLAS (Debian ``libopenblas0-pthread``), MKL
 (``libmkl_rt``), the ``scipy-openblas32`` wheel, then the OpenBLAS inside numpy's wheel. The
 wheels prefix their symbols (``scipy_cblas_sgemm``), so a small forwarding shim is compiled
-once with ``cc`` into ``~/.cache/forkv/blas/``. Nothing here raises on a missing or broken
-library: the result is ``stock`` with a reason. This module does not choose dtypes or devices.
+once with ``cc`` into ``$FORKV_CACHE_DIR/blas`` (default ``~/.cache/forkv/blas``). Nothing here
+raises on a missing or broken library: the result is ``stock`` with a reason. This module does
+not choose dtypes or devices.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,34 +134,36 @@ def measure_gflops(dtype: str = "float32", n: int = 1024, reps: int = 5) -> floa
 
 def _activate_auto() -> BlasInfo:
     tried = []
-    for find in (_find_system_openblas, _find_mkl, _find_scipy_openblas32, _find_numpy_openblas):
+    for spec in _candidates():
         try:
-            spec = find()
-            if spec is not None:
-                return _load_any(spec)
+            return _load_any(spec)
         except _Unavailable as exc:
-            tried.append(str(exc))
-    why = "; ".join(tried) or "no optimized BLAS found"
-    return BlasInfo("stock", reason=f"{why} ({_HINT})")
+            tried.append(f"{os.path.basename(spec)}: {exc}")
+    if not tried:
+        return BlasInfo("stock", reason=f"no optimized BLAS found ({_HINT})")
+    return BlasInfo(
+        "stock", reason="; ".join(tried) + " (apt install libopenblas0-pthread needs no cc)"
+    )
 
 
-def _find_system_openblas() -> str | None:
-    return "libopenblas.so.0" if _can_dlopen("libopenblas.so.0") else None
-
-
-def _find_mkl() -> str | None:
+def _candidates() -> Iterator[str]:
+    """Libraries `auto` tries, best first; the prefixed wheels need the shim, so they go last."""
     # pip's `mkl` installs into <prefix>/lib, which is not on the loader's search path.
-    for spec in (os.path.join(sys.prefix, "lib", "libmkl_rt.so.2"), "libmkl_rt.so.2"):
-        if _can_dlopen(spec):
-            return spec
-    return None
+    mkl = os.path.join(sys.prefix, "lib", "libmkl_rt.so.2")
+    for soname in ("libopenblas.so.0", mkl, "libmkl_rt.so.2"):
+        try:
+            ctypes.CDLL(soname, mode=os.RTLD_LOCAL)
+            yield soname
+        except OSError:
+            pass
+    yield from filter(None, (_find_scipy_openblas32(), _find_numpy_openblas()))
 
 
 def _find_scipy_openblas32() -> str | None:
     spec = importlib.util.find_spec("scipy_openblas32")
     if spec is None or spec.origin is None:
         return None
-    return next(iter(sorted(Path(spec.origin).parent.glob("lib/libscipy_openblas*.so"))), None)
+    return next(map(str, Path(spec.origin).parent.glob("lib/libscipy_openblas*.so")), None)
 
 
 def _find_numpy_openblas() -> str | None:
@@ -168,15 +172,7 @@ def _find_numpy_openblas() -> str | None:
     if spec is None or spec.origin is None:
         return None
     libs = Path(spec.origin).parent.parent / "numpy.libs"
-    return next(iter(sorted(libs.glob("libscipy_openblas64_*.so"))), None)
-
-
-def _can_dlopen(spec: str) -> bool:
-    try:
-        ctypes.CDLL(spec, mode=os.RTLD_LOCAL)
-    except OSError:
-        return False
-    return True
+    return next(map(str, libs.glob("libscipy_openblas64_*.so")), None)
 
 
 def _load_any(spec: str | os.PathLike) -> BlasInfo:
@@ -188,8 +184,8 @@ def _load_any(spec: str | os.PathLike) -> BlasInfo:
     except OSError as exc:
         raise _Unavailable(f"cannot load it ({exc})") from None
     if hasattr(lib, "cblas_sgemm"):
+        ctypes.CDLL(spec, mode=os.RTLD_GLOBAL | os.RTLD_NOLOAD)  # promote what we just loaded
         path = _provider_of("cblas_sgemm", lib) or spec
-        ctypes.CDLL(path, mode=os.RTLD_GLOBAL | os.RTLD_NOLOAD)
         if hasattr(lib, "MKL_Get_Max_Threads"):
             return BlasInfo("mkl", path, True, "MKL", lib.MKL_Get_Max_Threads())
         if not hasattr(lib, "openblas_get_config"):
@@ -199,14 +195,10 @@ def _load_any(spec: str | os.PathLike) -> BlasInfo:
     for suffix, bits in (("", 32), ("64_", 64)):
         if hasattr(lib, f"scipy_cblas_sgemm{suffix}"):
             _load_shim(spec, "scipy_", suffix, ilp64=bits == 64)
-            return BlasInfo(
-                f"scipy-openblas{bits}+shim",
-                spec,
-                True,
-                _openblas_config(lib, "scipy_", suffix)
-                + ("" if bits == 32 else "; LAPACK stays stock (ILP64)"),
-                _threads(lib, "scipy_", suffix),
-            )
+            reason = _openblas_config(lib, "scipy_", suffix)
+            reason += "" if bits == 32 else "; LAPACK stays stock (ILP64)"
+            threads = _threads(lib, "scipy_", suffix)
+            return BlasInfo(f"scipy-openblas{bits}+shim", spec, True, reason, threads)
     raise _Unavailable(f"{spec} exports neither cblas_sgemm nor scipy_cblas_sgemm")
 
 
@@ -226,7 +218,8 @@ def _build_shim(ilp64: bool) -> Path:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         raise _Unavailable("no C compiler (cc) to build the scipy-openblas shim; install gcc")
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "forkv" / "blas"
+    xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    cache = Path(os.environ.get("FORKV_CACHE_DIR") or Path(xdg) / "forkv") / "blas"
     out = cache / f"shim-{hashlib.sha256(source.encode()).hexdigest()[:16]}.so"
     if out.exists():
         return out
@@ -235,9 +228,10 @@ def _build_shim(ilp64: bool) -> Path:
         with tempfile.TemporaryDirectory(dir=cache) as tmp:
             (Path(tmp) / "shim.c").write_text(source)
             cmd = [cc, "-O2", "-shared", "-fPIC", "-o", "shim.so", "shim.c", "-ldl"]
-            run = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=120, check=False)
+            run = subprocess.run(cmd, cwd=tmp, capture_output=True, timeout=120, check=False)
             if run.returncode != 0:
-                raise _Unavailable(f"{cc} failed to build the BLAS shim: {run.stderr[-300:]}")
+                err = run.stderr.decode(errors="replace")[-300:]
+                raise _Unavailable(f"{cc} failed to build the BLAS shim: {err}")
             os.replace(Path(tmp) / "shim.so", out)  # atomic: concurrent builders are harmless
     except (OSError, subprocess.SubprocessError) as exc:
         raise _Unavailable(f"cannot build the BLAS shim in {cache}: {exc}") from None

@@ -10,10 +10,12 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 
+from .checkpoint import Checkpointer
 from .errors import GenerationError
 from .events import GenerationEvent, GenerationResult, Timings
 from .generate import generate_steps
 from .loader import LoadedModel, load_model
+from .recordstore import RecordStore
 from .sampling import Sampler, SamplingParams
 from .textstream import TextStream
 
@@ -21,11 +23,24 @@ DEFAULT_BLOCK_SIZE = 256
 
 
 class Engine:
-    def __init__(self, model: LoadedModel | str, block_size: int = DEFAULT_BLOCK_SIZE):
+    """Generation with block checkpoints for one model.
+
+    `store` holds the records: by default a RAM tier over the encrypted disk tier, configured
+    by `settings` (a `forkv.security.StoreSettings`, else from `FORKV_*` variables); pass
+    `checkpoints=False` to run without any. `namespace` salts block keys per tenant.
+    """
+
+    def __init__(self, model: LoadedModel | str, block_size: int = DEFAULT_BLOCK_SIZE, *,
+                 store: RecordStore | None = None, settings=None, namespace: str = "",
+                 checkpoints: bool = True):
         self.lm = load_model(model) if isinstance(model, str) else model
         if block_size <= 0:
             raise GenerationError(f"block_size must be positive, got {block_size}.")
         self.block_size = block_size
+        if store is None and checkpoints:
+            store = make_record_store(settings, block_size)
+        self.store = store
+        self.checkpointer = Checkpointer(self.lm, store, block_size, namespace) if store else None
         self._vocab_limit = len(self.lm.tokenizer.vocab) if hasattr(
             self.lm.tokenizer, "vocab") else None
 
@@ -103,4 +118,25 @@ class Engine:
 
     def prepare(self, tokens: list[int], timings: Timings):
         """A cache to start from, how many tokens it already holds, and the boundary hook."""
-        return self.lm.make_cache(), 0, None
+        if self.checkpointer is None:
+            return self.lm.make_cache(), 0, None
+        t0 = time.perf_counter()
+        restored = self.checkpointer.restore(tokens)
+        timings.restore_s = time.perf_counter() - t0
+        timings.reused_tokens = restored.position
+        return restored.cache, restored.position, self.checkpointer.recorder(restored.keys)
+
+    def close(self) -> None:
+        """Stop the disk tier's writer and remove its files."""
+        disk = self.store.disk if self.store is not None else None
+        if disk is not None:
+            disk.close()
+
+
+def make_record_store(settings=None, block_size: int = DEFAULT_BLOCK_SIZE) -> RecordStore:
+    """The default tiers: RAM budget over the encrypted blob store (unless turned off)."""
+    from forkv.security import BlobStore, StoreSettings
+
+    settings = settings or StoreSettings.from_env()
+    disk = BlobStore(settings) if settings.disk else None
+    return RecordStore(settings.ram_budget, disk, block_size)

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 from .sampling import Sampler
 
-# Called with (position, tokens[:position], cache) whenever the cache holds exactly
-# `position` tokens and position is a multiple of the block size.
-BoundaryHook = Callable[[int, Sequence[int], list], None]
+# Called with (position, tokens[:position], cache, in_decode) whenever the cache holds exactly
+# `position` tokens and position is a multiple of the block size. The hook may replace items
+# of `cache` (the list is the live one).
+BoundaryHook = Callable[[int, Sequence[int], list, bool], None]
 
 
 @dataclass(slots=True)
@@ -49,11 +50,11 @@ def prefill(model, cache: list, tokens: Sequence[int], start: int, block_size: i
         # Only the cache is needed from inner chunks; the unused logits stay unevaluated.
         mx.eval([c.state for c in cache])
         if on_boundary is not None and end % block_size == 0:
-            on_boundary(end, tokens[:end], cache)
+            on_boundary(end, tokens[:end], cache, False)
     last = logits[0, -1]
     mx.eval(last, [c.state for c in cache])
     if on_boundary is not None and pos % block_size == 0:
-        on_boundary(pos, tokens[:pos], cache)
+        on_boundary(pos, tokens[:pos], cache, False)
     return last
 
 
@@ -90,5 +91,5 @@ def generate_steps(model, cache: list, tokens: Sequence[int], start: int, sample
             break
         if on_boundary is not None and len(seq) % block_size == 0:
             mx.eval([c.state for c in cache])
-            on_boundary(len(seq), seq, cache)
+            on_boundary(len(seq), seq, cache, True)
     timings["decode_s"] = time.perf_counter() - t0 - timings["prefill_s"]

@@ -33,7 +33,7 @@ def test_boundary_hook_sees_every_boundary():
     lm = load_tiny("gemma3")
     seen = []
     prefill(lm.model, lm.make_cache(), _tokens(800), 0, 256,
-            lambda pos, toks, cache: seen.append((pos, len(toks), cache[0].offset)))
+            lambda pos, toks, cache, in_decode: seen.append((pos, len(toks), cache[0].offset)))
     assert seen == [(256, 256, 256), (512, 512, 512), (768, 768, 768)]
 
 

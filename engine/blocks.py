@@ -1,0 +1,46 @@
+"""Chained block keys: key(i) = H(key(i-1) || tokens of block i || extra hashes of block i).
+
+The chain is seeded with the model fingerprint, the block size and a namespace (tenant) salt,
+so blocks never match across models, block sizes or tenants. A key only finds a candidate
+record; the record's stored tokens confirm the hit. Knows nothing about caches or stores.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Sequence
+
+KEY_VERSION = b"forkv-block-v1"
+
+
+def tokens_bytes(tokens: Sequence[int]) -> bytes:
+    return struct.pack(f"<{len(tokens)}i", *tokens)
+
+
+class BlockKeyer:
+    def __init__(self, fingerprint: bytes, block_size: int = 256, namespace: str | bytes = b""):
+        if isinstance(namespace, str):
+            namespace = namespace.encode()
+        self.block_size = block_size
+        h = hashlib.sha256(KEY_VERSION)
+        for part in (fingerprint, str(block_size).encode(), namespace):
+            h.update(len(part).to_bytes(8, "little") + part)  # length-prefixed: no ambiguity
+        self.seed = h.digest()
+
+    def keys(self, tokens: Sequence[int], extras: dict[int, Sequence[bytes]] | None = None,
+             start: int = 0, prev: bytes | None = None) -> list[bytes]:
+        """Keys of the full blocks of `tokens` from block `start` on (`prev` = key of block
+        start-1). `extras[i]` are content hashes (e.g. images) that overlap block i."""
+        B = self.block_size
+        prev = self.seed if start == 0 else prev
+        assert prev is not None, "continuing a chain needs the previous key"
+        out = []
+        for i in range(start, len(tokens) // B):
+            h = hashlib.sha256(prev)
+            h.update(tokens_bytes(tokens[i * B:(i + 1) * B]))
+            for extra in (extras or {}).get(i, ()):
+                h.update(b"\x01" + extra)
+            prev = h.digest()
+            out.append(prev)
+        return out

@@ -1,0 +1,149 @@
+"""Restore the longest checkpointed prefix of a token sequence, and record new boundaries.
+
+`restore(tokens)` finds the longest block-aligned prefix whose records are all there — global
+records for every block, window records covering the window, the state record at the last
+block — verifies each against the requested tokens, and rebuilds the caches. A missing,
+corrupt or mismatched record is a miss: it is dropped and a shorter prefix is tried, down to
+none. `recorder(tokens)` gives the boundary hook that snapshots every new block.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .blocks import BlockKeyer, tokens_bytes
+from .generate import BoundaryHook
+from .layout import CacheKind
+from .records import Record, rebuild, window_blocks
+from .recorder import SequenceRecorder
+from .recordstore import RecordStore
+
+
+@dataclass(slots=True)
+class CheckpointStats:
+    requests: int = 0
+    tokens_reused: int = 0
+    tokens_computed: int = 0
+    blocks_recorded: int = 0
+    restore_s: float = 0.0
+    hits: dict = field(default_factory=lambda: {k.value: 0 for k in _KINDS})
+    misses: dict = field(default_factory=lambda: {k.value: 0 for k in _KINDS})
+    rejected: int = 0  # records that failed verification or decoding
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+_KINDS = (CacheKind.GLOBAL, CacheKind.WINDOW, CacheKind.STATE)
+
+
+@dataclass(slots=True)
+class Restored:
+    cache: list
+    position: int  # tokens the cache already holds (0 = nothing restored)
+    keys: list[bytes]  # keys of every full block of the requested tokens
+
+
+class Checkpointer:
+    def __init__(self, lm, store: RecordStore, block_size: int = 256, namespace: str = ""):
+        self.lm = lm
+        self.layout = lm.layout
+        self.store = store
+        self.block_size = block_size
+        self.keyer = BlockKeyer(lm.fingerprint, block_size, namespace)
+        self.enabled = self.layout.can_checkpoint
+        self.kinds = set(self.layout.kinds) & set(_KINDS)
+        self.stats = CheckpointStats()
+
+    # -- restore -----------------------------------------------------------------------------
+    def restore(self, tokens: Sequence[int], extras: dict | None = None,
+                barriers: Sequence[int] = ()) -> Restored:
+        """Caches for the longest restorable prefix of `tokens` (always leaving one token to
+        compute). A boundary inside a span in `barriers` ((start, end) pairs) is skipped."""
+        t0 = time.perf_counter()
+        self.stats.requests += 1
+        keys = self.keyer.keys(tokens, extras)
+        n = 0
+        if self.enabled:
+            n_max = min(len(keys), (len(tokens) - 1) // self.block_size)
+            for k in range(self._global_run(keys, n_max, tokens), 0, -1):
+                pos = k * self.block_size
+                if any(s < pos < e for s, e in barriers):
+                    continue
+                cache = self._try(keys, tokens, k)
+                if cache is not None:
+                    n = pos
+                    break
+        if n == 0:
+            cache = self.lm.make_cache()
+        self.stats.tokens_reused += n
+        self.stats.tokens_computed += len(tokens) - n
+        self.stats.restore_s += time.perf_counter() - t0
+        return Restored(cache, n, keys)
+
+    def _global_run(self, keys, n_max: int, tokens) -> int:
+        """How many leading blocks have global records (all blocks, if there are no global
+        layers); restores can go no further."""
+        if CacheKind.GLOBAL not in self.kinds:
+            return n_max
+        for k in range(n_max):
+            if not self.store.contains(keys[k], CacheKind.GLOBAL):
+                return k
+        return n_max
+
+    def _load(self, key: bytes, kind: CacheKind, expect: bytes) -> Record | None:
+        record = self.store.get(key, kind)
+        if record is None:
+            self.stats.misses[kind.value] += 1
+            return None
+        if record.tokens != expect or not self._shapes_ok(record):
+            # Same key, other tokens (a hash collision or a tampered index): never reuse.
+            self.stats.rejected += 1
+            self.store.discard(key, kind)
+            return None
+        self.stats.hits[kind.value] += 1
+        return record
+
+    def _shapes_ok(self, record: Record) -> bool:
+        names = {f"{i}.{s}" for i in self.layout.indices(record.kind) for s in ("k", "v")}
+        if record.kind is CacheKind.STATE:
+            return all(n.split(".")[0].isdigit() for n in record.arrays)
+        return set(record.arrays) == names
+
+    def _try(self, keys, tokens, k: int) -> list | None:
+        B = self.block_size
+        pos = k * B
+        blocks = lambda b: tokens_bytes(tokens[b * B:(b + 1) * B])  # noqa: E731
+        state = None
+        if CacheKind.STATE in self.kinds:
+            state = self._load(keys[k - 1], CacheKind.STATE, tokens_bytes(tokens[:pos]))
+            if state is None:
+                return None
+        windows = {}
+        if CacheKind.WINDOW in self.kinds:
+            for b in window_blocks(self.layout, pos, B):
+                windows[b] = self._load(keys[b], CacheKind.WINDOW, blocks(b))
+                if windows[b] is None:
+                    return None
+        globals_ = []
+        if CacheKind.GLOBAL in self.kinds:
+            for b in range(k):
+                record = self._load(keys[b], CacheKind.GLOBAL, blocks(b))
+                if record is None:
+                    return None
+                globals_.append(record)
+        try:
+            return rebuild(self.lm.make_cache(), self.layout, pos, B, globals_, windows, state)
+        except (KeyError, ValueError, AssertionError):
+            # Arrays that do not fit this model (shape, dtype): treat as a miss.
+            self.stats.rejected += 1
+            return None
+
+    # -- record ------------------------------------------------------------------------------
+    def recorder(self, keys: list[bytes], extras: dict | None = None) -> BoundaryHook | None:
+        """The hook that records each block boundary a run reaches (prefill and decode)."""
+        if not self.enabled:
+            return None
+        return SequenceRecorder(self, keys, extras)

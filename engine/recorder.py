@@ -1,0 +1,84 @@
+"""The boundary hook of one running sequence: snapshot every block it completes.
+
+Prefill chunks end on block boundaries, so prefill snapshots are exactly what a fresh
+block-aligned prefill produces. Decode is not: one-token steps round differently from a chunk,
+so a state reached by decoding would restore to slightly different logits. At a decode
+boundary n the recorder therefore recomputes the block [n-B, n) as one chunk from the records
+of boundary n-B, records that, and swaps it into the live cache — one block of prefill per
+block decoded, and every checkpoint (and all decoding after it) matches a fresh prefill bit
+for bit. If the records of n-B are gone, the boundary is simply not recorded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .blocks import tokens_bytes
+from .layout import CacheKind
+from .records import Record, rebuild, snapshot, window_blocks
+
+
+class SequenceRecorder:
+    def __init__(self, checkpointer, keys: list[bytes], extras: dict | None = None):
+        self.ck = checkpointer
+        self.keys = list(keys)
+        self.extras = extras
+        self.recent: dict[tuple[int, CacheKind], Record] = {}  # this sequence's newest records
+
+    def __call__(self, pos: int, tokens: Sequence[int], cache: list, in_decode: bool) -> None:
+        ck = self.ck
+        B = ck.block_size
+        block = pos // B - 1
+        if block >= len(self.keys):  # decode went past the prompt's blocks: extend the chain
+            self.keys.extend(ck.keyer.keys(tokens[:pos], self.extras, start=len(self.keys),
+                                           prev=self.keys[-1] if self.keys else None))
+        if in_decode and not self._recompute_block(pos, tokens, cache):
+            return
+        key = self.keys[block]
+        kinds = {k for k in ck.kinds if not ck.store.contains(key, k)}
+        for record in snapshot(cache, ck.layout, pos, B, tokens, kinds):
+            ck.store.put(key, record)
+            self.recent[(record.block, record.kind)] = record
+        if kinds:
+            ck.stats.blocks_recorded += 1
+        self._forget_before(block - (ck.layout.max_window + B - 1) // B - 1)
+
+    def _recompute_block(self, pos: int, tokens: Sequence[int], cache: list) -> bool:
+        """Make `cache` hold exactly what a fresh block-aligned prefill holds at `pos`."""
+        import mlx.core as mx
+
+        ck, B = self.ck, self.ck.block_size
+        start = pos - B
+        windows, state = {}, None
+        if start > 0 and CacheKind.STATE in ck.kinds:
+            state = self._record(start // B - 1, CacheKind.STATE, tokens[:start])
+            if state is None:
+                return False
+        if start > 0 and CacheKind.WINDOW in ck.kinds:
+            for b in window_blocks(ck.layout, start, B):
+                windows[b] = self._record(b, CacheKind.WINDOW, tokens[b * B:(b + 1) * B])
+                if windows[b] is None:
+                    return False
+        base = rebuild(ck.lm.make_cache(), ck.layout, start, B, [], windows, state,
+                       kinds=frozenset({CacheKind.WINDOW, CacheKind.STATE}))
+        for layer in ck.layout.layers:
+            if layer.kind is CacheKind.GLOBAL:
+                # K/V before `start` are already canonical; drop the decoded block's.
+                cache[layer.index].trim(B)
+            else:
+                cache[layer.index] = base[layer.index]
+        ck.lm.model(mx.array(tokens[start:pos])[None], cache=cache)
+        mx.eval([c.state for c in cache])
+        return True
+
+    def _record(self, block: int, kind: CacheKind, expect: Sequence[int]) -> Record | None:
+        record = self.recent.get((block, kind))
+        if record is None:
+            record = self.ck.store.get(self.keys[block], kind)
+        if record is None or record.tokens != tokens_bytes(expect):
+            return None
+        return record
+
+    def _forget_before(self, block: int) -> None:
+        for slot in [s for s in self.recent if s[0] < block]:
+            del self.recent[slot]
