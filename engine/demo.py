@@ -7,6 +7,7 @@ returns its path; `mlx_lm.load` reads it like any other. Knows nothing about gen
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -61,8 +62,9 @@ _CONFIGS: dict[str, dict[str, dict]] = {
                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                      linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
                      linear_value_head_dim=16, full_attention_interval=2, vocab_size=512),
-        # Qwen3.5-0.8B's 3 linear : 1 global pattern and head layout, 16 of its 24 layers.
-        "small": dict(hidden_size=1024, num_hidden_layers=16, intermediate_size=3072,
+        # Qwen3.5-0.8B's 3 linear : 1 global pattern and head layout, 12 of its 24 layers
+        # (mlx-lm's CPU gated-delta path steps through time in Python, so depth costs).
+        "small": dict(hidden_size=1024, num_hidden_layers=12, intermediate_size=3072,
                       num_attention_heads=8, num_key_value_heads=2, head_dim=256,
                       linear_num_key_heads=16, linear_num_value_heads=16,
                       linear_key_head_dim=128, linear_value_head_dim=128,
@@ -104,7 +106,10 @@ def cache_root() -> Path:
 def ensure_demo_model(arch: str, size: str = "tiny") -> Path:
     """Return the folder of a demo model, building it first if it is not there yet."""
     config = demo_config(arch, size)
-    folder = cache_root() / "demo" / f"{arch}-{size}-v{DEMO_VERSION}"
+    # The folder name carries a digest of the config, so a changed config never reuses
+    # weights built for an old one.
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:10]
+    folder = cache_root() / "demo" / f"{arch}-{size}-{digest}"
     if (folder / "model.safetensors").exists():
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)

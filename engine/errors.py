@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 
-class ForkvWarning(UserWarning):
-    """Something forkv could not do; it fell back to recomputing."""
+from forkv.security.errors import ForkvWarning  # one warning category for all of forkv
+
+__all__ = ["ForkvWarning", "GenerationError", "ModelLoadError", "UnknownDemoModel"]
 
 
 class ModelLoadError(ValueError):

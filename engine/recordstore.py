@@ -4,8 +4,9 @@ The disk tier is anything with the blob-store interface (`forkv.security.BlobSto
 / contains / delete / set_eviction_order / flush / stats), which seals records before they touch
 the disk. Window and state records go to disk as soon as they are made and leave RAM, so RAM
 grows with live sequences, not with history; global records stay hot and spill under the RAM
-budget. Eviction takes window records before state before global, later blocks before earlier
-ones, so what survives is always the longest restorable prefix. Knows nothing about models.
+budget. Eviction takes later blocks before earlier ones, and within a block window records
+before state before global, so what survives is a restorable prefix as long as the budget
+allows (a restore at block k needs every global record before it). Knows nothing about models.
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ class RecordStore:
 
     def _victim_order(self, slot) -> tuple:
         key, kind = slot
-        return (_KIND_ORDER[kind], -self._blocks.get(key, 0))
+        return (-self._blocks.get(key, 0), _KIND_ORDER[kind])
 
     def _enforce_budget(self) -> None:
         if self.stats.ram_bytes <= self.ram_budget:
@@ -144,4 +145,4 @@ class RecordStore:
                 self.stats.spilled += 1
 
     def _disk_order(self, key: bytes, kind: str) -> tuple:
-        return (_KIND_ORDER.get(CacheKind(kind), 3), -self._blocks.get(key, 0))
+        return (-self._blocks.get(key, 0), _KIND_ORDER.get(CacheKind(kind), 3))

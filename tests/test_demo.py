@@ -18,11 +18,11 @@ def test_demo_folder_is_a_normal_model_folder(arch):
 
 def test_demo_build_is_deterministic(tmp_path, monkeypatch):
     monkeypatch.setenv("FORKV_CACHE_DIR", str(tmp_path))
-    a = ensure_demo_model("qwen3", "tiny").joinpath("model.safetensors").read_bytes()
-    (tmp_path / "demo" / "qwen3-tiny-v1" / "model.safetensors").unlink()
     import shutil
 
-    shutil.rmtree(tmp_path / "demo" / "qwen3-tiny-v1")
+    folder = ensure_demo_model("qwen3", "tiny")
+    a = folder.joinpath("model.safetensors").read_bytes()
+    shutil.rmtree(folder)
     b = ensure_demo_model("qwen3", "tiny").joinpath("model.safetensors").read_bytes()
     assert a == b
 

@@ -1,0 +1,1 @@
+"""forkv benchmarks."""

@@ -1,0 +1,54 @@
+"""Test helpers: an in-memory stand-in for the disk tier and token utilities."""
+
+import hashlib
+import random
+
+from forkv.engine.generate import prefill
+
+
+class MemoryDisk:
+    """The blob-store interface in a dict. Like the real store it authenticates what it
+    returns (a digest here, AES-GCM there): bytes changed in `blobs` read back as a miss."""
+
+    def __init__(self):
+        self.blobs = {}
+        self.digests = {}
+        self.order = None
+
+    def put(self, key, kind, data, meta=None):
+        self.blobs[(key, kind)] = bytes(data)
+        self.digests[(key, kind)] = hashlib.sha256(data).digest()
+        return True
+
+    def get(self, key, kind):
+        from forkv.security import Blob
+
+        data = self.blobs.get((key, kind))
+        if data is None or hashlib.sha256(data).digest() != self.digests[(key, kind)]:
+            return None
+        return Blob(data, {})
+
+    def contains(self, key, kind):
+        return (key, kind) in self.blobs
+
+    def delete(self, key, kind):
+        self.blobs.pop((key, kind), None)
+
+    def set_eviction_order(self, fn):
+        self.order = fn
+
+    def flush(self):
+        pass
+
+    def close(self):
+        pass
+
+
+def random_tokens(n, seed=0, vocab=256):
+    rng = random.Random(seed)
+    return [rng.randrange(vocab) for _ in range(n)]
+
+
+def fresh_logits(lm, tokens, block_size=256):
+    """Last-token logits of a fresh block-aligned prefill: the exactness reference."""
+    return prefill(lm.model, lm.make_cache(), tokens, 0, block_size)

@@ -1,0 +1,147 @@
+import numpy as np
+import pytest
+
+from conftest import load_tiny
+from forkv.engine import Engine
+from forkv.engine.generate import prefill
+from forkv.engine.layout import CacheKind
+from forkv.engine.recordstore import RecordStore
+from helpers import MemoryDisk, fresh_logits, random_tokens
+
+
+def _engine(lm, **kw):
+    kw.setdefault("store", RecordStore(1 << 30, None))
+    return Engine(lm, **kw)
+
+
+def _restore_logits(engine, tokens):
+    r = engine.checkpointer.restore(tokens)
+    return r.position, prefill(engine.lm.model, r.cache, tokens, r.position, engine.block_size)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_restore_is_bit_exact(arch, dtype):
+    import mlx.core as mx
+
+    lm = load_tiny(arch, dtype)
+    engine = _engine(lm)
+    prompt = random_tokens(1000, seed=1)
+    out = engine.generate(prompt, max_tokens=30)  # decode crosses the 1024 boundary
+    history = prompt + out.token_ids
+    assert len(history) > 1024 or out.finish_reason == "stop"
+    # 256: first block; 768: past the 128-token window; 1024: reached while decoding
+    for cut in (256, 768, 1024):
+        if cut >= len(history):
+            continue
+        tokens = history[:cut] + random_tokens(40, seed=cut)  # a different continuation
+        position, got = _restore_logits(engine, tokens)
+        assert position == cut
+        assert mx.array_equal(got, fresh_logits(lm, tokens)).item(), (arch, dtype, cut)
+        greedy = engine.generate(tokens, max_tokens=6)
+        plain = Engine(lm, checkpoints=False).generate(tokens, max_tokens=6)
+        assert greedy.token_ids == plain.token_ids and greedy.timings.reused_tokens == cut
+
+
+def test_restore_matches_single_shot_within_tolerance(arch):
+    import mlx.core as mx
+
+    lm = load_tiny(arch)
+    engine = _engine(lm)
+    tokens = random_tokens(700, seed=2)
+    engine.generate(tokens[:600], max_tokens=1)
+    position, got = _restore_logits(engine, tokens)
+    single = lm.model(mx.array(tokens)[None], cache=lm.make_cache())[0, -1]
+    assert position == 512
+    np.testing.assert_allclose(np.array(got), np.array(single), atol=2e-4, rtol=1e-4)
+
+
+def test_stats_count_reuse_and_hits():
+    engine = _engine(load_tiny("gemma3"))
+    tokens = random_tokens(600, seed=4)
+    first = engine.generate(tokens, max_tokens=1)
+    second = engine.generate(tokens[:520] + [1, 2, 3], max_tokens=1)
+    assert first.timings.reused_tokens == 0 and first.timings.computed_tokens == 600
+    assert second.timings.reused_tokens == 512 and second.timings.computed_tokens == 11
+    s = engine.checkpointer.stats
+    assert s.hits["global"] == 2 and s.hits["window"] == 1 and s.blocks_recorded == 2
+    assert s.tokens_reused == 512
+
+
+def test_namespaces_never_share_blocks():
+    lm = load_tiny("qwen3")
+    store = RecordStore(1 << 30, None)
+    a = Engine(lm, store=store, namespace="tenant-a")
+    b = Engine(lm, store=store, namespace="tenant-b")
+    tokens = random_tokens(600, seed=6)
+    a.generate(tokens, max_tokens=1)
+    assert b.generate(tokens, max_tokens=1).timings.reused_tokens == 0
+    assert a.generate(tokens, max_tokens=1).timings.reused_tokens == 512
+
+
+def test_other_model_fingerprint_is_never_used():
+    store = RecordStore(1 << 30, None)
+    tokens = random_tokens(600, seed=7)
+    Engine(load_tiny("qwen3"), store=store).generate(tokens, max_tokens=1)
+    other = Engine(load_tiny("qwen3", "bfloat16"), store=store)
+    assert other.generate(tokens, max_tokens=1).timings.reused_tokens == 0
+
+
+def test_colliding_keys_with_other_tokens_are_rejected(monkeypatch):
+    lm = load_tiny("qwen3_5")
+    engine = _engine(lm)
+    # A keyer that ignores tokens: every sequence hashes alike.
+    monkeypatch.setattr(engine.checkpointer.keyer, "keys",
+                        lambda tokens, extras=None, start=0, prev=None:
+                        [bytes([i]) * 32 for i in range(start, len(tokens) // 256)])
+    engine.generate(random_tokens(600, seed=8), max_tokens=1)
+    other = random_tokens(600, seed=9)
+    r = engine.generate(other, max_tokens=4)
+    assert r.timings.reused_tokens == 0 and engine.checkpointer.stats.rejected >= 1
+    assert r.token_ids == Engine(lm, checkpoints=False).generate(other, max_tokens=4).token_ids
+
+
+@pytest.mark.parametrize("kind", ["state", "window", "global"])
+def test_corrupt_or_missing_record_recomputes_identically(kind):
+    lm = load_tiny({"state": "qwen3_5", "window": "gemma3", "global": "qwen3"}[kind])
+    disk = MemoryDisk()
+    # RAM budget 0: every record lives on the (stand-in) disk tier.
+    engine = _engine(lm, store=RecordStore(0, disk))
+    tokens = random_tokens(800, seed=10)
+    engine.generate(tokens, max_tokens=1)
+    expected = Engine(lm, checkpoints=False).generate(tokens, max_tokens=8)
+    slots = [s for s in disk.blobs if s[1] == kind]  # in the order written
+    disk.blobs[slots[-1]] = disk.blobs[slots[-1]][:-7] + b"\xff" * 7  # corrupt the newest
+    r = engine.generate(tokens, max_tokens=8)
+    assert r.token_ids == expected.token_ids and r.timings.reused_tokens < 768
+    for s in slots:
+        disk.blobs.pop(s, None)  # now missing altogether
+    r = engine.generate(tokens, max_tokens=8)
+    assert r.token_ids == expected.token_ids
+
+
+def test_eviction_leaves_a_restorable_prefix():
+    lm = load_tiny("gemma3")
+    store = RecordStore(ram_budget=300_000, disk=None)
+    engine = _engine(lm, store=store)
+    tokens = random_tokens(1300, seed=11)
+    engine.generate(tokens, max_tokens=1)
+    assert store.stats.ram_evictions > 0 and store.ram_bytes <= 300_000
+    r = engine.generate(tokens, max_tokens=4)
+    assert 0 < r.timings.reused_tokens < 1280
+    assert r.token_ids == Engine(lm, checkpoints=False).generate(tokens, max_tokens=4).token_ids
+
+
+def test_model_without_known_caches_runs_without_checkpoints(monkeypatch):
+    import warnings
+
+    from forkv.engine.layout import CacheLayout, LayerCache
+
+    lm = load_tiny("qwen3")
+    layout = CacheLayout((LayerCache(0, CacheKind.UNKNOWN, "Mystery"),))
+    odd = type(lm)(**{**{k: getattr(lm, k) for k in lm.__slots__}, "layout": layout})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        engine = _engine(odd)
+    tokens = random_tokens(600, seed=12)
+    engine.generate(tokens, max_tokens=2)
+    assert engine.generate(tokens, max_tokens=2).timings.reused_tokens == 0

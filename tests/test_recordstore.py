@@ -1,0 +1,80 @@
+from forkv.engine.layout import CacheKind
+from forkv.engine.records import Record
+from forkv.engine.recordstore import RecordStore
+from helpers import MemoryDisk
+
+
+def _rec(kind, block, nbytes=1000):
+    import mlx.core as mx
+
+    return Record(kind, block, b"\0" * 4, {"0.k": mx.zeros((nbytes // 4,), mx.float32)})
+
+
+def _key(block, kind=""):
+    return f"{kind}{block}".encode().ljust(32, b"\0")
+
+
+def test_ram_lru_within_budget_without_disk():
+    store = RecordStore(ram_budget=3500, disk=None)
+    for b in range(5):
+        store.put(_key(b), _rec(CacheKind.GLOBAL, b))
+    assert store.ram_bytes <= 3500
+    # later blocks go first: the earliest blocks (a restorable prefix) survive
+    assert [store.contains(_key(b), CacheKind.GLOBAL) for b in range(5)] == [
+        True, True, True, False, False]
+    assert store.stats.ram_evictions == 2
+
+
+def test_eviction_takes_later_blocks_then_window_state_global():
+    store = RecordStore(ram_budget=4200, disk=None)
+    for kind in (CacheKind.GLOBAL, CacheKind.STATE, CacheKind.WINDOW):
+        store.put(_key(1), _rec(kind, 1))
+    store.put(_key(0), _rec(CacheKind.GLOBAL, 0))
+    store.put(_key(0), _rec(CacheKind.WINDOW, 0))  # over budget: block 1's window goes
+    assert not store.contains(_key(1), CacheKind.WINDOW)
+    assert store.contains(_key(1), CacheKind.STATE)
+    store.put(_key(0), _rec(CacheKind.STATE, 0))  # then block 1's state
+    assert not store.contains(_key(1), CacheKind.STATE)
+    assert store.contains(_key(1), CacheKind.GLOBAL)
+    assert all(store.contains(_key(0), k) for k in CacheKind if k is not CacheKind.UNKNOWN)
+
+
+def test_window_and_state_go_to_disk_and_leave_ram():
+    disk = MemoryDisk()
+    store = RecordStore(ram_budget=1 << 30, disk=disk, block_size=4)
+    store.put(_key(0), _rec(CacheKind.GLOBAL, 0))
+    store.put(_key(0), _rec(CacheKind.STATE, 0))
+    store.put(_key(0), _rec(CacheKind.WINDOW, 0))
+    assert store.stats.by_kind == {"global": 1004}
+    assert set(disk.blobs) == {(_key(0), "state"), (_key(0), "window")}
+    back = store.get(_key(0), CacheKind.STATE)
+    assert back.kind is CacheKind.STATE and back.block == 0 and back.arrays["0.k"].size == 250
+
+
+def test_global_spills_to_disk_over_budget():
+    disk = MemoryDisk()
+    store = RecordStore(ram_budget=2500, disk=disk, block_size=4)
+    for b in range(4):
+        store.put(_key(b), _rec(CacheKind.GLOBAL, b))
+    assert store.stats.spilled == 2 and store.ram_bytes <= 2500
+    assert all(store.contains(_key(b), CacheKind.GLOBAL) for b in range(4))
+    assert store.get(_key(3), CacheKind.GLOBAL).block == 3
+    # the disk tier is steered the same way: later blocks, window records first
+    assert disk.order(_key(3), "global") < disk.order(_key(1), "window")
+    assert disk.order(_key(1), "window") < disk.order(_key(1), "state") < disk.order(_key(1), "global")
+
+
+def test_corrupt_disk_record_is_a_miss():
+    disk = MemoryDisk()
+    store = RecordStore(ram_budget=1 << 30, disk=disk, block_size=4)
+    store.put(_key(0), _rec(CacheKind.STATE, 0))
+    disk.blobs[(_key(0), "state")] = b"garbage"
+    disk.digests[(_key(0), "state")] = __import__("hashlib").sha256(b"garbage").digest()
+    assert store.get(_key(0), CacheKind.STATE) is None
+    assert store.stats.decode_errors == 1 and not disk.blobs
+
+
+def test_wrong_block_size_is_a_miss():
+    disk = MemoryDisk()
+    RecordStore(1 << 30, disk, block_size=4).put(_key(0), _rec(CacheKind.STATE, 0))
+    assert RecordStore(1 << 30, disk, block_size=8).get(_key(0), CacheKind.STATE) is None
