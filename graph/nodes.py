@@ -1,0 +1,285 @@
+"""Node models: what one turn of a conversation is, as data.
+
+Knows the node kinds, content parts (text, images hashed by sha256), generation settings,
+results and per-node statistics, and the token span / block keys a render recorded. Does not
+know the tree: the builder methods on `Node` (`user`, `reasoning`, `final`, `tool`, `fork`)
+delegate to the tree that owns the node. No tokenizer, no model, no mlx.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mimetypes
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+
+from .errors import GraphError
+
+if TYPE_CHECKING:
+    from .tree import Tree
+
+__all__ = [
+    "GENERATED_KINDS",
+    "BlockRef",
+    "GenSettings",
+    "ImagePart",
+    "Kind",
+    "Node",
+    "NodeResult",
+    "NodeStats",
+    "Status",
+    "make_image",
+]
+
+Kind = Literal["system", "user", "reasoning", "final", "tool"]
+Status = Literal["pending", "done", "failed"]
+GENERATED_KINDS: frozenset[str] = frozenset({"reasoning", "final"})
+
+
+class GenSettings(BaseModel):
+    """How to generate one node. `temperature=0` is greedy; `seed` makes sampling repeatable."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_tokens: int = Field(256, ge=1)
+    temperature: float = Field(0.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0)
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+_MAGIC = [
+    (b"\x89PNG\r\n\x1a\n", "image/png"),
+    (b"\xff\xd8\xff", "image/jpeg"),
+    (b"GIF87a", "image/gif"),
+    (b"GIF89a", "image/gif"),
+    (b"BM", "image/bmp"),
+]
+
+
+def _sniff_mime(data: bytes, path: str | None) -> str:
+    for magic, mime in _MAGIC:
+        if data.startswith(magic):
+            return mime
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    guess = mimetypes.guess_type(path)[0] if path else None
+    return guess or "application/octet-stream"
+
+
+class ImagePart(BaseModel):
+    """An image in a node: sha256 of its bytes (taken at build time), mime, and where it lives.
+
+    `data` is kept only when the bytes were given inline; otherwise `path` is read again at run
+    time and checked against `sha256` by `load_bytes()`.
+    """
+
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", ser_json_bytes="base64", val_json_bytes="base64"
+    )
+
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    mime: str = "application/octet-stream"
+    path: str | None = None
+    data: bytes | None = None
+
+    @classmethod
+    def from_path(cls, path: str | Path) -> ImagePart:
+        data = Path(path).read_bytes()
+        return cls(
+            sha256=hashlib.sha256(data).hexdigest(),
+            mime=_sniff_mime(data, str(path)),
+            path=str(path),
+        )
+
+    @classmethod
+    def from_bytes(cls, data: bytes, mime: str | None = None) -> ImagePart:
+        return cls(
+            sha256=hashlib.sha256(data).hexdigest(),
+            mime=mime or _sniff_mime(data, None),
+            data=bytes(data),
+        )
+
+    def load_bytes(self, node_id: str | None = None) -> bytes:
+        """The image bytes, verified against `sha256` (a changed file must not be reused)."""
+        if self.data is not None:
+            data = self.data
+        elif self.path is not None:
+            try:
+                data = Path(self.path).read_bytes()
+            except OSError as e:
+                raise GraphError(
+                    f"image {self.path!r} of node {node_id!r} cannot be read "
+                    f"({e.strerror}); restore the file or rebuild the node.",
+                    node_id,
+                ) from e
+        else:
+            raise GraphError(
+                f"image {self.sha256[:12]} of node {node_id!r} has neither bytes "
+                "nor a path; rebuild the node with the image.",
+                node_id,
+            )
+        if hashlib.sha256(data).hexdigest() != self.sha256:
+            raise GraphError(
+                f"image {self.path or self.sha256[:12]!r} of node {node_id!r} changed "
+                "since the node was built; rebuild the node with the new image.",
+                node_id,
+            )
+        return data
+
+
+def make_image(image: str | Path | bytes | ImagePart) -> ImagePart:
+    """An `ImagePart` from a path, raw bytes, or an existing part."""
+    if isinstance(image, ImagePart):
+        return image
+    if isinstance(image, (bytes, bytearray, memoryview)):
+        return ImagePart.from_bytes(bytes(image))
+    return ImagePart.from_path(image)
+
+
+class NodeStats(BaseModel):
+    """Where a node's tokens came from: restored from checkpoints, prefilled, or decoded."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tokens_reused: int = Field(0, ge=0)
+    tokens_computed: int = Field(0, ge=0)
+    tokens_generated: int = Field(0, ge=0)
+
+
+class NodeResult(BaseModel):
+    """What running a node produced."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str
+    token_ids: list[int] = []
+    finish_reason: str | None = None
+    timings: dict[str, float] = {}
+    stats: NodeStats = NodeStats()
+
+
+class BlockRef(BaseModel):
+    """A block overlapping a node's span: its index on the path and its key (hex) if full."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    index: int = Field(ge=0)
+    key: str | None = None
+
+
+class Node(BaseModel):
+    """One turn of a conversation tree.
+
+    Given nodes (system, user, tool, and reasoning/final built with `text=`) are `done` at
+    once. Nodes built with `gen` settings are `pending` until `Tree.attach` stores the
+    generated text in `text` and the details in `result`. `span` and `blocks` are the token
+    span and covering blocks from the last `Tree.record_render` of a path through the node.
+    `copied_from` names the node a prune copied this one from (text kept verbatim).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    parent_id: str | None = None
+    kind: Kind
+    text: str | None = None
+    images: list[ImagePart] = []
+    name: str | None = None
+    gen: GenSettings | None = None
+    status: Status = "done"
+    result: NodeResult | None = None
+    error: str | None = None
+    span: tuple[int, int] | None = None
+    blocks: list[BlockRef] = []
+    copied_from: str | None = None
+    meta: dict[str, Any] = {}
+
+    _tree: Any = PrivateAttr(default=None)
+
+    def __repr__(self) -> str:
+        return f"Node(id={self.id!r}, kind={self.kind!r}, status={self.status!r})"
+
+    # -- state -------------------------------------------------------------------------
+
+    @property
+    def is_pending(self) -> bool:
+        """True while the node still has to be generated (pending, or failed and not redone)."""
+        return self.status != "done"
+
+    @property
+    def is_generated(self) -> bool:
+        return self.gen is not None
+
+    @property
+    def tree(self) -> Tree:
+        if self._tree is None:
+            raise GraphError(
+                f"node {self.id!r} belongs to no tree; build nodes through a Tree.", self.id
+            )
+        return self._tree
+
+    @property
+    def parent(self) -> Node | None:
+        return self.tree.parent(self)
+
+    @property
+    def children(self) -> list[Node]:
+        return self.tree.children(self)
+
+    def path(self) -> list[Node]:
+        """Nodes from the root down to this one."""
+        return self.tree.path(self)
+
+    # -- builders (delegate to the tree) -----------------------------------------------
+
+    def user(
+        self,
+        text: str,
+        images: list[Any] = (),
+        *,
+        id: str | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> Node:
+        """Add a user turn under this node."""
+        return self.tree.add(self, "user", text, images=images, id=id, meta=meta)
+
+    def reasoning(
+        self,
+        gen: GenSettings | dict | None = None,
+        *,
+        text: str | None = None,
+        id: str | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> Node:
+        """Add a reasoning node: generated with `gen` (default settings), or given `text`."""
+        return self.tree.add(self, "reasoning", text, gen=gen, id=id, meta=meta)
+
+    def final(
+        self,
+        gen: GenSettings | dict | None = None,
+        *,
+        text: str | None = None,
+        id: str | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> Node:
+        """Add a final answer: generated with `gen` (default settings), or given `text`."""
+        return self.tree.add(self, "final", text, gen=gen, id=id, meta=meta)
+
+    def tool(
+        self,
+        text: str,
+        *,
+        name: str | None = None,
+        id: str | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> Node:
+        """Add a tool result under this (final) node."""
+        return self.tree.add(self, "tool", text, name=name, id=id, meta=meta)
+
+    def fork(self, k: int | None = None, kind: str = "reasoning", **kw: Any) -> list[Node]:
+        """Add k generated siblings under this node; see `Tree.fork`."""
+        return self.tree.fork(self, k, kind=kind, **kw)

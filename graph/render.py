@@ -1,0 +1,274 @@
+"""Rendering a root→node path to chat messages, prompt text, token ids and per-node spans.
+
+Knows how node kinds map to chat roles, how a reasoning node is written around the model's
+generation prompt (`ReasoningFormat`), how to find each node's token span, and which blocks
+overlap each span. Knows tokenizers only through a duck-typed protocol
+(`apply_chat_template(messages, tokenize=False, add_generation_prompt=...)` and
+`encode(text, add_special_tokens=False)`), which Hugging Face tokenizers and mlx-lm's
+TokenizerWrapper satisfy. Does not key blocks, cache or run anything.
+
+Span rule: a span holds the tokens a node adds *as they appear in this render*; it starts where
+the previous node's ended. Node i's end: render the path up to and including node i; if that
+text is a prefix of the whole render, the end is the longest common token prefix of its tokens
+and the whole render's tokens (BPE merges across the boundary go to the later node). If a later
+turn changed how node i renders (many templates drop old reasoning), find node i's content
+followed by its end-of-turn text in the whole render after the previous node and end there; if
+that text is gone (the dropped reasoning itself), fall back to the longest common token prefix,
+which leaves such a node only what both renders share - often just the role header. Reuse is
+decided on tokens, never on these spans.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict
+
+from .errors import NodeStateError
+
+if TYPE_CHECKING:
+    from .nodes import Node
+    from .tree import NodeLike, Tree
+
+__all__ = ["ImageRef", "ReasoningFormat", "RenderedPath", "Tokenizer", "block_range", "render"]
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        tokenize: bool = False,
+        add_generation_prompt: bool = False,
+        **kw: Any,
+    ) -> str: ...
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]: ...
+
+
+class ReasoningFormat(BaseModel):
+    """How reasoning is written after the generation prompt.
+
+    A reasoning node is generated after `open`; a final node after a reasoning node follows
+    `open + reasoning + close`; a final node without reasoning follows `empty` (set it to
+    e.g. "<think>\\n\\n</think>\\n\\n" for templates that expect an empty think block).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    open: str = "<think>\n"
+    close: str = "\n</think>\n\n"
+    empty: str = ""
+
+    @property
+    def close_tag(self) -> str:
+        """The stop string that ends a reasoning node (`close` stripped)."""
+        return self.close.strip()
+
+
+@dataclass(frozen=True, slots=True)
+class ImageRef:
+    """An image on the path: its hash, its node, and its placeholder token position if known."""
+
+    sha256: str
+    node_id: str
+    position: int | None = None
+
+
+def block_range(span: tuple[int, int], block_size: int) -> range:
+    """Indices of the blocks of `block_size` tokens that overlap `span` (empty for empty spans)."""
+    start, end = span
+    if end <= start:
+        return range(0)
+    return range(start // block_size, (end - 1) // block_size + 1)
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedPath:
+    """One rendered path.
+
+    `is_prompt` is True when `node_id` is to be generated: then `token_ids` is its prompt,
+    `spans[node_id]` covers the generation-prompt tokens it adds (role header, think tag) and
+    its generated tokens start at `len(token_ids)`. Otherwise the path ends with `node_id`.
+    """
+
+    node_id: str
+    messages: list[dict[str, Any]]
+    prompt_text: str
+    token_ids: list[int]
+    spans: dict[str, tuple[int, int]]
+    images: list[ImageRef]
+    is_prompt: bool
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    def blocks(self, block_size: int = 256) -> dict[str, range]:
+        """For each node on the path, the indices of the blocks overlapping its span."""
+        return {node_id: block_range(span, block_size) for node_id, span in self.spans.items()}
+
+
+def _content(node: Node) -> Any:
+    if not node.images:
+        return node.text or ""
+    return [{"type": "image"} for _ in node.images] + [{"type": "text", "text": node.text or ""}]
+
+
+def _messages(nodes: Sequence[Node]) -> list[dict[str, Any]]:
+    """Chat messages for done nodes; a reasoning node joins the final after it."""
+    out: list[dict[str, Any]] = []
+    reasoning: str | None = None
+    for node in nodes:
+        if node.kind == "reasoning":
+            reasoning = node.text or ""
+            continue
+        msg: dict[str, Any] = {
+            "role": "assistant" if node.kind == "final" else node.kind,
+            "content": _content(node),
+        }
+        if node.kind == "final" and reasoning is not None:
+            msg["reasoning_content"] = reasoning
+        if node.kind == "tool" and node.name:
+            msg["name"] = node.name
+        reasoning = None
+        out.append(msg)
+    return out
+
+
+class _Renderer:
+    def __init__(self, tokenizer: Tokenizer, fmt: ReasoningFormat, kw: dict[str, Any]):
+        self.tok, self.fmt, self.kw = tokenizer, fmt, kw
+
+    def template(self, messages: list[dict[str, Any]], gen_prompt: bool) -> str:
+        return self.tok.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=gen_prompt, **self.kw
+        )
+
+    def path_text(self, nodes: Sequence[Node]) -> str:
+        """Text of done `nodes`; a trailing reasoning node is written as its final's prompt."""
+        if nodes and nodes[-1].kind == "reasoning":
+            head = self.template(_messages(nodes[:-1]), True)
+            return head + self.fmt.open + (nodes[-1].text or "") + self.fmt.close
+        return self.template(_messages(nodes), False)
+
+    def prompt_text(self, nodes: Sequence[Node], target: Node) -> str:
+        """Text after which `target` (pending, under `nodes[-1]`) is generated."""
+        if target.kind == "reasoning":
+            return self.template(_messages(nodes), True) + self.fmt.open
+        if nodes and nodes[-1].kind == "reasoning":
+            return self.path_text(nodes)
+        return self.template(_messages(nodes), True) + self.fmt.empty
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tok.encode(text, add_special_tokens=False))
+
+
+def _char_end(prefix: str, content: str, full: str, start: int) -> int | None:
+    """Where the node that `prefix` ends with ends in `full`, in characters (None if unknown).
+
+    If `prefix` is a prefix of `full`, at its end. Otherwise a later turn changed how earlier
+    turns render: look for the node's content plus the end-of-turn text that follows it in
+    `prefix`, from `start` on (the first match after the previous node is taken).
+    """
+    if full.startswith(prefix):
+        return len(prefix)
+    k = prefix.rfind(content) if content else -1
+    if k < 0:
+        return None
+    tail = prefix[k:]
+    j = full.find(tail, start)
+    return j + len(tail) if j >= 0 else None
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def render(
+    tree: Tree,
+    node: NodeLike,
+    tokenizer: Tokenizer,
+    reasoning: ReasoningFormat | None = None,
+    *,
+    template_kwargs: dict[str, Any] | None = None,
+) -> RenderedPath:
+    """Render the path root→`node`: its prompt if `node` is pending, else the whole path.
+
+    Every node above a pending target must be done. `template_kwargs` go to
+    `apply_chat_template` (e.g. `enable_thinking`). Costs one template call and one encode per
+    node on the path (spans are found by re-tokenizing prefixes; see the module docstring).
+    """
+    fmt = reasoning or ReasoningFormat()
+    path = tree.path(node)
+    target = path[-1]
+    is_prompt = target.is_pending
+    done = path[:-1] if is_prompt else path
+    for n in done:
+        if n.is_pending:
+            raise NodeStateError(
+                f"node {n.id!r} above {target.id!r} has no text yet; run it "
+                "first (plan() orders the work for you).",
+                n.id,
+            )
+    r = _Renderer(tokenizer, fmt, dict(template_kwargs or {}))
+    text = r.prompt_text(done, target) if is_prompt else r.path_text(done)
+    tokens = r.encode(text)
+    spans: dict[str, tuple[int, int]] = {}
+    prev, prev_char = 0, 0
+    for i, n in enumerate(done):
+        if i == len(done) - 1 and not is_prompt:
+            end = len(tokens)
+        else:
+            try:
+                prefix = r.path_text(done[: i + 1])
+            except Exception:  # noqa: BLE001 - templates may refuse partial chats; next node absorbs
+                prefix = None
+            char_end = _char_end(prefix, n.text or "", text, prev_char) if prefix else None
+            if char_end is not None:
+                prev_char = char_end
+                end = _common_prefix(r.encode(text[:char_end]), tokens)
+            else:
+                end = _common_prefix(r.encode(prefix), tokens) if prefix else prev
+            end = max(prev, end)
+        spans[n.id] = (prev, end)
+        prev = end
+    if is_prompt:
+        spans[target.id] = (prev, len(tokens))
+    messages = _messages(done)
+    return RenderedPath(
+        node_id=target.id,
+        messages=messages,
+        prompt_text=text,
+        token_ids=tokens,
+        spans=spans,
+        images=_image_refs(done, spans, tokens, tokenizer),
+        is_prompt=is_prompt,
+    )
+
+
+def _image_refs(
+    nodes: Sequence[Node], spans: dict[str, tuple[int, int]], tokens: Sequence[int], tokenizer: Any
+) -> list[ImageRef]:
+    """Images in path order; positions only when the tokenizer names its image token id."""
+    image_id = getattr(tokenizer, "image_token_id", None)
+    out: list[ImageRef] = []
+    for n in nodes:
+        if not n.images:
+            continue
+        start, end = spans[n.id]
+        hits = (
+            [i for i in range(start, end) if tokens[i] == image_id]
+            if isinstance(image_id, int)
+            else []
+        )
+        # one placeholder per image, else positions are ambiguous: leave them unknown
+        positions = hits if len(hits) == len(n.images) else [None] * len(n.images)
+        out.extend(ImageRef(p.sha256, n.id, pos) for p, pos in zip(n.images, positions))
+    return out

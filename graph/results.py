@@ -1,0 +1,106 @@
+"""What the engine writes into a tree: results, failures, rendered spans and block keys.
+
+Knows how a generated node moves between pending, done and failed, and how a `RenderedPath`'s
+spans and the engine's block keys are stored on nodes. Mixed into `Tree`; does not know how
+results are computed or how keys are derived (the engine's business).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from .errors import NodeStateError
+from .nodes import BlockRef, Node, NodeResult, NodeStats
+
+if TYPE_CHECKING:
+    from .render import RenderedPath
+    from .tree import NodeLike
+
+__all__ = ["ResultsMixin"]
+
+
+class ResultsMixin:
+    """`attach`, `fail`, `reset`, `record_render` and `keys_only_in`, mixed into `Tree`."""
+
+    def attach(
+        self,
+        node: NodeLike,
+        text: str,
+        token_ids: Sequence[int] = (),
+        finish_reason: str | None = None,
+        timings: dict[str, float] | None = None,
+        stats: NodeStats | dict | None = None,
+    ) -> Node:
+        """Record a generated node's result (text without the stop string) and mark it done."""
+        node = self._resolve(node)
+        if node.gen is None or node.status == "done":
+            raise NodeStateError(
+                f"node {node.id!r} is not waiting for a result; call "
+                "tree.reset() on it first, or attach to a pending node.",
+                node.id,
+            )
+        node.text = text
+        node.result = NodeResult(
+            text=text,
+            token_ids=list(token_ids),
+            finish_reason=finish_reason,
+            timings=dict(timings or {}),
+            stats=NodeStats(**stats) if isinstance(stats, dict) else stats or NodeStats(),
+        )
+        node.status, node.error = "done", None
+        return node
+
+    def fail(self, node: NodeLike, error: str) -> Node:
+        """Mark a pending node failed with a message; `plan` refuses it until `reset`."""
+        node = self._resolve(node)
+        if node.gen is None:
+            raise NodeStateError(
+                f"node {node.id!r} is not generated, so it cannot fail; only "
+                "reasoning and final nodes with gen settings run.",
+                node.id,
+            )
+        node.status, node.error = "failed", str(error)
+        return node
+
+    def reset(self, node: NodeLike) -> Node:
+        """Make a generated node pending again, clearing its result (no done children allowed)."""
+        node = self._resolve(node)
+        if node.gen is None:
+            raise NodeStateError(
+                f"node {node.id!r} has given text and nothing to redo; edit a copy instead.",
+                node.id,
+            )
+        for d in self.descendants(node):
+            if d.gen is not None and d.status == "done":
+                raise NodeStateError(
+                    f"node {node.id!r} has done descendant {d.id!r} built on "
+                    "its text; remove that subtree before resetting.",
+                    node.id,
+                )
+        node.status, node.text, node.result, node.error = "pending", None, None, None
+        node.span, node.blocks = None, []
+        return node
+
+    def record_render(
+        self, rendered: RenderedPath, block_keys: Sequence[str] = (), block_size: int = 256
+    ) -> None:
+        """Store each path node's span and covering blocks (with keys where given) from a render.
+
+        `block_keys[i]` is the engine's hex key of full block i of `rendered.token_ids`.
+        """
+        self.block_size = block_size
+        for node_id, blocks in rendered.blocks(block_size).items():
+            node = self._resolve(node_id)
+            node.span = rendered.spans[node_id]
+            node.blocks = [
+                BlockRef(index=i, key=block_keys[i] if i < len(block_keys) else None)
+                for i in blocks
+            ]
+
+    def keys_only_in(self, node: NodeLike) -> set[str]:
+        """Block keys used by `node`'s subtree and by no other node (safe to release)."""
+        node = self._resolve(node)
+        inside = {node.id} | {n.id for n in self.descendants(node)}
+        mine = {b.key for n in inside for b in self[n].blocks if b.key}
+        return mine - {b.key for n in self if n.id not in inside for b in n.blocks if b.key}
