@@ -1,0 +1,44 @@
+"""forkv.security: the encrypted blob store (disk tier of checkpoints).
+
+Records are sealed with AES-256-GCM before they touch the disk, under a key that lives only
+in process memory (ephemeral, the default) or that the user supplies (persistent mode).
+This package imports only the standard library and ``cryptography``. See README.md for the
+threat model.
+"""
+
+from .aead import Sealer
+from .errors import (
+    CorruptStoreError,
+    ForkvWarning,
+    KeyFileError,
+    NonceError,
+    StoreLockedError,
+    StoreSettingsError,
+    UnsafePathError,
+    WrongKeyError,
+)
+from .fileio import DiskIO, FaultyIO
+from .keys import Secret, make_key_file
+from .settings import StoreSettings, parse_size
+from .store import Blob, BlobStore, StoreStats
+
+__all__ = [
+    "Blob",
+    "BlobStore",
+    "CorruptStoreError",
+    "DiskIO",
+    "FaultyIO",
+    "ForkvWarning",
+    "KeyFileError",
+    "NonceError",
+    "Sealer",
+    "Secret",
+    "StoreLockedError",
+    "StoreSettings",
+    "StoreSettingsError",
+    "StoreStats",
+    "UnsafePathError",
+    "WrongKeyError",
+    "make_key_file",
+    "parse_size",
+]

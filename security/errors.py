@@ -1,0 +1,51 @@
+"""Typed errors and the warning category of forkv.security.
+
+Knows: what can go wrong at the API boundary (bad settings, unsafe paths, wrong keys,
+corrupt persistent stores). Does not know: how faults are handled; the store turns I/O
+faults into warnings (``ForkvWarning``) and misses, never into exceptions for callers.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CorruptStoreError",
+    "ForkvWarning",
+    "KeyFileError",
+    "NonceError",
+    "StoreLockedError",
+    "StoreSettingsError",
+    "UnsafePathError",
+    "WrongKeyError",
+]
+
+
+class ForkvWarning(UserWarning):
+    """A tier degraded or disabled itself; generation continues by recomputing."""
+
+
+class StoreSettingsError(ValueError):
+    """A store setting (keyword or ``FORKV_*`` variable) is invalid."""
+
+
+class UnsafePathError(PermissionError):
+    """A path is a symlink, not ours, or readable by other users."""
+
+
+class KeyFileError(ValueError):
+    """A key file does not hold a 32-byte key (raw, hex or base64)."""
+
+
+class WrongKeyError(ValueError):
+    """The key or passphrase does not open this persistent store."""
+
+
+class CorruptStoreError(ValueError):
+    """A persistent store's header or index failed authentication or validation."""
+
+
+class StoreLockedError(BlockingIOError):
+    """Another process holds this persistent store open."""
+
+
+class NonceError(ValueError):
+    """A nonce is malformed (not 12 bytes) or the per-key nonce space is exhausted."""
