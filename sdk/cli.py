@@ -32,6 +32,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=None, help="also load this model and report its layout")
     p.add_argument("--json", action="store_true")
 
+    p = sub.add_parser("bench", help="run a benchmark (rewind, agent, parallel, memory, image, "
+                                     "store, blas, all)")
+    p.add_argument("name")
+    p.add_argument("--model", action="append", default=None,
+                   help="demo:<arch>[:<size>] or a model folder; repeatable")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, for smoke tests")
+    p.add_argument("--reps", type=int, default=None)
+    p.add_argument("--json", dest="json_path", default=None, help="write the results here")
+    p.add_argument("--report", default=None, help="(bench all) write JSON, plots, summary here")
+
     args = parser.parse_args(argv)
     blas.activate()  # before anything imports mlx
     try:
@@ -76,7 +86,13 @@ def _doctor(args) -> int:
     return 0
 
 
-_COMMANDS = {"demo": _demo, "generate": _generate, "doctor": _doctor}
+def _bench(args) -> int:
+    from forkv.bench.cli import run_cli
+
+    return run_cli(args)
+
+
+_COMMANDS = {"demo": _demo, "generate": _generate, "doctor": _doctor, "bench": _bench}
 
 if __name__ == "__main__":
     sys.exit(main())

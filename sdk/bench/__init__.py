@@ -1,1 +1,77 @@
-"""forkv benchmarks."""
+"""forkv benchmarks: `forkv bench NAME` runs one, `forkv bench all` runs the suite.
+
+Each benchmark is a function returning a JSON-ready dict (see `common.result`); ours and the
+baseline always run in the same command, interleaved, so a drifting machine does not bias
+the ratio. Modules are imported lazily: a benchmark costs nothing until it runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+# name -> (module, function, default models)
+BENCHMARKS = {
+    "rewind": ("rewind", "run_rewind_bench", ("demo:gemma3:small", "demo:qwen3_5:small")),
+    "agent": ("agent", "run_agent_bench", ("demo:gemma3:small", "demo:qwen3_5:small")),
+    "parallel": ("parallel", "run_parallel_bench", ("demo:gemma3:small",)),
+    "memory": ("memory", "run_memory_bench", ("demo:gemma3:small", "demo:qwen3_5:small")),
+    "image": ("image", "run_image_bench", ("demo:qwen2_vl:small",)),
+    "store": ("store", "run_store_bench", ("demo:gemma3:small",)),
+    "blas": ("blas", "run_blas_bench", ("demo:gemma3:small",)),
+}
+
+__all__ = ["BENCHMARKS", "available", "run_benchmark"]
+
+
+def _function(name: str):
+    module, func, _ = BENCHMARKS[name]
+    try:
+        mod = importlib.import_module(f"forkv.bench.{module}")
+    except ModuleNotFoundError as e:
+        if e.name == f"forkv.bench.{module}":
+            return None
+        raise
+    return getattr(mod, func)
+
+
+def available() -> list[str]:
+    return [name for name in BENCHMARKS if _function(name) is not None]
+
+
+def run_benchmark(name: str, models: list[str] | None = None, quick: bool = False,
+                  reps: int | None = None) -> dict:
+    """Run one benchmark on each model; one model gives its result, several a 'runs' list
+    whose headline is the least favourable figure of each."""
+    fn = _function(name)
+    if fn is None:
+        raise ValueError(f"Benchmark {name!r} is not available in this build; choose one of "
+                         f"{', '.join(available())}.")
+    kwargs = {"quick": quick}
+    if reps is not None:
+        kwargs["reps"] = reps
+    if not models:
+        models = list(BENCHMARKS[name][2])
+        if quick:  # smoke tests: the tiny variant of the first default model
+            models = [models[0].replace(":small", ":tiny")]
+    runs = [fn(model=m, **kwargs) for m in models]
+    if len(runs) == 1:
+        return runs[0]
+    merged = dict(runs[0], model=[r["model"] for r in runs], runs=runs)
+    merged["headline"] = _worst(runs)
+    return merged
+
+
+def _worst(runs: list[dict]) -> dict:
+    """Per headline figure, the run that meets its target least well (ratios: the smallest,
+    overheads: the largest, booleans: all must hold)."""
+    out = {}
+    for key in runs[0]["headline"]:
+        values = [r["headline"].get(key) for r in runs]
+        if all(isinstance(v, bool) for v in values):
+            out[key] = all(values)
+        elif all(isinstance(v, (int, float)) for v in values):
+            target = runs[0]["targets"].get(key, {}).get("target", ">=")
+            out[key] = max(values) if target.startswith("<=") else min(values)
+        else:
+            out[key] = values
+    return out
