@@ -126,6 +126,23 @@ class Engine:
         timings.reused_tokens = restored.position
         return restored.cache, restored.position, self.checkpointer.recorder(restored.keys)
 
+    def stats(self) -> dict:
+        """Checkpoint statistics: reuse, hits/misses per record kind, bytes per tier, evictions."""
+        if self.checkpointer is None:
+            return {"checkpoints": False}
+        out = {"checkpoints": self.checkpointer.enabled, **self.checkpointer.stats.as_dict()}
+        tiers = self.store.stats
+        out["ram"] = {"bytes": tiers.ram_bytes, "records": tiers.ram_records,
+                      "evictions": tiers.ram_evictions, "spilled": tiers.spilled,
+                      "bytes_by_kind": dict(tiers.by_kind)}
+        if self.store.disk is not None:
+            d = self.store.disk.stats()
+            out["disk"] = {"bytes": d.bytes_on_disk, "records": d.num_records,
+                           "evictions": d.num_evictions, "bytes_written": d.bytes_written,
+                           "dropped": d.num_dropped, "tampered": d.num_tampered,
+                           "degraded": d.is_degraded, "hits": d.num_hits, "misses": d.num_misses}
+        return out
+
     def close(self) -> None:
         """Stop the disk tier's writer and remove its files."""
         disk = self.store.disk if self.store is not None else None

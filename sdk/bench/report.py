@@ -1,0 +1,117 @@
+"""`forkv bench all --report DIR`: plots and a Markdown summary of benchmark results.
+
+Reads the dicts the benchmarks return (one per name, possibly with per-model `runs`) and
+writes PNG plots with matplotlib (the `bench` extra) plus `summary.md`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_HEADLINES = {
+    "rewind": ["speedup_8k", "exact"], "agent": ["speedup", "prefill_ratio", "tot_speedup"],
+    "parallel": ["throughput_ratio"], "memory": ["extra_ram_reduction"],
+    "image": ["repeat_speedup"], "store": ["encryption_overhead", "aead_gbps"],
+    "blas": ["prefill_speedup"],
+}
+
+
+def _runs(res: dict) -> list[dict]:
+    return res.get("runs") or [res]
+
+
+def write_report(results: dict, folder: str) -> Path:
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    plots = []
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        plt = None
+    if plt is not None:
+        for name, fn in (("rewind", _plot_rewind), ("parallel", _plot_parallel),
+                         ("memory", _plot_memory)):
+            if name in results:
+                path = out / f"{name}.png"
+                fn(plt, results[name], path)
+                plots.append(path.name)
+    (out / "summary.md").write_text(_summary(results, plots))
+    return out / "summary.md"
+
+
+def _summary(results: dict, plots: list[str]) -> str:
+    machine = next(iter(results.values()))["machine"]
+    lines = ["# forkv benchmark report", "",
+             f"Machine: {machine['cpu']}, {machine['cores']} cores, {machine['ram_gib']} GiB RAM, "
+             f"{machine['os']}; mlx {machine['mlx']}, mlx-lm {machine['mlx_lm']}, "
+             f"mlx-vlm {machine['mlx_vlm']}; BLAS {machine['blas']}; device {machine['device']}.",
+             "", "| benchmark | model | figure | value | target | met |", "|---|---|---|---|---|---|"]
+    for name, res in results.items():
+        for run in _runs(res):
+            for key in _HEADLINES.get(name, list(run["headline"])):
+                target = run["targets"].get(key, {})
+                value = run["headline"].get(key)
+                met = target.get("met")
+                lines.append(f"| {name} | {run['model']} | {key} | {_fmt(value)} | "
+                             f"{target.get('target', '')} | "
+                             f"{'yes' if met else 'no' if met is False else ''} |")
+    lines += ["", "Every figure: `forkv bench NAME --json PATH` (see each JSON's settings).", ""]
+    lines += [f"![{p}]({p})" for p in plots]
+    for name, res in results.items():
+        for run in _runs(res):
+            for note in run.get("notes", []):
+                lines.append(f"- {name} ({run['model']}): {note}")
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(v) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def _plot_rewind(plt, res, path):
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for run in _runs(res):
+        xs = [c["prefix_tokens"] for c in run["cases"]]
+        ax.plot(xs, [c["baseline_ttft_s"]["median"] for c in run["cases"]], "o--",
+                label=f"recompute ({run['model']})")
+        ax.plot(xs, [c["ours_ttft_s"]["median"] for c in run["cases"]], "o-",
+                label=f"forkv restore ({run['model']})")
+    ax.set(xlabel="prefix tokens", ylabel="time to first token (s)", yscale="log",
+           title="Rewind: restore vs recompute")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_parallel(plt, res, path):
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for run in _runs(res):
+        conc = run.get("concurrency") or {}
+        if conc:
+            xs = sorted(int(k) for k in conc)
+            ax.plot(xs, [conc[str(x)] if str(x) in conc else conc[x] for x in xs], "o-",
+                    label=str(run["model"]))
+    ax.set(xlabel="concurrent conversations", ylabel="generated tokens/s",
+           title="Parallel decoding")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_memory(plt, res, path):
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for run in _runs(res):
+        for case in run["cases"]:
+            pts = case.get("rss_over_time") or []
+            ax.plot([t for t, _ in pts], [v / 2**20 for _, v in pts],
+                    label=f"{case['mode']} ({run['model']})")
+    ax.set(xlabel="seconds", ylabel="RSS above model (MiB)", title="RAM while prefilling")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

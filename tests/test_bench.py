@@ -1,0 +1,57 @@
+"""Every benchmark runs in --quick mode and writes well-formed JSON (never checks speed)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from forkv.bench import BENCHMARKS, available
+
+KEYS = {"benchmark", "machine", "model", "settings", "cases", "headline", "targets", "notes"}
+HEADLINES = {
+    "rewind": {"speedup_8k", "exact"}, "agent": {"speedup", "prefill_ratio", "tot_speedup"},
+    "parallel": {"throughput_ratio"}, "memory": {"extra_ram_reduction"},
+    "image": {"repeat_speedup"}, "store": {"encryption_overhead", "aead_gbps"},
+    "blas": {"prefill_speedup"},
+}
+
+
+def test_every_benchmark_has_a_headline_spec():
+    assert set(BENCHMARKS) == set(HEADLINES)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    r = subprocess.run([sys.executable, "-m", "forkv.cli", "bench", "all", "--quick",
+                        "--report", str(out), "--json", str(out / "all.json")],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+
+@pytest.mark.parametrize("name", available())
+def test_quick_benchmark_json_is_well_formed(report, name):
+    data = json.loads((report / f"{name}.json").read_text())
+    assert KEYS <= set(data)
+    assert data["benchmark"] == name and data["cases"]
+    assert HEADLINES[name] <= set(data["headline"])
+    machine = data["machine"]
+    assert {"cpu", "cores", "ram_gib", "os", "mlx", "mlx_lm", "blas", "dtype"} <= set(machine)
+    for target in data["targets"].values():
+        assert set(target) == {"target", "met"}
+
+
+def test_report_has_summary_and_plots(report):
+    summary = (report / "summary.md").read_text()
+    assert "| benchmark |" in summary and "Machine:" in summary
+    assert json.loads((report / "all.json").read_text()).keys() == set(available())
+    if "rewind" in available():
+        assert (report / "rewind.png").stat().st_size > 1000
+
+
+def test_unknown_benchmark_is_a_clear_error():
+    r = subprocess.run([sys.executable, "-m", "forkv.cli", "bench", "nope"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Unknown benchmark 'nope'" in r.stderr
