@@ -16,6 +16,8 @@ from pathlib import Path
 
 from .errors import UnknownDemoModel
 from .demo_tokenizer import EOS_TOKEN, special_token_id, write_tokenizer
+# Vision demos (mlx-vlm architectures) live in demo_vlm.
+from .demo_vlm import VISION_ARCHS, build_vlm, demo_vlm_config
 
 DEMO_VERSION = 1
 SIZES = ("tiny", "small")
@@ -62,9 +64,9 @@ _CONFIGS: dict[str, dict[str, dict]] = {
                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                      linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
                      linear_value_head_dim=16, full_attention_interval=2, vocab_size=512),
-        # Qwen3.5-0.8B's 3 linear : 1 global pattern and head layout, 12 of its 24 layers
-        # (mlx-lm's CPU gated-delta path steps through time in Python, so depth costs).
-        "small": dict(hidden_size=1024, num_hidden_layers=12, intermediate_size=3072,
+        # Qwen3.5-0.8B's 3 linear : 1 global pattern, widths and head layout, 8 of its 24
+        # layers (mlx-lm's CPU gated-delta path steps through time in Python: depth costs).
+        "small": dict(hidden_size=1024, num_hidden_layers=8, intermediate_size=3072,
                       num_attention_heads=8, num_key_value_heads=2, head_dim=256,
                       linear_num_key_heads=16, linear_num_value_heads=16,
                       linear_key_head_dim=128, linear_value_head_dim=128,
@@ -74,7 +76,7 @@ _CONFIGS: dict[str, dict[str, dict]] = {
 
 _MODEL_TYPES = {"qwen3": "qwen3", "gemma3": "gemma3_text", "gemma4": "gemma4_text",
                 "qwen3_5": "qwen3_5"}
-ARCHS = tuple(_CONFIGS)
+ARCHS = tuple(_CONFIGS)  # text-only (mlx-lm) architectures; VISION_ARCHS are mlx-vlm ones
 
 
 def demo_config(arch: str, size: str) -> dict:
@@ -105,7 +107,10 @@ def cache_root() -> Path:
 
 def ensure_demo_model(arch: str, size: str = "tiny") -> Path:
     """Return the folder of a demo model, building it first if it is not there yet."""
-    config = demo_config(arch, size)
+    if arch in VISION_ARCHS and size in SIZES:
+        config, build = demo_vlm_config(arch, size), build_vlm
+    else:
+        config, build = demo_config(arch, size), _build
     # The folder name carries a digest of the config, so a changed config never reuses
     # weights built for an old one.
     digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:10]
@@ -116,7 +121,7 @@ def ensure_demo_model(arch: str, size: str = "tiny") -> Path:
     # Build in a sibling temp folder and rename, so a crash never leaves half a model.
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     try:
-        _build(config, tmp, seed=sum(map(ord, f"{arch}:{size}")))
+        build(config, tmp, seed=sum(map(ord, f"{arch}:{size}")))
         try:
             os.rename(tmp, folder)
         except OSError:  # another process built it first
