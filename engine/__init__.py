@@ -4,6 +4,7 @@ Importing this package does not import mlx (the optimized BLAS must be loaded fi
 imported when a model is loaded.
 """
 
+from .batch import BatchEngine, RequestHandle, generate_batch
 from .engine import DEFAULT_BLOCK_SIZE, Engine
 from .errors import ForkvWarning, GenerationError, ModelLoadError, UnknownDemoModel
 from .events import GenerationEvent, GenerationResult, Timings
@@ -12,7 +13,8 @@ from .loader import LoadedModel, load_model
 from .sampling import SamplingParams
 
 __all__ = [
-    "DEFAULT_BLOCK_SIZE", "CacheKind", "CacheLayout", "Engine", "ForkvWarning",
+    "DEFAULT_BLOCK_SIZE", "BatchEngine", "CacheKind", "CacheLayout", "Engine", "ForkvWarning",
     "GenerationError", "GenerationEvent", "GenerationResult", "LoadedModel", "ModelLoadError",
-    "SamplingParams", "Timings", "UnknownDemoModel", "load_model",
+    "RequestHandle", "SamplingParams", "Timings", "UnknownDemoModel", "generate_batch",
+    "load_model",
 ]

@@ -36,7 +36,7 @@ class CheckpointStats:
         return {k: getattr(self, k) for k in self.__slots__}
 
 
-_KINDS = (CacheKind.GLOBAL, CacheKind.WINDOW, CacheKind.STATE)
+_KINDS = (CacheKind.GLOBAL, CacheKind.WINDOW, CacheKind.STATE, CacheKind.EXTRA)
 
 
 @dataclass(slots=True)
@@ -44,6 +44,7 @@ class Restored:
     cache: list
     position: int  # tokens the cache already holds (0 = nothing restored)
     keys: list[bytes]  # keys of every full block of the requested tokens
+    extra: dict = field(default_factory=dict)  # arrays of the EXTRA record at `position`
 
 
 class Checkpointer:
@@ -55,6 +56,10 @@ class Checkpointer:
         self.keyer = BlockKeyer(lm.fingerprint, block_size, namespace)
         self.enabled = self.layout.can_checkpoint
         self.kinds = set(self.layout.kinds) & set(_KINDS)
+        if getattr(lm, "is_vision", False):
+            # Vision models keep position state outside the caches (M-RoPE offsets): a
+            # boundary is restorable only with its EXTRA record (see vision_ckpt.py).
+            self.kinds.add(CacheKind.EXTRA)
         self.stats = CheckpointStats()
 
     # -- restore -----------------------------------------------------------------------------
@@ -65,23 +70,23 @@ class Checkpointer:
         t0 = time.perf_counter()
         self.stats.requests += 1
         keys = self.keyer.keys(tokens, extras)
-        n = 0
+        n, extra = 0, None
         if self.enabled:
             n_max = min(len(keys), (len(tokens) - 1) // self.block_size)
             for k in range(self._global_run(keys, n_max, tokens), 0, -1):
                 pos = k * self.block_size
                 if any(s < pos < e for s, e in barriers):
                     continue
-                cache = self._try(keys, tokens, k)
-                if cache is not None:
-                    n = pos
+                got = self._try(keys, tokens, k)
+                if got is not None:
+                    (cache, extra), n = got, pos
                     break
         if n == 0:
             cache = self.lm.make_cache()
         self.stats.tokens_reused += n
         self.stats.tokens_computed += len(tokens) - n
         self.stats.restore_s += time.perf_counter() - t0
-        return Restored(cache, n, keys)
+        return Restored(cache, n, keys, extra.arrays if extra is not None else {})
 
     def _global_run(self, keys, n_max: int, tokens) -> int:
         """How many leading blocks have global records (all blocks, if there are no global
@@ -110,13 +115,19 @@ class Checkpointer:
         names = {f"{i}.{s}" for i in self.layout.indices(record.kind) for s in ("k", "v")}
         if record.kind is CacheKind.STATE:
             return all(n.split(".")[0].isdigit() for n in record.arrays)
+        if record.kind is CacheKind.EXTRA:
+            return bool(record.arrays)
         return set(record.arrays) == names
 
-    def _try(self, keys, tokens, k: int) -> list | None:
+    def _try(self, keys, tokens, k: int) -> tuple[list, Record | None] | None:
         B = self.block_size
         pos = k * B
         blocks = lambda b: tokens_bytes(tokens[b * B:(b + 1) * B])  # noqa: E731
-        state = None
+        state = extra = None
+        if CacheKind.EXTRA in self.kinds:
+            extra = self._load(keys[k - 1], CacheKind.EXTRA, blocks(k - 1))
+            if extra is None:
+                return None
         if CacheKind.STATE in self.kinds:
             state = self._load(keys[k - 1], CacheKind.STATE, tokens_bytes(tokens[:pos]))
             if state is None:
@@ -135,7 +146,8 @@ class Checkpointer:
                     return None
                 globals_.append(record)
         try:
-            return rebuild(self.lm.make_cache(), self.layout, pos, B, globals_, windows, state)
+            cache = rebuild(self.lm.make_cache(), self.layout, pos, B, globals_, windows, state)
+            return cache, extra
         except (KeyError, ValueError, AssertionError):
             # Arrays that do not fit this model (shape, dtype): treat as a miss.
             self.stats.rejected += 1

@@ -25,9 +25,9 @@ assert VLM_CHAT_TEMPLATE != CHAT_TEMPLATE, "the text template no longer renders 
 
 # `tiny` is for tests: a 2-layer tower on 14-pixel patches, a few dozen image tokens per
 # image. `small` keeps Qwen2-VL-2B's widths (tower 1280 x 16 heads, LM 1536 x 12 heads, 2 KV
-# heads) at a quarter of both depths, so the tower-to-LM cost ratio per image token is the
-# real model's; images are capped at 256 image tokens (1,024 patches), the size a
-# high-resolution photo gets under a typical max_pixels setting.
+# heads) at a quarter of both depths (8 of 32, 7 of 28), so the tower-to-LM cost ratio per
+# image token is the real model's; a high-resolution photo is capped at 512 image tokens
+# (2,048 patches, about 730x550 pixels; Qwen2-VL suggests caps up to 1,280 tokens).
 _CONFIGS: dict[str, dict[str, dict]] = {
     "qwen2_vl": {
         "tiny": dict(
@@ -41,7 +41,7 @@ _CONFIGS: dict[str, dict[str, dict]] = {
                       num_attention_heads=12, num_key_value_heads=2, vocab_size=16384,
                       rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]}),
             vision=dict(depth=8, embed_dim=1280, num_heads=16, mlp_ratio=4),
-            max_pixels=256 * 28 * 28),
+            max_pixels=512 * 28 * 28),
     },
 }
 VISION_ARCHS = tuple(_CONFIGS)

@@ -2,7 +2,8 @@
 
 `Engine.stream()` renders a prompt (text, token ids or chat messages) to tokens, runs the token
 generator and turns its steps into `GenerationEvent`s; `generate()` collects them. The
-checkpoint machinery plugs in through `prepare()`/the boundary hook.
+checkpoint machinery plugs in through `prepare()`/the boundary hook. Requests on vision models
+(images) go through `vision` (vision.py), which supplies their own model callable and hook.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from .checkpoint import Checkpointer
 from .errors import GenerationError
 from .events import GenerationEvent, GenerationResult, Timings
 from .generate import generate_steps
+from .images import has_image_parts
 from .loader import LoadedModel, load_model
 from .recordstore import RecordStore
 from .sampling import Sampler, SamplingParams
@@ -43,6 +45,7 @@ class Engine:
         self.checkpointer = Checkpointer(self.lm, store, block_size, namespace) if store else None
         self._vocab_limit = len(self.lm.tokenizer.vocab) if hasattr(
             self.lm.tokenizer, "vocab") else None
+        self._vision = None
 
     # -- prompts -----------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[int] | Sequence[dict],
@@ -61,16 +64,25 @@ class Engine:
         return list(ids)
 
     # -- generation --------------------------------------------------------------------------
-    def stream(self, prompt, params: SamplingParams | None = None,
+    def stream(self, prompt, params: SamplingParams | None = None, images=None,
                **kwargs) -> Iterator[GenerationEvent]:
-        """Stream a completion of `prompt`; keyword arguments build a SamplingParams."""
+        """Stream a completion of `prompt`; keyword arguments build a SamplingParams.
+
+        `images` (bytes, local paths or PIL images) fill the prompt's `{"type": "image"}`
+        parts in order; parts may also carry their image in an "image" field. Vision models
+        only (see `vision`)."""
         params = params or SamplingParams(**kwargs)
-        tokens = self.encode(prompt)
+        request = None
+        if images or self.lm.is_vision or has_image_parts(prompt):
+            request = self.vision.render(prompt, images)
+            tokens = request.tokens
+        else:
+            tokens = self.encode(prompt)
         if len(tokens) + params.max_tokens > self.lm.context_length:
             raise GenerationError(
                 f"Prompt ({len(tokens)} tokens) plus max_tokens ({params.max_tokens}) exceeds "
                 f"the model's context of {self.lm.context_length}; shorten one of them.")
-        yield from self._run(tokens, params)
+        yield from self._run(tokens, params, request)
 
     def generate(self, prompt, params: SamplingParams | None = None, **kwargs) -> GenerationResult:
         text, ids, logprobs, last = [], [], [], None
@@ -82,14 +94,18 @@ class Engine:
         assert last is not None and last.finish_reason is not None
         return GenerationResult("".join(text), ids, logprobs, last.finish_reason, last.timings)
 
-    def _run(self, tokens: list[int], params: SamplingParams) -> Iterator[GenerationEvent]:
+    def _run(self, tokens: list[int], params: SamplingParams,
+             request=None) -> Iterator[GenerationEvent]:
         t0 = time.perf_counter()
         timings = Timings(prompt_tokens=len(tokens))
-        cache, start, hook = self.prepare(tokens, timings)
+        if request is None:
+            model, (cache, start, hook) = self.lm.model, self.prepare(tokens, timings)
+        else:  # a vision request: its own model callable (image features, M-RoPE positions)
+            model, cache, start, hook = self.vision.prepare(request, timings)
         timings.computed_tokens = len(tokens) - start
         stream = TextStream(self.lm.tokenizer, params.stop)
         raw: dict = {}
-        steps = generate_steps(self.lm.model, cache, tokens, start,
+        steps = generate_steps(model, cache, tokens, start,
                                Sampler(params, self._vocab_limit), params.max_tokens,
                                self.block_size, self.lm.eos_token_ids, hook, raw)
         finish, ids, lps, delta = "length", [], [], ""
@@ -143,11 +159,21 @@ class Engine:
                            "degraded": d.is_degraded, "hits": d.num_hits, "misses": d.num_misses}
         return out
 
+    @property
+    def vision(self):
+        """Image support of a vision model: rendering, the vision tower, the feature cache
+        (`vision.features`). A `GenerationError` on text-only models."""
+        if self._vision is None:
+            from .vision import VisionSupport
+
+            self._vision = VisionSupport(self.lm, self.checkpointer)
+        return self._vision
+
     def close(self) -> None:
-        """Stop the disk tier's writer and remove its files."""
-        disk = self.store.disk if self.store is not None else None
-        if disk is not None:
-            disk.close()
+        """Stop the disk tier's writer: a persistent store keeps its records (RAM tier
+        included), an ephemeral one removes its files."""
+        if self.store is not None:
+            self.store.close()
 
 
 def make_record_store(settings=None, block_size: int = DEFAULT_BLOCK_SIZE) -> RecordStore:

@@ -20,6 +20,9 @@ class CacheKind(str, Enum):
     WINDOW = "window"
     STATE = "state"
     UNKNOWN = "unknown"
+    # Not a layer's cache: a record of model state kept outside the caches at a boundary
+    # (vision models' M-RoPE position offset). Never a layer's kind.
+    EXTRA = "extra"
 
 
 @dataclass(slots=True, frozen=True)

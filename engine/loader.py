@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import blas
-from .demo import ARCHS, SIZES, ensure_demo_model
+from .demo import ARCHS, SIZES, VISION_ARCHS, ensure_demo_model
 from .errors import ModelLoadError, UnknownDemoModel
 from .layout import CacheLayout, cache_layout
 
@@ -33,11 +33,16 @@ class LoadedModel:
     fingerprint: bytes
     context_length: int
     eos_token_ids: frozenset[int] = field(default_factory=frozenset)
+    # Vision models (loaded through mlx-vlm by vision_loader): `model` is the whole VLM, its
+    # caches are the language model's; `processor` prepares images.
+    is_vision: bool = False
+    processor: object = None
+    image_token_id: int | None = None
 
     def make_cache(self) -> list:
         from mlx_lm.models.cache import make_prompt_cache
 
-        return make_prompt_cache(self.model)
+        return make_prompt_cache(self.model.language_model if self.is_vision else self.model)
 
     @property
     def model_type(self) -> str:
@@ -48,12 +53,12 @@ def resolve_model_path(name: str) -> Path:
     """Map a model name to a local folder, building a demo model if asked for one."""
     if name.startswith("demo:"):
         parts = name.split(":")
-        if len(parts) not in (2, 3) or parts[1] not in ARCHS or (
+        if len(parts) not in (2, 3) or parts[1] not in ARCHS + VISION_ARCHS or (
             len(parts) == 3 and parts[2] not in SIZES
         ):
             raise UnknownDemoModel(
                 f"Unknown demo model {name!r}; use demo:<arch>[:<size>] with arch one of "
-                f"{', '.join(ARCHS)} and size one of {', '.join(SIZES)}."
+                f"{', '.join(ARCHS + VISION_ARCHS)} and size one of {', '.join(SIZES)}."
             )
         return ensure_demo_model(parts[1], parts[2] if len(parts) == 3 else "tiny")
     path = Path(name).expanduser()
@@ -90,6 +95,10 @@ def load_model(name: str, dtype: str = "auto") -> LoadedModel:
 
     path = resolve_model_path(name)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from .vision_loader import is_vision_folder, load_vision_model
+
+    if is_vision_folder(path):
+        return load_vision_model(name, path, dtype)
     try:
         model, tokenizer, config = mlx_lm_load(str(path), return_config=True)
     except (ValueError, KeyError, FileNotFoundError, OSError) as e:

@@ -24,8 +24,12 @@ class SequenceRecorder:
         self.keys = list(keys)
         self.extras = extras
         self.recent: dict[tuple[int, CacheKind], Record] = {}  # this sequence's newest records
+        # What recomputes a decoded block; a vision sequence puts its own forward here.
+        self.model = checkpointer.lm.model
 
-    def __call__(self, pos: int, tokens: Sequence[int], cache: list, in_decode: bool) -> None:
+    def __call__(self, pos: int, tokens: Sequence[int], cache: list, in_decode: bool) -> bool:
+        """Record boundary `pos`; True when `cache` was recomputed (decode boundaries only), so a
+        caller holding the sequence's state elsewhere (a batch row) knows to take it from here."""
         ck = self.ck
         B = ck.block_size
         block = pos // B - 1
@@ -33,7 +37,7 @@ class SequenceRecorder:
             self.keys.extend(ck.keyer.keys(tokens[:pos], self.extras, start=len(self.keys),
                                            prev=self.keys[-1] if self.keys else None))
         if in_decode and not self._recompute_block(pos, tokens, cache):
-            return
+            return False
         key = self.keys[block]
         kinds = {k for k in ck.kinds if not ck.store.contains(key, k)}
         for record in snapshot(cache, ck.layout, pos, B, tokens, kinds):
@@ -42,6 +46,7 @@ class SequenceRecorder:
         if kinds:
             ck.stats.blocks_recorded += 1
         self._forget_before(block - (ck.layout.max_window + B - 1) // B - 1)
+        return in_decode
 
     def _recompute_block(self, pos: int, tokens: Sequence[int], cache: list) -> bool:
         """Make `cache` hold exactly what a fresh block-aligned prefill holds at `pos`."""
@@ -67,7 +72,7 @@ class SequenceRecorder:
                 cache[layer.index].trim(B)
             else:
                 cache[layer.index] = base[layer.index]
-        ck.lm.model(mx.array(tokens[start:pos])[None], cache=cache)
+        self.model(mx.array(tokens[start:pos])[None], cache=cache)
         mx.eval([c.state for c in cache])
         return True
 

@@ -19,7 +19,7 @@ from . import codec
 from .layout import CacheKind
 from .records import Record
 
-_KIND_ORDER = {CacheKind.WINDOW: 0, CacheKind.STATE: 1, CacheKind.GLOBAL: 2}
+_KIND_ORDER = {CacheKind.WINDOW: 0, CacheKind.STATE: 1, CacheKind.EXTRA: 1, CacheKind.GLOBAL: 2}
 
 
 @dataclass(slots=True)
@@ -102,6 +102,18 @@ class RecordStore:
     def flush(self) -> None:
         if self.disk is not None:
             self.disk.flush()
+
+    def close(self) -> None:
+        """Flush and close the disk tier. A persistent store first receives the RAM tier's
+        records too, so a restart can restore everything this process checkpointed."""
+        if self.disk is None:
+            return
+        if self.disk.stats().mode == "persistent":
+            with self._lock:
+                for slot in list(self._ram):
+                    self._to_disk(slot[0], self._drop(slot))
+        self.disk.flush()
+        self.disk.close()
 
     @property
     def ram_bytes(self) -> int:

@@ -1,0 +1,191 @@
+"""Continuous batching: which sequences prefill, which decode, and what one step does.
+
+A sequence waits until a slot is free (`max_seqs` caps prefilling + decoding sequences), is
+restored from its checkpoints (`Engine.prepare`), prefills on its own cache in block-aligned
+chunks, then joins the batch of decoding rows. Each `step()`:
+
+1. admits waiting sequences into free slots (FIFO);
+2. prefills whole chunks, round-robin over the prefilling sequences, until the step has spent
+   `max_prefill_tokens` (at least one chunk, so prefill always progresses); a chunk is never
+   split, since other chunk edges would change the arithmetic and make records non-canonical;
+3. runs one decode step for every row together, so a long prompt arriving never stalls the
+   others for more than one step's prefill budget. (A decode-boundary recompute, below, runs
+   in the step that reaches the boundary and is not charged to that budget: one block per
+   row per `block_size` tokens decoded.)
+
+Decode boundaries. A row whose cache reaches a block boundary in decode is copied out and its
+recorder recomputes the last block as one chunk from the records of the boundary before (see
+`recorder.py`), records it, and the recomputed state replaces the row in the batch. That keeps
+every row exactly where a single-request run would be (the single-request engine swaps the
+same canonical state into its live cache), so batched output follows single-request output and
+a fork restored from any checkpoint continues as the original did. Knows nothing about threads
+or handles.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from .batchcache import BatchCache
+from .events import GenerationEvent
+from .sequence import Sequence
+
+
+@dataclass(slots=True)
+class StepReport:
+    """What one step did: tokens prefilled per sequence id, rows decoded, events produced."""
+
+    prefilled: dict[int, int] = field(default_factory=dict)
+    recomputed: int = 0  # decode-boundary tokens recomputed as chunks
+    decoded: int = 0  # rows that decoded one token
+    events: list[tuple[Sequence, GenerationEvent]] = field(default_factory=list)
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(self.prefilled.values())
+
+
+class Scheduler:
+    def __init__(self, engine, max_seqs: int, max_prefill_tokens: int, mergeable: bool = True):
+        assert max_seqs >= 1 and max_prefill_tokens >= 1
+        self.engine = engine
+        self.model = engine.lm.model
+        self.block_size = engine.block_size
+        self.max_seqs = max_seqs if mergeable else 1
+        self.max_prefill_tokens = max_prefill_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.prefilling: deque[Sequence] = deque()  # round-robin order
+        self.rows: list[Sequence] = []  # in the batch's row order
+        self.batch = BatchCache(mergeable)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.prefilling or self.rows)
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def clear(self) -> None:
+        """Forget every sequence (after a failed step)."""
+        self.waiting.clear()
+        self.prefilling.clear()
+        self.rows = []
+        self.batch = BatchCache(self.batch.mergeable)
+
+    def cancel(self, seq: Sequence) -> GenerationEvent | None:
+        """Drop `seq` wherever it is, leaving the other rows as they are; None if done."""
+        if seq.finish_reason is not None:
+            return None
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        elif seq in self.prefilling:
+            self.prefilling.remove(seq)
+        elif seq in self.rows:
+            i = self.rows.index(seq)
+            self.batch.remove([i])
+            del self.rows[i]
+        return seq.finish("cancelled")
+
+    def step(self) -> StepReport:
+        report = StepReport()
+        self._admit()
+        self._prefill(report)
+        if self.rows:
+            self._decode(report)
+        return report
+
+    # -- the phases ---------------------------------------------------------------------------
+    def _admit(self) -> None:
+        while self.waiting and len(self.prefilling) + len(self.rows) < self.max_seqs:
+            seq = self.waiting.popleft()
+            if seq.request is not None:  # vision: restored, and prefilled, by its own callable
+                seq.model, seq.cache, seq.pos, seq.hook = self.engine.vision.prepare(
+                    seq.request, seq.timings)
+            else:
+                seq.cache, seq.pos, seq.hook = self.engine.prepare(seq.tokens, seq.timings)
+            seq.timings.computed_tokens = seq.prompt_len - seq.pos
+            self.prefilling.append(seq)
+
+    def _prefill(self, report: StepReport) -> None:
+        spent = 0
+        while self.prefilling:
+            seq = self.prefilling[0]
+            n = seq.next_chunk(self.block_size)
+            if spent and spent + n > self.max_prefill_tokens:
+                break
+            logits = seq.prefill_chunk(seq.model or self.model, self.block_size)
+            spent += n
+            report.prefilled[seq.id] = report.prefilled.get(seq.id, 0) + n
+            self.prefilling.popleft()
+            if seq.is_prefilling:
+                self.prefilling.append(seq)
+            else:
+                self._start_decoding(seq, logits, report)
+
+    def _start_decoding(self, seq: Sequence, logits, report: StepReport) -> None:
+        """Sample the first token from the prefill logits; join the batch unless done."""
+        if seq.params.max_tokens == 0:
+            report.events.append((seq, seq.finish("length")))
+            return
+        token, logprobs = seq.sampler(logits)
+        tok = int(token.item())
+        event = seq.accept(tok, float(logprobs[tok].item()))
+        report.events.append((seq, event))
+        if event.finish_reason is None:
+            self.batch.add(seq.cache)
+            seq.cache = None
+            self.rows.append(seq)
+
+    def _decode(self, report: StepReport) -> None:
+        import mlx.core as mx
+
+        rows, B = self.rows, self.block_size
+        inputs = mx.array([[seq.tokens[-1]] for seq in rows])
+        if rows[0].model is not None:  # vision rows: each at its own M-RoPE position
+            logits = self.engine.vision.decode_rows(
+                [s.model for s in rows], [len(s.tokens) - 1 for s in rows], inputs,
+                self.batch.caches)
+        else:
+            logits = self.model(inputs, cache=self.batch.caches)
+        sampled = [seq.sampler(logits[i, -1]) for i, seq in enumerate(rows)]
+        tokens = mx.stack([t for t, _ in sampled])
+        picked = mx.stack([lp[t] for t, lp in sampled])
+        mx.eval(tokens, picked, self.batch.state())
+        tokens, picked = tokens.tolist(), picked.tolist()
+        report.decoded = len(rows)
+
+        # Every row now holds all its tokens; record (and recompute) those on a boundary before
+        # the batch changes shape.
+        swapped: dict[int, list] = {}
+        for i, seq in enumerate(rows):
+            seq.pos = len(seq.tokens)
+            if seq.hook is not None and seq.pos % B == 0:
+                row = self.batch.extract(i)
+                if seq.hook(seq.pos, seq.tokens, row, True):
+                    swapped[i] = row
+                    report.recomputed += B
+
+        done = []
+        for i, seq in enumerate(rows):
+            event = seq.accept(tokens[i], picked[i])
+            report.events.append((seq, event))
+            if event.finish_reason is not None:
+                done.append(i)
+        self._reshape(done, swapped)
+
+    def _reshape(self, done: list[int], swapped: dict[int, list]) -> None:
+        """Drop finished rows; move recomputed rows to the end with their canonical state."""
+        if not self.batch.mergeable:
+            if done:
+                self.batch.remove([0])
+                self.rows = []
+            return  # the one row's cache list was recomputed in place
+        moved = [i for i in swapped if i not in done]
+        gone = set(done) | set(moved)
+        if gone:
+            self.batch.remove(sorted(gone))
+        for i in moved:
+            self.batch.add(swapped[i])
+        self.rows = [s for i, s in enumerate(self.rows) if i not in gone] + [
+            self.rows[i] for i in moved]

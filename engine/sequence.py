@@ -1,0 +1,111 @@
+"""One request inside the batch engine: its tokens, prefill cursor, sampler, text and timings.
+
+A sequence prefills on its own single-row cache, one block-aligned chunk at a time (the same
+chunks and evaluation as `generate.prefill`, so its records and logits match a single-request
+run bit for bit), then hands that cache to the batch. Each sampled token goes through
+`accept`, which applies the same stop rules as `Engine.stream` (EOS, stop strings, max_tokens)
+and turns the token into a `GenerationEvent`. Knows nothing about other sequences.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from .events import GenerationEvent, Timings
+from .generate import BoundaryHook, chunk_ends
+from .sampling import Sampler, SamplingParams
+from .textstream import TextStream
+
+
+@dataclass(slots=True)
+class Sequence:
+    id: int
+    tokens: list[int]  # the prompt, then every sampled token
+    prompt_len: int
+    params: SamplingParams
+    sampler: Sampler
+    text: TextStream
+    eos_ids: frozenset[int]
+    timings: Timings = field(default_factory=Timings)
+    t_submit: float = field(default_factory=time.perf_counter)
+    t_first: float = 0.0
+    cache: list | None = None  # the row's own cache while it prefills
+    pos: int = 0  # tokens the cache holds
+    hook: BoundaryHook | None = None
+    finish_reason: str | None = None
+    # Vision requests: the rendered prompt, and its own model callable once admitted
+    # (image features and M-RoPE positions; see vision.py).
+    request: object = None
+    model: object = None
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.pos < self.prompt_len
+
+    def next_chunk(self, block_size: int) -> int:
+        """Tokens in the next prefill chunk (chunks end on block boundaries)."""
+        return chunk_ends(self.pos, self.prompt_len, block_size)[0] - self.pos
+
+    def prefill_chunk(self, model, block_size: int):
+        """Run the next prefill chunk; the last chunk returns the last-token logits."""
+        import mlx.core as mx
+
+        t0 = time.perf_counter()
+        end = self.pos + self.next_chunk(block_size)
+        logits = model(mx.array(self.tokens[self.pos:end])[None], cache=self.cache)
+        self.pos = end
+        last = None
+        if end == self.prompt_len:
+            last = logits[0, -1]
+            mx.eval(last, [c.state for c in self.cache])
+        else:
+            # Only the cache is needed from inner chunks; the unused logits stay unevaluated.
+            mx.eval([c.state for c in self.cache])
+        self.timings.prefill_s += time.perf_counter() - t0
+        if self.hook is not None and end % block_size == 0:
+            self.hook(end, self.tokens[:end], self.cache, False)
+        return last
+
+    def accept(self, token: int, logprob: float) -> GenerationEvent:
+        """Take one sampled token; the event is final (finish_reason set) when it ends the run."""
+        now = time.perf_counter()
+        t = self.timings
+        if t.generated_tokens == 0:
+            self.t_first = now
+            t.first_token_s = now - self.t_submit
+        t.generated_tokens += 1
+        self.tokens.append(token)
+        finish = None
+        if token in self.eos_ids:
+            finish, delta = "stop", ""
+        else:
+            delta = self.text.add(token)
+            if self.text.stopped:
+                finish = "stop"
+            elif t.generated_tokens == self.params.max_tokens:
+                finish = "length"
+        if finish is None:
+            return GenerationEvent(delta, [token], [logprob])
+        return self.finish(finish, delta, [token], [logprob])
+
+    def finish(self, reason: str, delta: str = "", ids: list | None = None,
+               logprobs: list | None = None) -> GenerationEvent:
+        """The final event: flush held-back text, close the timings, drop the cache."""
+        if not self.text.stopped:
+            delta += self.text.finish()
+        now = time.perf_counter()
+        t = self.timings
+        if t.generated_tokens == 0:
+            t.first_token_s = now - self.t_submit
+        t.decode_s = now - self.t_first if self.t_first else 0.0
+        self.finish_reason = reason
+        self.cache = None
+        return GenerationEvent(delta, ids or [], logprobs or [], reason, t)
+
+
+def make_sequence(seq_id: int, tokens: list[int], params: SamplingParams, lm,
+                  vocab_limit: int | None) -> Sequence:
+    return Sequence(seq_id, list(tokens), len(tokens), params, Sampler(params, vocab_limit),
+                    TextStream(lm.tokenizer, params.stop), lm.eos_token_ids,
+                    Timings(prompt_tokens=len(tokens)))

@@ -1,0 +1,281 @@
+import warnings
+
+import numpy as np
+import pytest
+from conftest import ARCHS, load_tiny
+from forkv.engine import Engine, ForkvWarning, SamplingParams
+from forkv.engine.batch import BatchEngine, generate_batch
+from forkv.engine.generate import prefill
+from forkv.engine.recordstore import RecordStore
+from helpers import fresh_logits, random_tokens
+
+B = 64  # small blocks: decode crosses several boundaries (and gemma's window of 128 spans two)
+
+
+def _engine(lm, **kw):
+    kw.setdefault("store", RecordStore(1 << 30, None))
+    kw.setdefault("block_size", B)
+    return Engine(lm, **kw)
+
+
+def _single(lm, prompt, **params):
+    """The single-request reference, on its own fresh store."""
+    return _engine(lm).generate(prompt, SamplingParams(**params))
+
+
+def _assert_same(got, ref):
+    assert got.token_ids == ref.token_ids
+    assert got.text == ref.text and got.finish_reason == ref.finish_reason
+    np.testing.assert_allclose(got.logprobs, ref.logprobs, atol=1e-4, rtol=0)
+
+
+_runs = {}
+
+
+def _batch_run(arch):
+    """One batch per architecture: prompts of different lengths, one row restored from
+    checkpoints, decode crossing block boundaries. Shared by the tests below."""
+    if arch not in _runs:
+        lm = load_tiny(arch)
+        engine = _engine(lm)
+        seen = random_tokens(200, seed=50)
+        engine.generate(seen, max_tokens=1)  # records blocks 0..2
+        prompts = [random_tokens(200, seed=51), random_tokens(37, seed=52),
+                   seen[:150] + random_tokens(20, seed=53), random_tokens(130, seed=54)]
+        results = generate_batch(engine, prompts, SamplingParams(max_tokens=36))
+        _runs[arch] = lm, engine, prompts, results
+    return _runs[arch]
+
+
+def test_batched_greedy_matches_single_request(arch):
+    lm, _, prompts, results = _batch_run(arch)
+    for prompt, got in zip(prompts, results):
+        _assert_same(got, _single(lm, prompt, max_tokens=36))
+    restored = results[2].timings
+    assert restored.reused_tokens == 128 and restored.computed_tokens == 170 - 128
+    assert results[0].timings.reused_tokens == 0 and results[0].timings.prompt_tokens == 200
+
+
+def test_checkpoints_recorded_in_batch_restore_exactly(arch):
+    import mlx.core as mx
+
+    lm, engine, prompts, results = _batch_run(arch)
+    checked = 0
+    for prompt, got in zip(prompts, results):
+        history = prompt + got.token_ids
+        # Boundaries reached while decoding inside the batch.
+        for cut in range((len(prompt) // B + 1) * B, len(history), B):
+            tokens = history[:cut] + random_tokens(5, seed=cut)
+            r = engine.checkpointer.restore(tokens)
+            assert r.position == cut, (arch, cut)
+            logits = prefill(lm.model, r.cache, tokens, r.position, B)
+            assert mx.array_equal(logits, fresh_logits(lm, tokens, B)).item(), (arch, cut)
+            checked += 1
+    assert checked >= 2
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "qwen3_5"])
+def test_default_blocks_wider_than_the_window(arch):
+    """Block 256 > gemma's 128-token window: a decode boundary rebuilds the window from one
+    block's tail. Rows cross 1024 while decoding; the records restore exactly."""
+    import mlx.core as mx
+
+    lm = load_tiny(arch)
+    engine = _engine(lm, block_size=256)
+    prompts = [random_tokens(1000, seed=55), random_tokens(300, seed=56)]
+    params = SamplingParams(max_tokens=30)
+    results = generate_batch(engine, prompts, params)
+    for prompt, got in zip(prompts, results):
+        _assert_same(got, _engine(lm, block_size=256).generate(prompt, params))
+    history = prompts[0] + results[0].token_ids
+    if len(history) > 1024:
+        tokens = history[:1024] + random_tokens(5, seed=57)
+        r = engine.checkpointer.restore(tokens)
+        logits = prefill(lm.model, r.cache, tokens, r.position, 256)
+        assert r.position == 1024
+        assert mx.array_equal(logits, fresh_logits(lm, tokens, 256)).item()
+
+
+def test_missing_records_at_a_decode_boundary_keep_the_decoded_row():
+    """Records of the boundary before gone: the decode boundary cannot be recomputed, so the
+    row keeps its decoded state (as a single-request run does) and nothing is recorded."""
+    from forkv.engine.layout import CacheKind
+
+    lm = load_tiny("qwen3_5")
+    engine = _engine(lm)
+    seen = random_tokens(130, seed=58)
+    engine.generate(seen, max_tokens=1)  # records 64 and 128
+    batch = BatchEngine(engine)
+    handle = batch.submit(seen[:130] + [7], max_tokens=70)  # restores 128, decodes past 192
+    batch.step()
+    assert batch.num_running == 1
+    for key in engine.checkpointer.keyer.keys(seen):
+        for kind in CacheKind:
+            engine.store.discard(key, kind)
+    recorded = engine.checkpointer.stats.blocks_recorded
+    batch.run()
+    got = handle.result()
+    assert got.timings.reused_tokens == 128
+    assert engine.checkpointer.stats.blocks_recorded == recorded
+    _assert_same(got, Engine(lm, checkpoints=False).generate(seen[:130] + [7], max_tokens=70))
+
+
+def test_request_inserted_mid_flight_leaves_others_unchanged():
+    lm = load_tiny("gemma3")
+    prompts = [random_tokens(n, seed=60 + n) for n in (150, 90, 220)]
+    batch = BatchEngine(_engine(lm))
+    first = [batch.submit(p, max_tokens=30) for p in prompts[:2]]
+    for _ in range(8):
+        batch.step()
+    assert batch.num_running == 2
+    late = batch.submit(prompts[2], max_tokens=30)
+    batch.run()
+    alone = generate_batch(_engine(lm), prompts[:2], SamplingParams(max_tokens=30))
+    for h, ref in zip(first, alone):
+        _assert_same(h.result(), ref)
+    _assert_same(late.result(), _single(lm, prompts[2], max_tokens=30))
+
+
+def test_cancel_frees_the_row_without_disturbing_others():
+    lm = load_tiny("qwen3_5")
+    prompts = [random_tokens(n, seed=70 + n) for n in (80, 120, 60)]
+    batch = BatchEngine(_engine(lm))
+    handles = [batch.submit(p, max_tokens=24) for p in prompts]
+    while batch.num_running < 3:
+        batch.step()
+    for _ in range(4):
+        batch.step()
+    assert batch.cancel(handles[1]) and batch.num_running == 2
+    assert not batch.cancel(handles[1])
+    batch.run()
+    cancelled = handles[1].result()
+    assert cancelled.finish_reason == "cancelled" and 0 < len(cancelled.token_ids) < 24
+    for i in (0, 2):
+        _assert_same(handles[i].result(), _single(lm, prompts[i], max_tokens=24))
+    # A request cancelled before it starts never runs.
+    queued = batch.submit(prompts[0], max_tokens=5)
+    queued.cancel()
+    assert queued.result().token_ids == [] and not batch.has_work
+
+
+def test_caps_admit_in_order():
+    lm = load_tiny("qwen3")
+    batch = BatchEngine(_engine(lm), max_seqs=2, max_prefill_tokens=B)
+    handles = [batch.submit(random_tokens(30 + 40 * i, seed=80 + i), max_tokens=6)
+               for i in range(4)]
+    started, peak = [], 0
+    while batch.has_work:
+        report = batch.step()
+        peak = max(peak, batch.num_prefilling + batch.num_running)
+        assert peak <= 2 and report.prefill_tokens <= B
+        started += [i for i in report.prefilled if i not in started]
+    assert peak == 2 and started == [h.id for h in handles]  # FIFO admission
+    for i, h in enumerate(handles):
+        _assert_same(h.result(), _single(lm, h.prompt_tokens, max_tokens=6))
+
+
+def test_long_prefills_take_turns_while_others_decode():
+    lm = load_tiny("gemma3")
+    batch = BatchEngine(_engine(lm), max_prefill_tokens=B)
+    running = batch.submit(random_tokens(20, seed=100), max_tokens=60)
+    batch.step()
+    a, b = (batch.submit(random_tokens(300, seed=101 + i), max_tokens=2) for i in range(2))
+    owners = []
+    while not (a.done and b.done):
+        report = batch.step()
+        # One chunk per step at most, and the running row decodes on every step.
+        assert report.prefill_tokens <= B and running.id in {s.id for s, _ in report.events}
+        owners += list(report.prefilled)
+    # Round-robin: the two long prompts alternate chunk by chunk (300 = 4 x 64 + 44).
+    assert owners == [a.id, b.id] * 5
+    batch.run()
+    _assert_same(running.result(), _single(lm, random_tokens(20, seed=100), max_tokens=60))
+
+
+def test_sampling_stop_strings_and_eos_per_row():
+    lm = load_tiny("qwen3")
+    prompt = random_tokens(90, seed=110)
+    full = _single(lm, prompt, max_tokens=30, temperature=1.0, seed=11)
+    stop = full.text[5:7]
+    greedy = _single(lm, prompt, max_tokens=8)
+    eos_lm = type(lm)(**{**{k: getattr(lm, k) for k in lm.__slots__},
+                         "eos_token_ids": frozenset({greedy.token_ids[2]})})
+    params = [SamplingParams(max_tokens=30, temperature=1.0, seed=11),
+              SamplingParams(max_tokens=30, temperature=1.0, seed=11, stop=(stop,)),
+              SamplingParams(max_tokens=8), SamplingParams(max_tokens=0),
+              SamplingParams(max_tokens=12, temperature=0.7, top_k=20, top_p=0.9, seed=3)]
+    got = generate_batch(_engine(eos_lm), [prompt] * len(params), params)
+    for g, p in zip(got, params):
+        _assert_same(g, _engine(eos_lm).generate(prompt, p))
+    assert got[1].finish_reason == "stop" and got[1].text == full.text[: full.text.index(stop)]
+    assert got[2].finish_reason == "stop" and got[2].token_ids[-1] == greedy.token_ids[2]
+    assert got[3].token_ids == [] and got[3].finish_reason == "length"
+
+
+def test_stream_events_match_single_request_stream():
+    lm = load_tiny("gemma4")
+    prompt = [{"role": "user", "content": "Tell me about block checkpoints. " * 3}]
+    ref = list(_engine(lm).stream(prompt, max_tokens=10, temperature=0.8, seed=5))
+    batch = BatchEngine(_engine(lm))
+    other = batch.submit(random_tokens(50, seed=120), max_tokens=10)
+    got = list(batch.submit(prompt, max_tokens=10, temperature=0.8, seed=5).stream())
+    assert [(e.text, e.token_ids, e.finish_reason) for e in got] == [
+        (e.text, e.token_ids, e.finish_reason) for e in ref]
+    t = got[-1].timings
+    assert t.generated_tokens == 10 and t.prompt_tokens == t.computed_tokens > 0
+    assert other.result().finish_reason == "length"
+
+
+def test_unmergeable_caches_run_one_at_a_time(monkeypatch):
+    import forkv.engine.batch as batch_module
+
+    lm = load_tiny("gemma3")
+    monkeypatch.setattr(batch_module, "merge_blocker", lambda caches: "QuantizedKVCache")
+    with pytest.warns(ForkvWarning, match="one at a time"):
+        batch = BatchEngine(_engine(lm))
+    assert not batch.is_batched
+    prompts = [random_tokens(n, seed=130 + n) for n in (100, 60)]
+    handles = [batch.submit(p, max_tokens=30) for p in prompts]
+    while batch.has_work:
+        assert batch.num_prefilling + batch.num_running <= 1
+        batch.step()
+    for h, p in zip(handles, prompts):
+        _assert_same(h.result(), _single(lm, p, max_tokens=30))
+
+
+def test_background_thread_serves_concurrent_requests():
+    lm = load_tiny("qwen3")
+    prompts = [random_tokens(n, seed=140 + n) for n in (70, 30)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with BatchEngine(_engine(lm)).start() as batch:
+            handles = [batch.submit(p, max_tokens=12) for p in prompts]
+            results = [h.result() for h in handles]
+            streamed = list(batch.submit(prompts[0], max_tokens=12).stream())
+    for r, p in zip(results, prompts):
+        _assert_same(r, _single(lm, p, max_tokens=12))
+    assert [t for e in streamed for t in e.token_ids] == results[0].token_ids
+    assert streamed[-1].timings.reused_tokens == 64  # its prefix blocks were recorded
+
+
+def test_all_demo_architectures_are_batchable():
+    for arch in ARCHS:
+        assert BatchEngine(_engine(load_tiny(arch))).is_batched
+
+
+def test_a_failing_step_fails_every_request_and_empties_the_engine():
+    lm = load_tiny("qwen3")
+    batch = BatchEngine(_engine(lm))
+    handles = [batch.submit(random_tokens(40, seed=150 + i), max_tokens=8) for i in range(2)]
+    batch.step()
+
+    def broken(*args, **kwargs):
+        raise MemoryError("out of memory")
+
+    batch.scheduler.model = broken
+    for h in handles:
+        with pytest.raises(MemoryError):
+            h.result()
+    assert not batch.has_work and batch.num_running == 0
+    batch.scheduler.model = lm.model
+    assert batch.submit(random_tokens(40, seed=150), max_tokens=3).result().token_ids
