@@ -15,6 +15,27 @@ from forkv.engine import (
     Timings,
     UnknownDemoModel,
 )
+from forkv.graph import (
+    GenSettings,
+    GraphError,
+    ImagePart,
+    ModelMismatch,
+    Node,
+    NodeNotFound,
+    NodeRemoved,
+    NodeStateError,
+    NodeStats,
+    ReasoningFormat,
+    Tree,
+    WorkflowSpec,
+    to_html,
+    to_mermaid,
+    write_html,
+)
+
+from .errors import ImageNotSupported, NodeFailed, SessionError
+from .runner import NodeEvent
+from .session import Session
 
 __version__ = "0.1.0"
 
@@ -29,4 +50,8 @@ def load(model: str, *, dtype: str = "auto", block_size: int = 256) -> Engine:
 __all__ = [
     "Engine", "ForkvWarning", "GenerationError", "GenerationEvent", "GenerationResult",
     "ModelLoadError", "SamplingParams", "Timings", "UnknownDemoModel", "load", "__version__",
+    "GenSettings", "GraphError", "ImageNotSupported", "ImagePart", "ModelMismatch", "Node",
+    "NodeEvent", "NodeFailed", "NodeNotFound", "NodeRemoved", "NodeStateError", "NodeStats",
+    "ReasoningFormat", "Session", "SessionError", "Tree", "WorkflowSpec", "to_html",
+    "to_mermaid", "write_html",
 ]

@@ -42,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", dest="json_path", default=None, help="write the results here")
     p.add_argument("--report", default=None, help="(bench all) write JSON, plots, summary here")
 
+    p = sub.add_parser("show", help="write a saved tree as a self-contained HTML page")
+    p.add_argument("tree", help="a tree saved with Session.save / Tree.save (JSON)")
+    p.add_argument("-o", "--output", default=None, help="HTML file (default: TREE.html)")
+
     args = parser.parse_args(argv)
     blas.activate()  # before anything imports mlx
     try:
@@ -92,7 +96,20 @@ def _bench(args) -> int:
     return run_cli(args)
 
 
+def _show(args) -> int:
+    from pathlib import Path
+
+    from forkv.graph import Tree, write_html
+
+    src = Path(args.tree)
+    tree = Tree.load(src)  # no model needed: the page shows what the tree recorded
+    out = write_html(tree, args.output or src.with_suffix(".html"), title=f"forkv: {src.name}")
+    print(f"wrote {out} ({len(tree)} nodes)")
+    return 0
+
+
 _COMMANDS = {"demo": _demo, "generate": _generate, "doctor": _doctor, "bench": _bench}
+_COMMANDS["show"] = _show
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,0 +1,62 @@
+"""Every tutorial runs as a script on its default tiny demo model and prints what it shows."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+TUTORIALS = Path(__file__).resolve().parent.parent / "tutorials"
+
+
+def run(name, *args, **env_vars):
+    env = dict(os.environ, PYTHONIOENCODING="utf-8", **env_vars)
+    env.pop("FORKV_PASSPHRASE", None)
+    r = subprocess.run([sys.executable, str(TUTORIALS / name), *args], check=False,
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout
+
+
+def test_every_tutorial_is_tested_and_documented():
+    names = sorted(p.name for p in TUTORIALS.glob("*.py"))
+    assert names == ["01_conversation.py", "02_branch_and_prune.py", "03_tree_of_thought.py",
+                     "04_private_assistant.py"]
+    for name in names:
+        text = (TUTORIALS / name).read_text()
+        assert text.startswith('"""Tutorial ') and "Run:" in text
+
+
+def test_01_conversation_on_a_given_model():
+    out = run("01_conversation.py", "demo:gemma3:tiny")
+    assert "built 3 nodes; f3 is pending" in out
+    assert "turn 1 -> f3: reused 0" in out and "turn 2 -> f5: reused " in out
+    assert "flowchart TD" in out
+
+
+def test_02_branch_and_prune_reuses_on_every_prune_and_rewind():
+    out = run("02_branch_and_prune.py")
+    lines = {line.split("  ")[0].strip(): line for line in out.splitlines() if "reused" in line}
+    assert "reused     0" in lines["reasoning"] and "generated  320" in lines["reasoning"]
+    for step in ("follow-up on the pruned path", "other follow-up (rewind)",
+                 "second reasoning (rewind)"):
+        assert "reused  1280" in lines[step], lines[step]
+    assert "system:s1 -> user:u2 -> final:f5 -> user:u6 -> final:f7" in out
+
+
+def test_03_tree_of_thought_computes_the_prompt_once():
+    out = run("03_tree_of_thought.py")
+    branches = [line for line in out.splitlines() if line.startswith("branch ")]
+    assert len(branches) == 4 and "reused     0" in branches[0]
+    assert all("reused     0" not in b for b in branches[1:])
+    assert "kept r" in out and "removed the other 3" in out
+
+
+def test_04_private_assistant_resumes_from_the_encrypted_store():
+    out = run("04_private_assistant.py", FORKV_SCRYPT_N="1024")  # a cheap KDF for the test
+    steps = {line.split(":")[0]: line for line in out.splitlines() if "reused" in line}
+    assert "reused     0" in steps["1. first run"]
+    for step in ("3. restarted session", "4. new process, resumed"):
+        reused = int(steps[step].split("reused")[1].split()[0])
+        assert reused >= 1024, steps[step]  # restored from the encrypted file
+    assert "2. wrong passphrase refused" in out
+    assert "checkpoints.fkv, tree.json" in out
