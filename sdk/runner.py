@@ -72,8 +72,12 @@ def _images(tree: Tree, node_id: str) -> list[bytes]:
 
 
 def run_job(engine: Engine, tree: Tree, job: Job, prompt: RenderedPath, fmt: ReasoningFormat,
-            template_kwargs: dict | None = None) -> Iterator[NodeEvent]:
+            template_kwargs: dict | None = None,
+            events: Iterator | None = None) -> Iterator[NodeEvent]:
     """Generate `job`'s node from `prompt`, streaming events; attach the result when done.
+
+    `events` is the engine's event stream for this prompt when the caller already submitted
+    it (to the batch engine); by default the node runs on its own through `engine.stream`.
 
     Any exception while generating marks the node failed and is re-raised as `NodeFailed`
     naming it; results attached before stay. Stopping the iteration early leaves the node
@@ -86,9 +90,11 @@ def run_job(engine: Engine, tree: Tree, job: Job, prompt: RenderedPath, fmt: Rea
     last = None
     try:
         record_render(engine, tree, prompt)
-        images = _images(tree, node_id)
-        for event in engine.stream(prompt.token_ids, sampling_params(job.gen),
-                                   **({"images": images} if images else {})):
+        if events is None:
+            images = _images(tree, node_id)
+            events = engine.stream(prompt.token_ids, sampling_params(job.gen),
+                                   **({"images": images} if images else {}))
+        for event in events:
             parts.append(event.text)
             ids += event.token_ids
             if event.finish_reason is not None:

@@ -28,8 +28,8 @@ from forkv.graph import (
     render,
 )
 
-from .errors import ImageNotSupported
-from .runner import NodeEvent, run_job
+from .errors import ImageNotSupported, NodeFailed
+from .runner import NodeEvent, run_job, sampling_params
 
 __all__ = ["Session"]
 
@@ -68,6 +68,7 @@ class Session:
             self.close()
             raise
         self._logprobs: dict[str, list[float]] = {}
+        self._batch = None  # the continuous-batching engine, made on the first wide wave
         self._lock = threading.RLock()  # one run at a time: the engine is not thread-safe
 
     def __repr__(self) -> str:
@@ -169,15 +170,56 @@ class Session:
     def _run_wave(self, jobs: list[Job]) -> Iterator[NodeEvent]:
         """Run the independent jobs of one wave (no job depends on another of its wave).
 
-        One after another for now. The continuous-batching engine (`engine/batch.py`) plugs in
-        here: submit every job's prompt at once and interleave their events.
+        Several text jobs run together on the continuous-batching engine; events come out
+        node by node while all of them compute. The first job is prefilled before the others
+        join, so forks that share its prefix restore it from its checkpoints instead of each
+        computing it again.
         """
         for job in jobs:
             self._logprobs[job.node_id] = []  # a retried node starts over
-            for event in run_job(self.engine, self.tree, job, job.prompt, self.reasoning,
-                                 self.template_kwargs):
-                self._logprobs[job.node_id].extend(event.logprobs)
-                yield event
+        if len(jobs) < 2 or any(self.tree[n].images for j in jobs for n in
+                                (p.id for p in self.tree.path(j.node_id))):
+            for job in jobs:
+                yield from self._events_of(job, None)
+            return
+        batch = self._batch_engine()
+        handles, failed = [], None
+        for i, job in enumerate(jobs):
+            try:
+                handles.append(batch.submit(job.prompt.token_ids, sampling_params(job.gen)))
+            except Exception as e:  # noqa: BLE001 - reported as this node's failure below
+                failed = (job, e)
+                break
+            if i == 0:
+                while batch.num_waiting or batch.num_prefilling:
+                    batch.step()
+        try:
+            for job, handle in zip(jobs, handles):
+                yield from self._events_of(job, handle.stream())
+        finally:
+            for handle in handles:  # a consumer that stops early frees the rows
+                if not handle.done:
+                    handle.cancel()
+        if failed is not None:
+            job, error = failed
+            self.tree.fail(job.node_id, f"{type(error).__name__}: {error}")
+            raise NodeFailed(
+                f"node {job.node_id!r} failed while generating ({type(error).__name__}: "
+                f"{error}); results computed before it are kept - fix the cause, then "
+                f"tree.reset({job.node_id!r}) and run again.", job.node_id) from error
+
+    def _events_of(self, job: Job, events) -> Iterator[NodeEvent]:
+        for event in run_job(self.engine, self.tree, job, job.prompt, self.reasoning,
+                             self.template_kwargs, events):
+            self._logprobs[job.node_id].extend(event.logprobs)
+            yield event
+
+    def _batch_engine(self):
+        if self._batch is None:
+            from forkv.engine import BatchEngine
+
+            self._batch = BatchEngine(self.engine)
+        return self._batch
 
     def _render_job(self, job: Job) -> RenderedPath:
         prompt = self.prompt(job.node_id)
@@ -260,6 +302,8 @@ class Session:
     # -- lifetime ----------------------------------------------------------------------------
     def close(self) -> None:
         """Release the engine's store (a persistent one writes its index) if we made it."""
+        if getattr(self, "_batch", None) is not None:
+            self._batch.close()
         if self._owns_engine:
             self.engine.close()
 

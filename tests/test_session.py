@@ -125,17 +125,19 @@ def test_unknown_removed_and_image_nodes_are_named(session, tmp_path):
 
 
 def test_failure_mid_run_names_node_and_keeps_results(session, monkeypatch):
+    from forkv.engine import BatchEngine
+
     _u, branches, finals, _other = small_tree(session)
-    real = session.engine.stream
+    real = BatchEngine.submit  # the fork's two branches run together on the batch engine
     calls = []
 
-    def flaky(tokens, params):
+    def flaky(self, tokens, params=None, **kw):
         calls.append(1)
         if len(calls) == 2:
             raise MemoryError("out of memory")
-        return real(tokens, params)
+        return real(self, tokens, params, **kw)
 
-    monkeypatch.setattr(session.engine, "stream", flaky)
+    monkeypatch.setattr(BatchEngine, "submit", flaky)
     with pytest.raises(NodeFailed, match=f"node {branches[1].id!r} failed") as info:
         session.run(finals)
     assert info.value.node_id == branches[1].id
