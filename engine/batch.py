@@ -26,7 +26,6 @@ from .batchcache import merge_blocker
 from .engine import Engine
 from .errors import ForkvWarning, GenerationError
 from .events import GenerationEvent, GenerationResult
-from .images import has_image_parts
 from .sampling import SamplingParams
 from .scheduler import Scheduler, StepReport
 from .sequence import make_sequence
@@ -149,16 +148,7 @@ class BatchEngine:
         `Engine.stream` (vision models)."""
         params = params or SamplingParams(**kwargs)
         engine = self.engine
-        request = None
-        if images or engine.lm.is_vision or has_image_parts(prompt):
-            request = engine.vision.render(prompt, images)
-            tokens = request.tokens
-        else:
-            tokens = engine.encode(prompt)
-        if len(tokens) + params.max_tokens > engine.lm.context_length:
-            raise GenerationError(
-                f"Prompt ({len(tokens)} tokens) plus max_tokens ({params.max_tokens}) exceeds "
-                f"the model's context of {engine.lm.context_length}; shorten one of them.")
+        tokens, request = engine.render_request(prompt, images, params)
         with self._lock:
             if self._closing:
                 raise GenerationError("This BatchEngine is closed; create a new one.")

@@ -72,6 +72,11 @@ class Engine:
         parts in order; parts may also carry their image in an "image" field. Vision models
         only (see `vision`)."""
         params = params or SamplingParams(**kwargs)
+        tokens, request = self.render_request(prompt, images, params)
+        yield from self._run(tokens, params, request)
+
+    def render_request(self, prompt, images, params: SamplingParams):
+        """Prompt tokens (and the vision request, for images) of a checked request."""
         request = None
         if images or self.lm.is_vision or has_image_parts(prompt):
             request = self.vision.render(prompt, images)
@@ -82,7 +87,7 @@ class Engine:
             raise GenerationError(
                 f"Prompt ({len(tokens)} tokens) plus max_tokens ({params.max_tokens}) exceeds "
                 f"the model's context of {self.lm.context_length}; shorten one of them.")
-        yield from self._run(tokens, params, request)
+        return tokens, request
 
     def generate(self, prompt, params: SamplingParams | None = None, **kwargs) -> GenerationResult:
         text, ids, logprobs, last = [], [], [], None
