@@ -90,11 +90,14 @@ def _plot_rewind(plt, res, path):
 def _plot_parallel(plt, res, path):
     fig, ax = plt.subplots(figsize=(6, 4))
     for run in _runs(res):
-        conc = run.get("concurrency") or {}
-        if conc:
-            xs = sorted(int(k) for k in conc)
-            ax.plot(xs, [conc[str(x)] if str(x) in conc else conc[x] for x in xs], "o-",
-                    label=str(run["model"]))
+        points = sorted((c["concurrency"], c["ours_tps"]["median"]) for c in run["cases"]
+                        if c.get("case") == "concurrency")
+        if points:
+            ax.plot([x for x, _ in points], [y for _, y in points], "o-",
+                    label=f"forkv batched ({run['model']})")
+        base = run["headline"].get("baseline_tps")
+        if base:
+            ax.axhline(base, linestyle="--", color="gray", label="mlx-lm, one after another")
     ax.set(xlabel="concurrent conversations", ylabel="generated tokens/s",
            title="Parallel decoding")
     ax.legend(fontsize=7)
