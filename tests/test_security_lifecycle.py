@@ -25,6 +25,8 @@ CHILD = textwrap.dedent(
         store.put(b"k%d" % i, "global", record)
     store.flush()
     print("written", flush=True)
+    if mode in ("exit", "exception"):
+        sys.stdin.readline()  # the parent looks at the folder while we are still alive
     if mode == "exception":
         raise RuntimeError("boom")
     if mode in ("sigkill", "sigterm"):
@@ -39,7 +41,7 @@ CHILD = textwrap.dedent(
 def spawn(tmp_path, mode, variant="tmpfile"):
     return subprocess.Popen(
         [sys.executable, "-c", CHILD, str(tmp_path), mode, variant],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 
 
@@ -56,7 +58,7 @@ def test_clean_up_on_exit_exception_and_sigterm(tmp_path, mode):
     if mode == "sigterm":
         time.sleep(0.1)
         proc.send_signal(signal.SIGTERM)
-    proc.communicate(timeout=20)  # also closes the pipes
+    proc.communicate("go\n" if mode != "sigterm" else None, timeout=20)  # closes the pipes
     assert proc.returncode == {"exit": 0, "exception": 1, "sigterm": -signal.SIGTERM}[mode]
     assert not os.path.exists(folder) and os.listdir(tmp_path) == []
 
