@@ -134,7 +134,6 @@ def ensure_demo_model(arch: str, size: str = "tiny") -> Path:
 
 def _build(config: dict, folder: Path, seed: int) -> None:
     import mlx.core as mx
-    from mlx.utils import tree_flatten
     from mlx_lm.utils import _get_classes
 
     num_tokens = write_tokenizer(folder)
@@ -142,11 +141,21 @@ def _build(config: dict, folder: Path, seed: int) -> None:
     assert text["vocab_size"] >= num_tokens
     model_class, args_class = _get_classes(config)
     mx.random.seed(seed)
-    model = model_class(args_class.from_dict(config))
+    save_random_model(model_class(args_class.from_dict(config)), config, folder, damp="embed")
+
+
+def save_random_model(model, config: dict, folder: Path, damp: str) -> None:
+    """Write a freshly initialised model's weights and configs into `folder`.
+
+    Random init gives unit-variance embeddings; weights whose name contains `damp` are halved
+    so activations in the tied LM head stay in a range where bfloat16 and float32 runs both
+    give varied, non-degenerate text.
+    """
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
     weights = dict(tree_flatten(model.parameters()))
-    # Random init gives unit-variance embeddings; scale them so activations in the tied LM head
-    # stay in a range where bfloat16 and float32 runs both give varied, non-degenerate text.
-    weights = {k: (v * 0.5 if "embed" in k else v) for k, v in weights.items()}
+    weights = {k: (v * 0.5 if damp in k else v) for k, v in weights.items()}
     mx.eval(weights)
     mx.save_safetensors(str(folder / "model.safetensors"), weights, metadata={"format": "mlx"})
     (folder / "config.json").write_text(json.dumps(config, indent=2))

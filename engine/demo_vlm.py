@@ -74,8 +74,9 @@ def demo_vlm_config(arch: str, size: str) -> dict:
 def build_vlm(config: dict, folder: Path, seed: int) -> None:
     """Write weights, tokenizer, chat template and processor configs into `folder`."""
     import mlx.core as mx
-    from mlx.utils import tree_flatten
     from mlx_vlm.utils import get_model_and_args
+
+    from .demo import save_random_model  # demo imports this module: import at call time
 
     num_tokens = _write_tokenizer(folder)
     assert config["vocab_size"] >= num_tokens
@@ -84,15 +85,8 @@ def build_vlm(config: dict, folder: Path, seed: int) -> None:
     model_config.text_config = arch_module.TextConfig.from_dict(dict(config))
     model_config.vision_config = arch_module.VisionConfig.from_dict(config["vision_config"])
     mx.random.seed(seed)
-    model = arch_module.Model(model_config)
-    weights = dict(tree_flatten(model.parameters()))
-    # As for the text demos: damp the tied embeddings so logits stay in a varied range.
-    weights = {k: (v * 0.5 if "embed_tokens" in k else v) for k, v in weights.items()}
-    mx.eval(weights)
-    mx.save_safetensors(str(folder / "model.safetensors"), weights, metadata={"format": "mlx"})
-    (folder / "config.json").write_text(json.dumps(config, indent=2))
-    (folder / "generation_config.json").write_text(json.dumps(
-        {"eos_token_id": config["eos_token_id"]}))
+    # Damp only the tied text embeddings ("embed" alone would also hit the vision patch embed).
+    save_random_model(arch_module.Model(model_config), config, folder, damp="embed_tokens")
     # Qwen2-VL's image processor settings (CLIP mean/std), with the demo's own pixel cap.
     (folder / "preprocessor_config.json").write_text(json.dumps({
         "image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen2VLProcessor",
