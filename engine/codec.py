@@ -1,17 +1,30 @@
 """Records to bytes and back (safetensors, in memory only) for the encrypted disk tier.
 
 The payload describes itself: format version, kind, block and block size travel in the
-safetensors metadata. Nothing here touches a file.
+safetensors metadata. Nothing here touches a file. `decode` parses the header itself and
+checks it strictly (a bad payload raises CodecError, never returns wrong data); each array is
+copied once from the payload into memory mlx owns, so the caller may reuse its buffer at once.
 """
 
 from __future__ import annotations
 
 import io
+import json
+import math
 
 from .layout import CacheKind
 from .records import RECORD_VERSION, Record
 
 _TOKENS = "__tokens__"
+_MAX_HEADER = 16 << 20  # a record of a few hundred arrays has a header of a few KB
+# safetensors dtype -> (numpy dtype, item size, mlx dtype to view as where numpy has none)
+_DTYPES = {
+    "BOOL": ("?", 1, None), "U8": ("u1", 1, None), "I8": ("i1", 1, None),
+    "U16": ("<u2", 2, None), "I16": ("<i2", 2, None), "F16": ("<f2", 2, None),
+    "BF16": ("<u2", 2, "bfloat16"), "U32": ("<u4", 4, None), "I32": ("<i4", 4, None),
+    "F32": ("<f4", 4, None), "U64": ("<u8", 8, None), "I64": ("<i8", 8, None),
+    "C64": ("<c8", 8, None),
+}  # fmt: skip
 
 
 class CodecError(ValueError):
@@ -31,18 +44,89 @@ def encode(record: Record, block_size: int) -> bytes:
     return buf.getvalue()
 
 
-def decode(data: bytes, block_size: int) -> Record:
+def decode(data, block_size: int) -> Record:
+    """The record in `data` (any contiguous buffer: bytes, bytearray, memoryview)."""
+    view = memoryview(data).cast("B")
+    tensors, meta, start = _parse_header(view)
+    if meta.get("forkv_record") != str(RECORD_VERSION) or meta.get("block_size") != str(block_size):
+        raise CodecError("record version or block size differs")
+    try:
+        kind, block = CacheKind(meta.get("kind")), int(meta.get("block", ""))
+    except ValueError:
+        raise CodecError("record kind or block is malformed") from None
+    tok = tensors.pop(_TOKENS, None)
+    if tok is None or tok[0] != "I32" or len(tok[1]) != 1:
+        raise CodecError("record has no tokens")
+    tokens = bytes(view[start + tok[2]:start + tok[3]])
+    arrays = {name: _to_array(view, start, *t) for name, t in tensors.items()}
+    return Record(kind, block, tokens, arrays)
+
+
+def _parse_header(view: memoryview) -> tuple[dict, dict, int]:
+    """(name -> (dtype, shape, begin, end), metadata, payload start), all checked."""
+    if len(view) < 8:
+        raise CodecError("not a safetensors payload: too short")
+    n = int.from_bytes(view[:8], "little")
+    if n > min(_MAX_HEADER, len(view) - 8):
+        raise CodecError("not a safetensors payload: header length out of range")
+    try:
+        header = json.loads(bytes(view[8:8 + n]))
+    except (UnicodeDecodeError, ValueError):
+        raise CodecError("not a safetensors payload: header is not JSON") from None
+    if not isinstance(header, dict):
+        raise CodecError("not a safetensors payload: header is not an object")
+    meta = header.pop("__metadata__", None) or {}
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise CodecError("metadata is not a string map")
+    start, size = 8 + n, len(view) - 8 - n
+    tensors, end = {}, 0
+    # mlx writes tensors back to back in offset order; anything else (gaps, overlaps, bytes
+    # past the last tensor) is not a payload we wrote.
+    for name, info in sorted(header.items(), key=lambda kv: _begin(kv[1])):
+        dtype, shape, begin, stop = _check_tensor(name, info)
+        if begin != end or stop > size:
+            raise CodecError(f"tensor {name!r} has offsets out of order or out of range")
+        tensors[name], end = (dtype, shape, begin, stop), stop
+    if end != size:
+        raise CodecError("payload has bytes no tensor describes")
+    return tensors, meta, start
+
+
+def _begin(info) -> tuple:
+    try:
+        begin, stop = info["data_offsets"]
+        return int(begin), int(stop)  # empty tensors sort before the one that starts there
+    except (TypeError, KeyError, ValueError):
+        return -1, -1  # sorts first; _check_tensor then names the fault
+
+
+def _is_int(x) -> bool:
+    return type(x) is int and x >= 0
+
+
+def _check_tensor(name: str, info) -> tuple[str, tuple, int, int]:
+    if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
+        raise CodecError(f"tensor {name!r} entry is malformed")
+    dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+    if not isinstance(dtype, str) or dtype not in _DTYPES:
+        raise CodecError(f"tensor {name!r} has unsupported dtype {dtype!r}")
+    if not isinstance(shape, list) or not all(_is_int(d) for d in shape):
+        raise CodecError(f"tensor {name!r} has a malformed shape")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(map(_is_int, offsets)):
+        raise CodecError(f"tensor {name!r} has malformed offsets")
+    begin, stop = offsets
+    if stop - begin != math.prod(shape) * _DTYPES[dtype][1]:
+        raise CodecError(f"tensor {name!r}: offsets do not match shape and dtype")
+    return dtype, tuple(shape), begin, stop
+
+
+def _to_array(view: memoryview, start: int, dtype: str, shape: tuple, begin: int, stop: int):
     import mlx.core as mx
     import numpy as np
 
-    try:
-        arrays, meta = mx.load(io.BytesIO(data), format="safetensors", return_metadata=True)
-    except Exception as e:  # mlx raises plain RuntimeError/ValueError on bad bytes
-        raise CodecError(f"not a safetensors payload: {e}") from e
-    if meta.get("forkv_record") != str(RECORD_VERSION) or meta.get("block_size") != str(block_size):
-        raise CodecError("record version or block size differs")
-    tokens = arrays.pop(_TOKENS, None)
-    if tokens is None:
-        raise CodecError("record has no tokens")
-    return Record(CacheKind(meta["kind"]), int(meta["block"]),
-                  np.array(tokens, dtype="<i4").tobytes(), arrays)
+    np_dtype, _, mx_view = _DTYPES[dtype]
+    a = np.frombuffer(view, np_dtype, math.prod(shape), start + begin).reshape(shape)
+    if dtype == "BOOL" and a.view("u1").max(initial=0) > 1:
+        raise CodecError("bool tensor holds values other than 0 and 1")
+    out = mx.array(a)  # the one copy: into memory mlx owns, so `view` can be reused at once
+    return out.view(getattr(mx, mx_view)) if mx_view else out

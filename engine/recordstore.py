@@ -19,6 +19,7 @@ from . import codec
 from .layout import CacheKind
 from .records import Record
 
+_SCRATCH_KEEP = 64 << 20  # keep a read buffer up to this size per thread
 _KIND_ORDER = {CacheKind.WINDOW: 0, CacheKind.STATE: 1, CacheKind.EXTRA: 1, CacheKind.GLOBAL: 2}
 
 
@@ -46,6 +47,7 @@ class RecordStore:
         self._ram: OrderedDict[tuple[bytes, CacheKind], Record] = OrderedDict()
         self._blocks: dict[bytes, int] = {}  # key -> block index, to steer disk eviction
         self._lock = threading.RLock()
+        self._local = threading.local()  # per-thread read scratch (see _scratch)
         self.stats = TierStats()
         if disk is not None:
             disk.set_eviction_order(self._disk_order)
@@ -72,7 +74,10 @@ class RecordStore:
                 return record
         if self.disk is None:
             return None
-        blob = self.disk.get(key, kind.value)
+        if hasattr(self.disk, "get_into"):  # decrypt into our scratch: no plaintext bytes
+            blob = self.disk.get_into(key, kind.value, self._scratch)
+        else:
+            blob = self.disk.get(key, kind.value)
         if blob is None:
             self.stats.disk_misses += 1
             return None
@@ -120,6 +125,16 @@ class RecordStore:
         return self.stats.ram_bytes
 
     # -- internals ---------------------------------------------------------------------------
+    def _scratch(self, n: int) -> memoryview:
+        """A per-thread buffer of n bytes, reused across reads: decode copies out of it, and
+        growing a fresh buffer per record would page-fault every byte in again."""
+        buf = getattr(self._local, "buf", None)
+        if buf is None or len(buf) < n:
+            buf = bytearray(n)
+            if n <= _SCRATCH_KEEP:
+                self._local.buf = buf
+        return memoryview(buf)[:n]
+
     def _to_disk(self, key: bytes, record: Record) -> bool:
         ok = self.disk.put(key, record.kind.value, codec.encode(record, self.block_size),
                            {"block": str(record.block)})

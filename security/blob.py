@@ -15,9 +15,10 @@ __all__ = ["Blob", "StoreStats", "check_slot", "hold_bytes"]
 
 @dataclass(slots=True, frozen=True)
 class Blob:
-    """A record read back: the bytes given to ``put`` and their metadata."""
+    """A record read back: the bytes given to ``put`` (from ``get_into``: a view of the caller's
+    buffer) and their metadata."""
 
-    data: bytes = field(repr=False)  # records can be tens of MB: keep them out of reprs
+    data: bytes | memoryview = field(repr=False)  # tens of MB: keep them out of reprs
     meta: dict[str, str] = field(default_factory=dict)
 
     def __repr__(self) -> str:

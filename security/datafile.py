@@ -104,6 +104,17 @@ class DataFile:
 
     def read_record(self, entry: Entry, aad: bytes) -> bytes:
         """``pread`` the sealed record and open it; RecordAuthError/OSError on any failure."""
+        sealed = self._read_sealed(entry)
+        return self.sealer(entry.session).open(sealed, aad, entry.nonce)
+
+    def read_record_into(self, entry: Entry, aad: bytes, out: memoryview) -> None:
+        """Like ``read_record`` but decrypts into ``out`` (``entry.length`` bytes): no plaintext
+        ``bytes`` is made. Nothing is written to ``out`` unless the tag verifies (on failure it is
+        zeroed)."""
+        sealed = self._read_sealed(entry)
+        self.sealer(entry.session).open_into(sealed, aad, entry.nonce, out)
+
+    def _read_sealed(self, entry: Entry) -> memoryview:
         size = sealed_size(entry.length)
         buf = getattr(self._read_scratch, "buf", None)
         if buf is None or len(buf) < size:  # per thread: readers run concurrently
@@ -115,7 +126,7 @@ class DataFile:
             raise TruncatedRecordError("data file ends inside a record")
         if entry.session >= len(self.session_salts):
             raise RecordAuthError("record names an unknown session")
-        return self.sealer(entry.session).open(buf, aad, entry.nonce)
+        return buf
 
     def truncate(self, size: int) -> None:
         self.io.ftruncate(self.fd, size)

@@ -3,7 +3,8 @@
 Knows: the public API, the lock that guards index/allocator/pending writes, the byte
 budget and eviction order, counters, and how faults degrade the tier (a ``ForkvWarning``,
 then misses; never an exception, never wrong data). Does not know: arrays, mlx or the RAM
-tier; records arrive as bytes (serialised by the caller) and leave as bytes.
+tier; records arrive as bytes (serialised by the caller) and leave as bytes, or decrypted
+straight into a buffer the caller provides (``get_into``).
 """
 
 from __future__ import annotations
@@ -107,33 +108,47 @@ class BlobStore(FaultPolicy, lifecycle.ProcessHooks):
     def get(self, key: bytes, kind: str) -> Blob | None:
         """The record, verified; ``None`` if absent, evicted, tampered or unreadable."""
         slot = check_slot(key, kind)
-        with self._lock:
-            if not self._enabled:
-                self._counts["num_misses"] += self.settings.mode != "off"
-                return None
-            item = self._pending.get(slot)
-            if item is not None:
-                self._counts["num_hits"] += 1
-                return Blob(item.as_bytes(), dict(item.meta))
-            entry = self._index.touch(slot)
-            if entry is None:
-                self._counts["num_misses"] += 1
-                return None
-            datafile = self._file
-            self._num_reading += 1  # close() waits for us before closing the descriptor
+        found = self._find(slot)
+        if found is None:
+            return None
+        if isinstance(found, WriteItem):
+            return Blob(found.as_bytes(), dict(found.meta))
+        entry, datafile = found
+        data = None
         try:
             data = datafile.read_record(entry, self._aad(slot, entry))
         except Exception as exc:  # noqa: BLE001 - auth failure, I/O error, anything: a miss
             self._on_read_fault(slot, entry, exc)
-            return None
         finally:
-            with self._lock:
-                self._num_reading -= 1
-                self._readers.notify_all()
-        with self._lock:
-            self._counts["num_hits"] += 1
-            self._read_faults = 0
-        return Blob(data, dict(entry.meta))
+            self._end_read(is_hit=data is not None)
+        return None if data is None else Blob(data, dict(entry.meta))
+
+    def get_into(self, key: bytes, kind: str, alloc: Callable[[int], Any]) -> Blob | None:
+        """Like ``get``, but the record is decrypted straight into ``alloc(length)`` (a writable
+        buffer of at least ``length`` bytes, e.g. the caller's scratch): no plaintext ``bytes``
+        is made. The Blob's ``data`` is a view of that buffer's first ``length`` bytes. After a
+        failed verification the buffer holds zeros, never unverified plaintext.
+        """
+        slot = check_slot(key, kind)
+        found = self._find(slot)
+        if found is None:
+            return None
+        if isinstance(found, WriteItem):
+            out = memoryview(alloc(found.nbytes)).cast("B")[: found.nbytes]
+            out[:] = memoryview(found.data).cast("B")  # queued data is immutable: no lock needed
+            return Blob(out, dict(found.meta))
+        entry, datafile = found
+        is_hit = False
+        try:
+            out = memoryview(alloc(entry.length)).cast("B")[: entry.length]
+            try:
+                datafile.read_record_into(entry, self._aad(slot, entry), out)
+                is_hit = True
+            except Exception as exc:  # noqa: BLE001 - auth failure, I/O error, anything: a miss
+                self._on_read_fault(slot, entry, exc)
+        finally:
+            self._end_read(is_hit=is_hit)
+        return Blob(out, dict(entry.meta)) if is_hit else None
 
     def contains(self, key: bytes, kind: str) -> bool:
         """Whether a record is queued or indexed (not verified; ``get`` may still miss)."""
@@ -309,6 +324,33 @@ class BlobStore(FaultPolicy, lifecycle.ProcessHooks):
             self._dirty = False
         except Exception as exc:  # noqa: BLE001
             self._on_write_fault(exc, "index")
+
+    def _find(self, slot: tuple[bytes, str]) -> WriteItem | tuple[Entry, DataFile] | None:
+        """Look a slot up for a read: the queued item (a hit), or the indexed entry and file
+        (registered as a reader: call ``_end_read``), or None (a miss). Counts both."""
+        with self._lock:
+            if not self._enabled:
+                self._counts["num_misses"] += self.settings.mode != "off"
+                return None
+            item = self._pending.get(slot)
+            if item is not None:
+                self._counts["num_hits"] += 1
+                return item
+            entry = self._index.touch(slot)
+            if entry is None:
+                self._counts["num_misses"] += 1
+                return None
+            self._num_reading += 1  # close() waits for us before closing the descriptor
+            return entry, self._file
+
+    def _end_read(self, *, is_hit: bool) -> None:
+        """A read registered by ``_find`` is over (a fault was already counted as a miss)."""
+        with self._lock:
+            self._num_reading -= 1
+            self._readers.notify_all()
+            if is_hit:
+                self._counts["num_hits"] += 1
+                self._read_faults = 0
 
     def _aad(self, slot: tuple[bytes, str], entry: Entry) -> bytes:
         return make_aad(

@@ -51,3 +51,20 @@ def test_scratch_buffers_are_reused(tmp_path):
     df.read_record(entry, aad)
     assert df._read_scratch.buf is buf
     df.close(remove_folder=True)
+
+
+def test_read_record_into_writes_only_verified_plaintext(tmp_path):
+    df = open_ephemeral(DiskIO(), str(tmp_path))
+    data = os.urandom(5000)
+    entry, aad = write(df, 0, data)
+    out = bytearray(5000)
+    df.read_record_into(entry, aad, memoryview(out))
+    assert out == data
+    out[:] = b"\xff" * 5000
+    with pytest.raises(RecordAuthError):
+        df.read_record_into(entry, aad + b"x", memoryview(out))
+    assert out == bytes(5000)
+    df.truncate(100)
+    with pytest.raises(TruncatedRecordError):
+        df.read_record_into(entry, aad, memoryview(out))
+    df.close(remove_folder=True)

@@ -102,6 +102,44 @@ def test_served_from_queue_before_write(tmp_path):
         assert store.get(b"k", "global").data == b"queued"
 
 
+def test_get_into_decrypts_into_the_callers_buffer(tmp_path):
+    io = GatedIO()
+    asked = []
+
+    def alloc(n):
+        asked.append(n)
+        return bytearray(b"\xff" * (n + 7))  # larger than asked: only a prefix is used
+
+    with make_store(tmp_path, io=io) as store:
+        assert store.get_into(b"k", "state", alloc) is None and asked == []  # a miss
+        store.put(b"k", "state", b"payload" * 100, {"m": "1"})
+        blob = store.get_into(b"k", "state", alloc)  # still queued: copied from the queue
+        assert bytes(blob.data) == b"payload" * 100 and blob.meta == {"m": "1"}
+        io.gate.set()
+        store.flush()
+        blob = store.get_into(b"k", "state", alloc)  # from disk
+        assert bytes(blob.data) == b"payload" * 100 and blob.meta == {"m": "1"}
+        assert isinstance(blob.data, memoryview) and asked == [700, 700]
+        s = store.stats()
+        assert (s.num_hits, s.num_misses) == (2, 1)
+
+
+def test_get_into_tampered_is_a_miss_and_leaves_zeros(tmp_path):
+    with make_store(tmp_path) as store:
+        store.put(b"k", "global", b"secret" * 50)
+        store.flush()
+        fd, (offset, _) = store._file.fd, on_disk(store, b"k", "global")
+        os.pwrite(fd, bytes([os.pread(fd, 1, offset + 40)[0] ^ 1]), offset + 40)
+        buf = bytearray(b"\xff" * 300)
+        with pytest.warns(ForkvWarning, match="authentication"):
+            assert store.get_into(b"k", "global", lambda n: buf) is None
+        assert buf == bytes(300)  # never unverified plaintext
+        s = store.stats()
+        assert (s.num_tampered, s.num_misses, s.num_hits) == (1, 1, 0)
+        assert not store.contains(b"k", "global")
+    assert store.get_into(b"k", "global", bytearray) is None  # closed: a miss
+
+
 def test_off_switch_is_a_cheap_no_op(tmp_path):
     store = make_store(tmp_path, disk=False)
     assert not store.put(b"k", "global", b"x") and store.get(b"k", "global") is None
@@ -410,8 +448,11 @@ def test_concurrent_threads_never_see_wrong_data(tmp_path):
                         data = os.urandom(rng.randrange(2000))
                         if store.put(key, "global", data):
                             model[key] = data
-                    elif op < 0.9:
+                    elif op < 0.65:
                         blob = store.get(key, "global")
+                        assert blob is None or blob.data == model.get(key), "wrong data"
+                    elif op < 0.9:
+                        blob = store.get_into(key, "global", bytearray)
                         assert blob is None or blob.data == model.get(key), "wrong data"
                     else:
                         store.delete(key, "global")
