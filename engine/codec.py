@@ -8,7 +8,7 @@ copied once from the payload into memory mlx owns, so the caller may reuse its b
 
 from __future__ import annotations
 
-import io
+import functools
 import json
 import math
 
@@ -27,21 +27,57 @@ _DTYPES = {
 }  # fmt: skip
 
 
+@functools.cache
+def _names() -> dict:
+    """mlx dtype -> safetensors dtype name (mlx is imported lazily)."""
+    import mlx.core as mx
+
+    return {getattr(mx, n): k for k, n in (
+        ("BOOL", "bool_"), ("U8", "uint8"), ("I8", "int8"), ("U16", "uint16"),
+        ("I16", "int16"), ("F16", "float16"), ("BF16", "bfloat16"), ("U32", "uint32"),
+        ("I32", "int32"), ("F32", "float32"), ("U64", "uint64"), ("I64", "int64"),
+        ("C64", "complex64"))}
+
+
 class CodecError(ValueError):
     """A payload that is not a forkv record of this version."""
 
 
 def encode(record: Record, block_size: int) -> bytes:
+    """The record as one safetensors payload, built with a single allocation of its exact
+    size (records of several MB are written per block: growing buffers would fragment the
+    heap and hold RAM the OS never gets back)."""
+    import numpy as np
+
+    names = sorted(record.arrays)
+    views, entries, offset = [], {}, 0
+    for name in names:
+        arr, dtype = _as_numpy(record.arrays[name])
+        views.append(arr.reshape(-1).view(np.uint8))
+        entries[name] = {"dtype": dtype, "shape": list(arr.shape),
+                         "data_offsets": [offset, offset + arr.nbytes]}
+        offset += arr.nbytes
+    tokens = record.tokens
+    entries[_TOKENS] = {"dtype": "I32", "shape": [len(record.tokens) // 4],
+                        "data_offsets": [offset, offset + len(tokens)]}
+    entries["__metadata__"] = {"forkv_record": str(RECORD_VERSION), "kind": record.kind.value,
+                               "block": str(record.block), "block_size": str(block_size)}
+    header = json.dumps(entries, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)  # safetensors pads the header to 8 bytes
+    return b"".join([len(header).to_bytes(8, "little"), header, *views, tokens])
+
+
+def _as_numpy(arr):
+    """A row-major numpy view (or copy) of an mlx array and its safetensors dtype name."""
     import mlx.core as mx
     import numpy as np
 
-    arrays = dict(record.arrays)
-    arrays[_TOKENS] = mx.array(np.frombuffer(record.tokens, dtype="<i4"))
-    meta = {"forkv_record": str(RECORD_VERSION), "kind": record.kind.value,
-            "block": str(record.block), "block_size": str(block_size)}
-    buf = io.BytesIO()
-    mx.save_safetensors(buf, arrays, metadata=meta)
-    return buf.getvalue()
+    name = _names().get(arr.dtype)
+    if name is None:
+        raise CodecError(f"cannot store arrays of dtype {arr.dtype}")
+    if arr.dtype == mx.bfloat16:
+        arr = arr.view(mx.uint16)
+    return np.require(np.asarray(arr), requirements="C"), name
 
 
 def decode(data, block_size: int) -> Record:
