@@ -85,7 +85,10 @@ class StoreSettings:
     exactly one of ``key_file``, ``passphrase`` or ``key``.
     """
 
-    ram_budget: int = 1 << 30
+    # Small on purpose: a record restored from the disk tier costs about one decode step, and
+    # the OS page cache keeps the (sealed) data file in RAM while memory is free and gives it
+    # back when it is not; pinned RAM-tier records cannot be given back.
+    ram_budget: int = 64 << 20
     disk_budget: int = 4 << 30
     disk: bool = True
     disk_dir: str | None = None  # parent of the private folder; default: the system temp dir
@@ -95,7 +98,7 @@ class StoreSettings:
     key: Secret | None = field(default=None, repr=False)
     scrypt_n: int = 1 << 17  # scrypt cost for passphrases; stored in the file header
     queue_max: int = 4096  # records waiting for the background writer (bytes bound it first)
-    queue_bytes: int = 512 << 20  # bytes waiting for the background writer
+    queue_bytes: int = 128 << 20  # bytes waiting for the background writer (full: drop, count)
     handle_signals: bool = True  # clean up on SIGTERM/SIGHUP when they are at their defaults
 
     def __post_init__(self) -> None:
