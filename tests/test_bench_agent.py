@@ -6,7 +6,9 @@ from forkv.bench.agent import QUICK, run_agent_bench
 def test_quick_agent_bench_reports_both_sides():
     r = run_agent_bench("demo:gemma3:tiny", quick=True, reps=1)
     assert r["benchmark"] == "agent" and r["model"] == "demo:gemma3:tiny"
-    assert set(r["headline"]) == {"speedup", "prefill_ratio", "tot_speedup", "tot_prefill_ratio"}
+    assert set(r["headline"]) == {"speedup", "prefill_ratio", "turn_speedup", "tot_speedup",
+                                  "tot_prefill_ratio"}
+    assert r["headline"]["turn_speedup"] > 0  # QUICK has 2 turns: one after a prune
     bp, tot = r["cases"]
     assert [bp["workflow"], tot["workflow"]] == ["branch_prune", "tree_of_thought"]
     for case in (bp, tot):

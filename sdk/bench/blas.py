@@ -40,7 +40,7 @@ def _child(mode: str, model: str, n: int, gen: int, dtype: str) -> dict:
 
 
 def run_blas_bench(model: str = "demo:gemma3:small", quick: bool = False, reps: int = 2,
-                   prompt_tokens: int = 1024, gen_tokens: int = 16,
+                   prompt_tokens: int = 512, gen_tokens: int = 16,
                    dtype: str = "float32") -> dict:
     if quick:
         reps, prompt_tokens, gen_tokens = 1, 256, 4
