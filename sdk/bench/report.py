@@ -41,7 +41,48 @@ def write_report(results: dict, folder: str) -> Path:
                 fn(plt, results[name], path)
                 plots.append(path.name)
     (out / "summary.md").write_text(_summary(results, plots))
+    (out / "table.md").write_text(readme_table(results))
     return out / "summary.md"
+
+
+# (benchmark, headline key, what it measures) for the README's performance table
+_README_ROWS = [
+    ("rewind", "speedup_8k", "time to first token after rewinding to 8K tokens, recompute ÷ restore"),
+    ("rewind", "exact", "restored greedy tokens equal a fresh block-aligned run"),
+    ("agent", "speedup", "branch-and-prune (4K document, 4 turns), whole workflow, mlx-lm ÷ forkv"),
+    ("agent", "turn_speedup", "branch-and-prune, each turn after a prune, mlx-lm ÷ forkv"),
+    ("agent", "prefill_ratio", "branch-and-prune prefill tokens, mlx-lm ÷ forkv"),
+    ("agent", "tot_speedup", "tree-of-thought (k=8, 2K prompt) wall time, mlx-lm ÷ forkv"),
+    ("parallel", "throughput_ratio", "8 conversations: batched ÷ one-after-another tokens/s"),
+    ("memory", "extra_ram_reduction",
+     "4 live 8K prompts: 1 − checkpoint RAM ÷ checkpoint RAM when every record stays in RAM"),
+    ("memory", "peak_reduction", "the same, whole peak above the weights (live caches included)"),
+    ("image", "repeat_speedup", "same image, new question: first ÷ second time to first token"),
+    ("store", "encryption_overhead", "8K restore: encrypted tier ÷ the same tier without AES"),
+    ("store", "encrypted_over_plain_files",
+     "8K restore: encrypted tier ÷ plain safetensors files read with mx.load"),
+    ("store", "aead_gbps", "AES-256-GCM seal GB/s"),
+    ("blas", "prefill_speedup", "prefill tok/s, OpenBLAS ÷ mlx's stock BLAS"),
+]
+
+
+def readme_table(results: dict) -> str:
+    """The README's performance table (Markdown) from one run's results."""
+    machine = next(iter(results.values()))["machine"]
+    lines = [f"Measured on {machine['cpu']}, {machine['cores']} cores, {machine['ram_gib']} GiB, "
+             f"{machine['os']}, mlx {machine['mlx']}, mlx-lm {machine['mlx_lm']}, mlx-vlm "
+             f"{machine['mlx_vlm']}, {machine['blas']}, `small` demo models.", "",
+             "| benchmark | figure | value | target | command |", "|---|---|---|---|---|"]
+    for name, key, what in _README_ROWS:
+        if name not in results:
+            continue
+        runs = _runs(results[name])
+        values = "; ".join(f"{_fmt(run['headline'].get(key))} "
+                           f"({str(run['model']).replace('demo:', '').replace(':small', '')})"
+                           for run in runs)
+        target = (runs[0]["targets"].get(key) or {}).get("target", "")
+        lines.append(f"| {name} | {what} | {values} | {target} | `forkv bench {name}` |")
+    return "\n".join(lines) + "\n"
 
 
 def _summary(results: dict, plots: list[str]) -> str:
