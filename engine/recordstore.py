@@ -15,6 +15,8 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from forkv.security.blob import ThreadScratch
+
 from . import codec
 from .layout import CacheKind
 from .records import Record
@@ -47,7 +49,7 @@ class RecordStore:
         self._ram: OrderedDict[tuple[bytes, CacheKind], Record] = OrderedDict()
         self._blocks: dict[bytes, int] = {}  # key -> block index, to steer disk eviction
         self._lock = threading.RLock()
-        self._local = threading.local()  # per-thread read scratch (see _scratch)
+        self._scratch = ThreadScratch(_SCRATCH_KEEP)  # decode copies out of it at once
         self.stats = TierStats()
         if disk is not None:
             disk.set_eviction_order(self._disk_order)
@@ -125,16 +127,6 @@ class RecordStore:
         return self.stats.ram_bytes
 
     # -- internals ---------------------------------------------------------------------------
-    def _scratch(self, n: int) -> memoryview:
-        """A per-thread buffer of n bytes, reused across reads: decode copies out of it, and
-        growing a fresh buffer per record would page-fault every byte in again."""
-        buf = getattr(self._local, "buf", None)
-        if buf is None or len(buf) < n:
-            buf = bytearray(n)
-            if n <= _SCRATCH_KEEP:
-                self._local.buf = buf
-        return memoryview(buf)[:n]
-
     def _to_disk(self, key: bytes, record: Record) -> bool:
         ok = self.disk.put(key, record.kind.value, codec.encode(record, self.block_size),
                            {"block": str(record.block)})

@@ -6,11 +6,12 @@ are acceptable (and which buffers can be kept without a copy). Does not know: st
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 from .index import MAX_KEY_BYTES, MAX_KIND_BYTES
 
-__all__ = ["Blob", "StoreStats", "check_slot", "hold_bytes"]
+__all__ = ["Blob", "StoreStats", "ThreadScratch", "check_slot", "hold_bytes"]
 
 
 @dataclass(slots=True, frozen=True)
@@ -67,3 +68,25 @@ def hold_bytes(data: bytes | bytearray | memoryview) -> bytes | memoryview:
     if isinstance(view.obj, bytes) and view.contiguous and view.nbytes == len(view.obj):
         return view.obj
     return view.tobytes()
+
+
+class ThreadScratch:
+    """A reusable read buffer per thread (readers run concurrently): ``scratch(n)`` is a
+    writable view of n bytes. Buffers up to ``keep`` bytes are kept between calls, because
+    a fresh one per record would page-fault every byte in again; larger ones are not."""
+
+    def __init__(self, keep: int) -> None:
+        self._keep = keep
+        self._local = threading.local()
+
+    def __call__(self, n: int) -> memoryview:
+        buf = getattr(self._local, "buf", None)
+        if buf is None or len(buf) < n:
+            buf = bytearray(n)
+            if n <= self._keep:
+                self._local.buf = buf
+        return memoryview(buf)[:n]
+
+    def release(self) -> None:
+        """Drop every thread's buffer (the next call allocates afresh)."""
+        self._local = threading.local()

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from .aead import RecordAuthError, Sealer, sealed_size
 from .alloc import Allocator
+from .blob import ThreadScratch
 from .fileio import DiskIO
 from .folder import PrivateFolder, make_private_folder, open_data_file, sweep_stale_folders
 from .index import Entry
@@ -44,7 +45,7 @@ class DataFile:
     header: object | None = None  # persistent stores: the current file header
     current: int = -1
     _scratch: bytearray | None = None  # the writer's sealing buffer
-    _read_scratch: threading.local = field(default_factory=threading.local)
+    _read_scratch: ThreadScratch = field(default_factory=lambda: ThreadScratch(_SCRATCH_KEEP))
     _sealer_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -116,12 +117,7 @@ class DataFile:
 
     def _read_sealed(self, entry: Entry) -> memoryview:
         size = sealed_size(entry.length)
-        buf = getattr(self._read_scratch, "buf", None)
-        if buf is None or len(buf) < size:  # per thread: readers run concurrently
-            buf = bytearray(size)
-            if size <= _SCRATCH_KEEP:
-                self._read_scratch.buf = buf
-        buf = memoryview(buf)[:size]
+        buf = self._read_scratch(size)
         if self.io.pread_into(self.fd, buf, entry.offset) != size:
             raise TruncatedRecordError("data file ends inside a record")
         if entry.session >= len(self.session_salts):
@@ -155,7 +151,7 @@ class DataFile:
             except OSError:
                 pass  # the start-up sweep of a later process removes what is left
         self._scratch = None
-        self._read_scratch = threading.local()
+        self._read_scratch.release()
         self.wipe_keys()
 
 

@@ -47,9 +47,9 @@ def test_scratch_buffers_are_reused(tmp_path):
     write(df, 8192, os.urandom(4000))
     assert df._scratch is first  # no new allocation for a smaller record
     df.read_record(entry, aad)
-    buf = df._read_scratch.buf
+    buf = df._read_scratch._local.buf
     df.read_record(entry, aad)
-    assert df._read_scratch.buf is buf
+    assert df._read_scratch._local.buf is buf
     df.close(remove_folder=True)
 
 
