@@ -17,13 +17,14 @@ from .records import RECORD_VERSION, Record
 
 _TOKENS = "__tokens__"
 _MAX_HEADER = 16 << 20  # a record of a few hundred arrays has a header of a few KB
-# safetensors dtype -> (numpy dtype, item size, mlx dtype to view as where numpy has none)
+# safetensors dtype -> (numpy dtype, item size, mlx dtype; the bytes are viewed as that mlx
+# dtype after loading where numpy has none of its own: bfloat16)
 _DTYPES = {
-    "BOOL": ("?", 1, None), "U8": ("u1", 1, None), "I8": ("i1", 1, None),
-    "U16": ("<u2", 2, None), "I16": ("<i2", 2, None), "F16": ("<f2", 2, None),
-    "BF16": ("<u2", 2, "bfloat16"), "U32": ("<u4", 4, None), "I32": ("<i4", 4, None),
-    "F32": ("<f4", 4, None), "U64": ("<u8", 8, None), "I64": ("<i8", 8, None),
-    "C64": ("<c8", 8, None),
+    "BOOL": ("?", 1, "bool_"), "U8": ("u1", 1, "uint8"), "I8": ("i1", 1, "int8"),
+    "U16": ("<u2", 2, "uint16"), "I16": ("<i2", 2, "int16"), "F16": ("<f2", 2, "float16"),
+    "BF16": ("<u2", 2, "bfloat16"), "U32": ("<u4", 4, "uint32"), "I32": ("<i4", 4, "int32"),
+    "F32": ("<f4", 4, "float32"), "U64": ("<u8", 8, "uint64"), "I64": ("<i8", 8, "int64"),
+    "C64": ("<c8", 8, "complex64"),
 }  # fmt: skip
 
 
@@ -32,11 +33,7 @@ def _names() -> dict:
     """mlx dtype -> safetensors dtype name (mlx is imported lazily)."""
     import mlx.core as mx
 
-    return {getattr(mx, n): k for k, n in (
-        ("BOOL", "bool_"), ("U8", "uint8"), ("I8", "int8"), ("U16", "uint16"),
-        ("I16", "int16"), ("F16", "float16"), ("BF16", "bfloat16"), ("U32", "uint32"),
-        ("I32", "int32"), ("F32", "float32"), ("U64", "uint64"), ("I64", "int64"),
-        ("C64", "complex64"))}
+    return {getattr(mx, mlx_name): name for name, (_, _, mlx_name) in _DTYPES.items()}
 
 
 class CodecError(ValueError):
@@ -160,9 +157,9 @@ def _to_array(view: memoryview, start: int, dtype: str, shape: tuple, begin: int
     import mlx.core as mx
     import numpy as np
 
-    np_dtype, _, mx_view = _DTYPES[dtype]
+    np_dtype = _DTYPES[dtype][0]
     a = np.frombuffer(view, np_dtype, math.prod(shape), start + begin).reshape(shape)
     if dtype == "BOOL" and a.view("u1").max(initial=0) > 1:
         raise CodecError("bool tensor holds values other than 0 and 1")
     out = mx.array(a)  # the one copy: into memory mlx owns, so `view` can be reused at once
-    return out.view(getattr(mx, mx_view)) if mx_view else out
+    return out.view(mx.bfloat16) if dtype == "BF16" else out
