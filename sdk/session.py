@@ -121,13 +121,17 @@ class Session:
     def load(self, path: str | Path) -> Tree:
         """Load a saved tree into this session; it must have been made with this model."""
         tree = Tree.load(path)
+        self._adopt(tree)
+        return tree
+
+    def _adopt(self, tree: Tree) -> None:
+        """Make `tree` this session's tree if it was made with this model; else keep the old."""
         old, self.tree = self.tree, tree
         try:
             self._check_model()
         except Exception:
             self.tree = old
             raise
-        return tree
 
     # -- rendering ---------------------------------------------------------------------------
     def prompt(self, node: Node | str) -> RenderedPath:
@@ -252,12 +256,7 @@ class Session:
         tree = spec.build()
         if tree.model_id is None:
             tree.model_id = self.model_id
-        old, self.tree = self.tree, tree
-        try:
-            self._check_model()
-        except Exception:
-            self.tree = old
-            raise
+        self._adopt(tree)
         while True:
             self.run()
             if not spec.advance(self.tree, scorers or {}) and not self.tree.pending():
