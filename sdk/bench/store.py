@@ -141,7 +141,9 @@ def run_store_bench(model: str = "demo:gemma3:small", quick: bool = False, reps:
     engine = Engine(lm, store=live)
     history = random_tokens(prefix + 1, seed=3)
     engine.generate(history, max_tokens=1)  # records every block of the prefix
-    blob = BlobStore(StoreSettings(ram_budget=0, disk_budget=16 << 30))
+    # The tier is filled at once, faster than a run makes records: a queue that holds them all,
+    # so none is dropped (the writer's drop-when-full is for generation, not this setup).
+    blob = BlobStore(StoreSettings(ram_budget=0, disk_budget=16 << 30, queue_bytes=16 << 30))
     plain = _PlainFileDisk()
     files = _PlainFilesStore(live.block_size)
     tiers = {"ram": live, "plaintext": RecordStore(0, plain), "plain_files": files,
@@ -150,6 +152,7 @@ def run_store_bench(model: str = "demo:gemma3:small", quick: bool = False, reps:
         for name in ("plaintext", "plain_files", "encrypted"):
             tiers[name].put(key, record)
     tiers["encrypted"].flush()
+    assert blob.stats().num_dropped == 0, "the encrypted tier dropped records while filling"
     engines = {name: Engine(lm, store=store) for name, store in tiers.items()}
     prompt = history[:prefix] + random_tokens(64, seed=4)
     for e in engines.values():  # warm-up: allocator pools and scratch buffers, not measured
