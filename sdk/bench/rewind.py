@@ -45,10 +45,16 @@ def run_rewind_bench(model: str = "demo:gemma3:small", quick: bool = False, reps
     t_history, _ = timed(lambda: engine.generate(history, max_tokens=1))
     engine.store.flush()
     # The baseline's own cache of the whole conversation, trimmed back per rewind if it can be.
+    # A rotating (sliding-window) cache stops being trimmable once it wraps, as it has after
+    # 8K tokens: such a baseline recomputes every rewind (before, it was fed the prompt on top
+    # of the untrimmed conversation, which overstated its time).
     base_cache = make_prompt_cache(lm.model)
-    trimmable = can_trim_prompt_cache(base_cache)
-    if trimmable:
+    wraps = any(len(history) >= getattr(c, "max_size", len(history) + 1) for c in base_cache)
+    if can_trim_prompt_cache(base_cache) and not wraps:
         _baseline(lm.model, lm.tokenizer, history, base_cache)
+    trimmable = can_trim_prompt_cache(base_cache) and base_cache[0].offset > 0
+    if not trimmable:
+        base_cache = None  # every rewind is a full recompute
     cases = []
     for n in sizes:
         ours, base, restore_s, reused = [], [], [], []
@@ -61,7 +67,8 @@ def run_rewind_bench(model: str = "demo:gemma3:small", quick: bool = False, reps
             if r >= baseline_reps:
                 continue
             if trimmable:
-                trim_prompt_cache(base_cache, base_cache[0].offset - n)
+                trimmed = trim_prompt_cache(base_cache, base_cache[0].offset - n)
+                assert base_cache[0].offset == n, (trimmed, base_cache[0].offset, n)
                 base.append(_baseline(lm.model, lm.tokenizer, prompt, base_cache))
             else:
                 base.append(_baseline(lm.model, lm.tokenizer, prompt, None))
