@@ -31,6 +31,7 @@ class TierStats:
     ram_records: int = 0
     ram_evictions: int = 0
     spilled: int = 0  # records moved from RAM to disk
+    bytes_put: int = 0  # array bytes of every record put, wherever it went
     disk_puts: int = 0
     disk_reads: int = 0
     disk_misses: int = 0
@@ -57,6 +58,7 @@ class RecordStore:
     # -- the interface the checkpointer uses -----------------------------------------------
     def put(self, key: bytes, record: Record) -> None:
         with self._lock:
+            self.stats.bytes_put += record.nbytes
             self._blocks[key] = record.block
             if self.write_through and record.kind is not CacheKind.GLOBAL:
                 if self._to_disk(key, record):

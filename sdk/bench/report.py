@@ -152,10 +152,17 @@ def _plot_parallel(plt, res, path):
 def _plot_memory(plt, res, path):
     fig, ax = plt.subplots(figsize=(6, 4))
     for run in _runs(res):
+        modes = {}
         for case in run["cases"]:
             pts = case.get("rss_over_time") or []
-            ax.plot([t for t, _ in pts], [v / 2**20 for _, v in pts],
-                    label=f"{case['mode']} ({run['model']})")
+            modes[case["mode"]] = case
+            line, = ax.plot([t for t, _ in pts], [v / 2**20 for _, v in pts],
+                            label=f"{case['mode']} ({run['model']})")
+        extra = run["settings"].get("baseline_extra_bytes")
+        if "baseline" not in modes and extra and "none" in modes:
+            # Unmeasured baseline: at least the no-checkpoint peak plus every record's bytes.
+            ax.axhline((modes["none"]["peak_extra_bytes"] + extra) / 2**20, ls="--",
+                       color=line.get_color(), label=f"all in RAM, at least ({run['model']})")
     ax.set(xlabel="seconds", ylabel="RSS above model (MiB)", title="RAM while prefilling")
     ax.legend(fontsize=7)
     fig.tight_layout()
