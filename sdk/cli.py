@@ -39,6 +39,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="demo:<arch>[:<size>] or a model folder; repeatable")
     p.add_argument("--quick", action="store_true", help="tiny sizes, for smoke tests")
     p.add_argument("--reps", type=int, default=None)
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="a benchmark's own setting, repeatable: sizes=512,2048 (rewind), "
+                        "prompt_tokens=4096 or modes=none,baseline,forkv (memory), "
+                        "context=2048 (agent), prefix=4096 (store)")
     p.add_argument("--json", dest="json_path", default=None, help="write the results here")
     p.add_argument("--report", default=None, help="(bench all) write JSON, plots, summary here")
 

@@ -39,14 +39,17 @@ def available() -> list[str]:
 
 
 def run_benchmark(name: str, models: list[str] | None = None, quick: bool = False,
-                  reps: int | None = None) -> dict:
+                  reps: int | None = None, settings: list[str] | None = None) -> dict:
     """Run one benchmark on each model; one model gives its result, several a 'runs' list
-    whose headline is the least favourable figure of each."""
+    whose headline is the least favourable figure of each. `settings` are NAME=VALUE strings
+    for the benchmark's own keyword arguments (sizes, modes)."""
+    from .options import parse_settings
+
     fn = _function(name)
     if fn is None:
         raise ValueError(f"Benchmark {name!r} is not available in this build; choose one of "
                          f"{', '.join(available())}.")
-    kwargs = {"quick": quick}
+    kwargs = {"quick": quick, **parse_settings(fn, settings or [])}
     if reps is not None:
         kwargs["reps"] = reps
     if not models:

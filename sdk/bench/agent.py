@@ -19,7 +19,7 @@ tokens are what each side feeds the model for prompts.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from .common import result, summary
 
@@ -228,11 +228,16 @@ def _warm_up(lm, model: str) -> None:
 
 
 def run_agent_bench(model: str = "demo:gemma3:small", quick: bool = False,
-                    reps: int | None = None, sizes: Sizes | None = None) -> dict:
-    """Branch-and-prune and tree-of-thought, forkv vs plain mlx-lm, interleaved per rep."""
+                    reps: int | None = None, sizes: Sizes | None = None, **size: int) -> dict:
+    """Branch-and-prune and tree-of-thought, forkv vs plain mlx-lm, interleaved per rep.
+    `size` overrides fields of `sizes` (context=2048, turns=2, ...)."""
     from forkv.engine import load_model
 
-    sz = sizes or (QUICK if quick else FULL)
+    unknown = set(size) - set(Sizes.__dataclass_fields__)
+    if unknown:
+        raise ValueError(f"Unknown agent size {', '.join(sorted(unknown))}; choose from "
+                         f"{', '.join(Sizes.__dataclass_fields__)}.")
+    sz = replace(sizes or (QUICK if quick else FULL), **size)
     reps = reps or 1
     lm = load_model(model)
     doc = _text_of(lm.tokenizer, "Review this module:\n\n", sz.context)

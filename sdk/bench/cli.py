@@ -14,11 +14,13 @@ def run_cli(args) -> int:
     if args.name != "all" and args.name not in BENCHMARKS:
         raise ValueError(f"Unknown benchmark {args.name!r}; choose one of "
                          f"{', '.join(list(BENCHMARKS) + ['all'])}.")
+    if args.name == "all" and args.set:
+        raise ValueError("--set applies to one benchmark; run `forkv bench NAME --set ...`.")
     results = {}
     for name in names:
         t0 = time.perf_counter()
         models = args.model if args.name != "all" else None
-        res = run_benchmark(name, models, quick=args.quick, reps=args.reps)
+        res = run_benchmark(name, models, quick=args.quick, reps=args.reps, settings=args.set)
         res["wall_s"] = round(time.perf_counter() - t0, 1)
         results[name] = res
         print(f"{name}: {json.dumps(res['headline'])}  ({res['wall_s']} s)", flush=True)
