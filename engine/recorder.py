@@ -18,12 +18,17 @@ from .layout import CacheKind
 from .records import Record, rebuild, snapshot, window_blocks
 
 
+_RECOMPUTE_KINDS = (CacheKind.WINDOW, CacheKind.STATE)
+
+
 class SequenceRecorder:
     def __init__(self, checkpointer, keys: list[bytes], extras: dict | None = None):
         self.ck = checkpointer
         self.keys = list(keys)
         self.extras = extras
-        self.recent: dict[tuple[int, CacheKind], Record] = {}  # this sequence's newest records
+        # The records the next decode boundary recomputes from (window and state kinds of the
+        # newest blocks), so a decoding sequence need not read them back from disk.
+        self.recent: dict[tuple[int, CacheKind], Record] = {}
         # What recomputes a decoded block; a vision sequence puts its own forward here.
         self.model = checkpointer.lm.model
 
@@ -42,10 +47,13 @@ class SequenceRecorder:
         kinds = {k for k in ck.kinds if not ck.store.contains(key, k)}
         for record in snapshot(cache, ck.layout, pos, B, tokens, kinds):
             ck.store.put(key, record)
-            self.recent[(record.block, record.kind)] = record
+            if record.kind in _RECOMPUTE_KINDS:
+                self.recent[(record.block, record.kind)] = record
         if kinds:
             ck.stats.blocks_recorded += 1
-        self._forget_before(block - (ck.layout.max_window + B - 1) // B - 1)
+        # Boundary pos + B needs the state of this block and the window records of the blocks
+        # its window reaches back into: ceil((window - 1) / B) blocks, this one included.
+        self._forget_before(block - max(0, -(-(ck.layout.max_window - 1) // B) - 1))
         return in_decode
 
     def _recompute_block(self, pos: int, tokens: Sequence[int], cache: list) -> bool:

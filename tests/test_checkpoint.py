@@ -145,3 +145,18 @@ def test_model_without_known_caches_runs_without_checkpoints(monkeypatch):
     tokens = random_tokens(600, seed=12)
     engine.generate(tokens, max_tokens=2)
     assert engine.generate(tokens, max_tokens=2).timings.reused_tokens == 0
+
+
+@pytest.mark.parametrize("arch, block", [("gemma3", 256), ("gemma3", 48), ("qwen3_5", 256)])
+def test_decode_boundaries_recompute_from_the_recorders_own_records(arch, block):
+    # Every record leaves RAM at once; each decode boundary still rebuilds its block from the
+    # window and state records the recorder kept, without reading anything back (block 48:
+    # the 128-token window reaches back over three blocks).
+    lm = load_tiny(arch)
+    store = RecordStore(0, MemoryDisk(), block_size=block)
+    engine = Engine(lm, block, store=store)
+    out = engine.generate(random_tokens(300, seed=3), max_tokens=300)  # seed 3: no early EOS
+    assert len(out.token_ids) == 300
+    cached = 300 + 300 - 1  # the last token is sampled, never fed
+    assert engine.checkpointer.stats.blocks_recorded == cached // block
+    assert store.stats.disk_reads == 0 and store.stats.disk_misses == 0
