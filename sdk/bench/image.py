@@ -61,7 +61,7 @@ def _mlx_vlm_ttft(lm, processor, messages: list[dict], image: bytes) -> float:
 
 
 def run_image_bench(model: str = "demo:qwen2_vl:small", quick: bool = False,
-                    reps: int = 3) -> dict:
+                    reps: int = 2) -> dict:
     import mlx.core as mx
     from forkv.engine import Engine, load_model
     from mlx_vlm.utils import load_processor
