@@ -12,8 +12,8 @@ all 4 sequences live, sampling RSS every 20 ms. Modes:
 
 The headline compares the extra RAM of checkpointing above `none`. Keeping every record in RAM
 costs at least the records' own bytes, which the forkv run counts exactly: that lower bound is
-the baseline unless the `baseline` mode runs (measured, it adds allocator slack on top, ~8% in
-the committed run of 2026-11; skipping it saves a third of this benchmark's time). The peak
+the baseline unless the `baseline` mode runs (measured, it adds allocator slack on top: 8% in
+the report before the current one; skipping it saves a third of this benchmark's time). The peak
 above the model's weights alone is reported too (`modes` can add "forkv-budget:<size>" runs).
 """
 

@@ -55,7 +55,7 @@ _README_ROWS = [
     ("agent", "tot_speedup", "tree-of-thought (k=8, 2K prompt) wall time, mlx-lm ÷ forkv"),
     ("parallel", "throughput_ratio", "8 conversations: batched ÷ one-after-another tokens/s"),
     ("memory", "extra_ram_reduction",
-     "4 live 8K prompts: 1 − checkpoint RAM ÷ checkpoint RAM when every record stays in RAM"),
+     "4 live 8K prompts: 1 − checkpoint RAM ÷ the records' bytes (all kept in RAM costs ≥ that)"),
     ("memory", "peak_reduction", "the same, whole peak above the weights (live caches included)"),
     ("image", "repeat_speedup", "same image, new question: first ÷ second time to first token"),
     ("store", "encryption_overhead", "8K restore: encrypted tier ÷ the same tier without AES"),
