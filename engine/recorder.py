@@ -51,9 +51,10 @@ class SequenceRecorder:
                 self.recent[(record.block, record.kind)] = record
         if kinds:
             ck.stats.blocks_recorded += 1
-        # Boundary pos + B needs the state of this block and the window records of the blocks
-        # its window reaches back into: ceil((window - 1) / B) blocks, this one included.
-        self._forget_before(block - max(0, -(-(ck.layout.max_window - 1) // B) - 1))
+        # Boundary pos + B rebuilds from the state of this block and the window records a
+        # restore at pos needs.
+        reach = window_blocks(ck.layout, pos, B)
+        self._forget_before(reach.start if reach else block)
         return in_decode
 
     def _recompute_block(self, pos: int, tokens: Sequence[int], cache: list) -> bool:
