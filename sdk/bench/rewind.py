@@ -69,9 +69,7 @@ def run_rewind_bench(model: str = "demo:gemma3:small", quick: bool = False, reps
             if trimmable:
                 trimmed = trim_prompt_cache(base_cache, base_cache[0].offset - n)
                 assert base_cache[0].offset == n, (trimmed, base_cache[0].offset, n)
-                base.append(_baseline(lm.model, lm.tokenizer, prompt, base_cache))
-            else:
-                base.append(_baseline(lm.model, lm.tokenizer, prompt, None))
+            base.append(_baseline(lm.model, lm.tokenizer, prompt, base_cache))  # None: recompute
             mx.clear_cache()
         cases.append({"prefix_tokens": n, "message_tokens": MESSAGE, "ours_ttft_s": summary(ours),
                       "baseline_ttft_s": summary(base), "restore_s": summary(restore_s),
