@@ -53,11 +53,10 @@ def _coerce(name: str, text: str, param: inspect.Parameter):
             return False
         raise ValueError(f"{name} is true or false, got {text!r}.")
     if isinstance(default, tuple) or "tuple" in hint:
-        kind = int if "int" in hint else str
         items = [t.strip() for t in text.split(",") if t.strip()]
         if not items:
             raise ValueError(f"{name} is a comma-separated list, got {text!r}.")
-        return tuple(_number(name, t, int) if kind is int else t for t in items)
+        return tuple(_number(name, t, int) for t in items) if "int" in hint else tuple(items)
     if isinstance(default, int) or hint.startswith("int"):
         return _number(name, text, int)
     if isinstance(default, float) or hint.startswith("float"):
