@@ -12,6 +12,8 @@ import functools
 import json
 import math
 
+from forkv.errors import ForkvError
+
 from .layout import CacheKind
 from .records import RECORD_VERSION, Record
 
@@ -36,7 +38,7 @@ def _names() -> dict:
     return {getattr(mx, mlx_name): name for name, (_, _, mlx_name) in _DTYPES.items()}
 
 
-class CodecError(ValueError):
+class CodecError(ForkvError, ValueError):
     """A payload that is not a forkv record of this version."""
 
 

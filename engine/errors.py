@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 
-from forkv.security.errors import ForkvWarning  # one warning category for all of forkv
+from forkv.errors import ForkvError, ForkvWarning
 
 __all__ = ["ForkvWarning", "GenerationError", "ModelLoadError", "UnknownDemoModel"]
 
 
-class ModelLoadError(ValueError):
+class ModelLoadError(ValueError, ForkvError):
     """A model name or folder that cannot be loaded."""
 
 
@@ -16,5 +16,5 @@ class UnknownDemoModel(ModelLoadError):
     """A `demo:` name that names no built-in model."""
 
 
-class GenerationError(ValueError):
+class GenerationError(ValueError, ForkvError):
     """Bad generation input (prompt, sampling settings)."""

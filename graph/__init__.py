@@ -11,11 +11,14 @@ from .errors import (
     DuplicateNode,
     ForeignNode,
     GraphError,
+    ImageNotSupported,
     InvalidPlacement,
     ModelMismatch,
+    NodeFailed,
     NodeNotFound,
     NodeRemoved,
     NodeStateError,
+    SessionError,
     SpecError,
     TreeFormatError,
 )
@@ -36,6 +39,7 @@ __all__ = [
     "GenSettings",
     # errors
     "GraphError",
+    "ImageNotSupported",
     "ImagePart",
     "ImageRef",
     "InvalidPlacement",
@@ -43,6 +47,7 @@ __all__ = [
     "KeepSpec",
     "ModelMismatch",
     "Node",
+    "NodeFailed",
     "NodeNotFound",
     "NodeRemoved",
     "NodeResult",
@@ -51,6 +56,7 @@ __all__ = [
     "NodeStats",
     "ReasoningFormat",
     "RenderedPath",
+    "SessionError",
     "SpecError",
     # rendering and planning
     "Tokenizer",

@@ -7,23 +7,28 @@ message that names the node and says what to do. This module knows nothing about
 
 from __future__ import annotations
 
+from forkv.errors import ForkvError
+
 __all__ = [
     "ContextOverflow",
     "CycleError",
     "DuplicateNode",
     "ForeignNode",
     "GraphError",
+    "ImageNotSupported",
     "InvalidPlacement",
     "ModelMismatch",
+    "NodeFailed",
     "NodeNotFound",
     "NodeRemoved",
     "NodeStateError",
+    "SessionError",
     "SpecError",
     "TreeFormatError",
 ]
 
 
-class GraphError(ValueError):
+class GraphError(ForkvError, ValueError):
     """Base of every forkv.graph error; `node_id` names the offending node (or None)."""
 
     def __init__(self, message: str, node_id: str | None = None):
@@ -77,3 +82,18 @@ class TreeFormatError(GraphError):
 
 class SpecError(GraphError):
     """A declarative workflow spec that fails validation; `node_id` is the spec node id."""
+
+
+class SessionError(GraphError):
+    """Base of the errors `forkv.Session` raises itself while running a tree."""
+
+
+class NodeFailed(SessionError, RuntimeError):
+    """Generating a node raised; the node is marked failed and `__cause__` holds the reason.
+
+    Nodes computed before it keep their results; `tree.reset(node)` makes it pending again.
+    """
+
+
+class ImageNotSupported(SessionError, TypeError):
+    """A path to run holds an image, but the loaded model (or engine) cannot take images."""

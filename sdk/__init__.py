@@ -18,13 +18,16 @@ from forkv.engine import (
 from forkv.graph import (
     GenSettings,
     GraphError,
+    ImageNotSupported,
     ImagePart,
     ModelMismatch,
     Node,
+    NodeFailed,
     NodeNotFound,
     NodeRemoved,
     NodeStateError,
     NodeStats,
+    SessionError,
     ReasoningFormat,
     Tree,
     WorkflowSpec,
@@ -33,7 +36,7 @@ from forkv.graph import (
     write_html,
 )
 
-from .errors import ImageNotSupported, NodeFailed, SessionError
+from .errors import ForkvError
 from .runner import NodeEvent
 from .session import Session
 
@@ -48,7 +51,7 @@ def load(model: str, *, dtype: str = "auto", block_size: int = 256) -> Engine:
 
 
 __all__ = [
-    "Engine", "ForkvWarning", "GenerationError", "GenerationEvent", "GenerationResult",
+    "Engine", "ForkvError", "ForkvWarning", "GenerationError", "GenerationEvent", "GenerationResult",
     "ModelLoadError", "SamplingParams", "Timings", "UnknownDemoModel", "load", "__version__",
     "GenSettings", "GraphError", "ImageNotSupported", "ImagePart", "ModelMismatch", "Node",
     "NodeEvent", "NodeFailed", "NodeNotFound", "NodeRemoved", "NodeStateError", "NodeStats",

@@ -1,28 +1,19 @@
-"""Typed errors of the session facade (`forkv.Session`).
+"""The root of every forkv error and warning, in one leaf module (stdlib only).
 
-They extend the graph's hierarchy: each is a `forkv.graph.GraphError` (a `ValueError`) that
-carries the offending `node_id` and a one-sentence message naming the node and what to do.
-Errors about the tree itself (unknown or removed nodes, another model's tree) are the graph's
-own (`NodeNotFound`, `NodeRemoved`, `ModelMismatch`, ...). Knows nothing about running.
+Every package (graph, engine, security, the SDK) subclasses these, so `except forkv.ForkvError`
+catches anything forkv raises on purpose. Typed errors also subclass the matching builtin
+(`ValueError`, `KeyError`, `PermissionError`, ...) so existing handlers keep working. Knows
+nothing else: importing it imports nothing.
 """
 
 from __future__ import annotations
 
-from forkv.graph import GraphError
-
-__all__ = ["ImageNotSupported", "NodeFailed", "SessionError"]
+__all__ = ["ForkvError", "ForkvWarning"]
 
 
-class SessionError(GraphError):
-    """Base of the errors `Session` raises itself."""
+class ForkvError(Exception):
+    """Base of every error forkv raises; the message says what was wrong and what to do."""
 
 
-class NodeFailed(SessionError, RuntimeError):
-    """Generating a node raised; the node is marked failed and `__cause__` holds the reason.
-
-    Nodes computed before it keep their results; `tree.reset(node)` makes it pending again.
-    """
-
-
-class ImageNotSupported(SessionError, TypeError):
-    """A path to run holds an image, but the loaded model (or engine) cannot take images."""
+class ForkvWarning(UserWarning):
+    """Something degraded (a tier, batching, checkpoints) and forkv carries on without it."""

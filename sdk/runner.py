@@ -13,9 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from forkv.engine import Engine, SamplingParams
-from forkv.graph import GenSettings, Job, NodeStats, ReasoningFormat, RenderedPath, Tree, render
+from forkv.graph import GenSettings, Job, NodeFailed, NodeStats, ReasoningFormat, RenderedPath, Tree, render
 
-from .errors import NodeFailed
 
 __all__ = ["NodeEvent", "record_render", "run_job", "sampling_params"]
 

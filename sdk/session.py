@@ -18,8 +18,10 @@ from typing import Any
 from forkv.engine import DEFAULT_BLOCK_SIZE, CacheKind, Engine
 from forkv.graph import (
     ContextOverflow,
+    ImageNotSupported,
     Job,
     Node,
+    NodeFailed,
     ReasoningFormat,
     RenderedPath,
     Tree,
@@ -28,7 +30,6 @@ from forkv.graph import (
     render,
 )
 
-from .errors import ImageNotSupported, NodeFailed
 from .runner import NodeEvent, run_job, sampling_params
 
 __all__ = ["Session"]

@@ -14,7 +14,7 @@ import threading
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from .errors import NonceError
+from .errors import ForkvError, NonceError
 from .keys import KEY_SIZE, forget_in_child
 
 __all__ = [
@@ -42,7 +42,7 @@ assert _HEADER.size == HEADER_SIZE
 DEFAULT_NONCE_LIMIT = 1 << 32
 
 
-class RecordAuthError(ValueError):
+class RecordAuthError(ForkvError, ValueError):
     """A sealed record failed verification: wrong key, moved, replayed, truncated or tampered."""
 
 

@@ -12,6 +12,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 
+from .errors import ForkvError
 from .aead import RecordAuthError, Sealer, sealed_size
 from .alloc import Allocator
 from .blob import ThreadScratch
@@ -27,7 +28,7 @@ _swept: set[str] = set()  # parents already swept by this process
 _SCRATCH_KEEP = 64 << 20  # keep one write buffer up to this size; page faults cost more than AES
 
 
-class TruncatedRecordError(OSError):
+class TruncatedRecordError(ForkvError, OSError):
     """The file ended before the record did (truncated or shrunk under us)."""
 
 

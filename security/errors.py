@@ -7,6 +7,8 @@ faults into warnings (``ForkvWarning``) and misses, never into exceptions for ca
 
 from __future__ import annotations
 
+from forkv.errors import ForkvError, ForkvWarning
+
 __all__ = [
     "CorruptStoreError",
     "ForkvWarning",
@@ -19,33 +21,29 @@ __all__ = [
 ]
 
 
-class ForkvWarning(UserWarning):
-    """A tier degraded or disabled itself; generation continues by recomputing."""
-
-
-class StoreSettingsError(ValueError):
+class StoreSettingsError(ValueError, ForkvError):
     """A store setting (keyword or ``FORKV_*`` variable) is invalid."""
 
 
-class UnsafePathError(PermissionError):
+class UnsafePathError(PermissionError, ForkvError):
     """A path is a symlink, not ours, or readable by other users."""
 
 
-class KeyFileError(ValueError):
+class KeyFileError(ValueError, ForkvError):
     """A key file does not hold a 32-byte key (raw, hex or base64)."""
 
 
-class WrongKeyError(ValueError):
+class WrongKeyError(ValueError, ForkvError):
     """The key or passphrase does not open this persistent store."""
 
 
-class CorruptStoreError(ValueError):
+class CorruptStoreError(ValueError, ForkvError):
     """A persistent store's header or index failed authentication or validation."""
 
 
-class StoreLockedError(BlockingIOError):
+class StoreLockedError(BlockingIOError, ForkvError):
     """Another process holds this persistent store open."""
 
 
-class NonceError(ValueError):
+class NonceError(ValueError, ForkvError):
     """A nonce is malformed (not 12 bytes) or the per-key nonce space is exhausted."""
