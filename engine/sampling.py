@@ -7,6 +7,7 @@ Knows nothing about models or caches.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .errors import GenerationError
@@ -40,7 +41,8 @@ class SamplingParams:
 class Sampler:
     """Draws one token per call from `logits` (shape [vocab]); returns (token, logprobs)."""
 
-    def __init__(self, params: SamplingParams, vocab_limit: int | None = None):
+    def __init__(self, params: SamplingParams, vocab_limit: int | None = None,
+                 prompt_len: int = 0):
         import mlx.core as mx
 
         self.params = params
@@ -48,8 +50,11 @@ class Sampler:
         self._key = mx.random.key(seed)
         # Padded vocabularies have ids the tokenizer cannot decode; never sample them.
         self._vocab_limit = vocab_limit
+        self.prompt_len = prompt_len  # tokens[prompt_len:] are the generated ones
 
-    def __call__(self, logits):
+    def __call__(self, logits, tokens: Sequence[int] = ()):
+        """`tokens`: the sequence so far (prompt, then generated tokens), for penalties and
+        constraints."""
         import mlx.core as mx
 
         logits = logits.astype(mx.float32)

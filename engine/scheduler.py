@@ -128,7 +128,7 @@ class Scheduler:
         if seq.params.max_tokens == 0:
             report.events.append((seq, seq.finish("length")))
             return
-        token, logprobs = seq.sampler(logits)
+        token, logprobs = seq.sampler(logits, seq.tokens)
         tok = int(token.item())
         event = seq.accept(tok, float(logprobs[tok].item()))
         report.events.append((seq, event))
@@ -148,7 +148,7 @@ class Scheduler:
                 self.batch.caches)
         else:
             logits = self.model(inputs, cache=self.batch.caches)
-        sampled = [seq.sampler(logits[i, -1]) for i, seq in enumerate(rows)]
+        sampled = [seq.sampler(logits[i, -1], seq.tokens) for i, seq in enumerate(rows)]
         tokens = mx.stack([t for t, _ in sampled])
         picked = mx.stack([lp[t] for t, lp in sampled])
         mx.eval(tokens, picked, self.batch.state())
