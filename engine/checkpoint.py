@@ -153,6 +153,18 @@ class Checkpointer:
             self.stats.rejected += 1
             return None
 
+    # -- release -----------------------------------------------------------------------------
+    def release(self, keys: Sequence[bytes]) -> int:
+        """Discard every record of every kind stored under `keys` (blocks no one will ask for
+        again); returns how many records were dropped."""
+        dropped = 0
+        for key in keys:
+            for kind in _KINDS:
+                if self.store.contains(key, kind):
+                    self.store.discard(key, kind)
+                    dropped += 1
+        return dropped
+
     # -- record ------------------------------------------------------------------------------
     def recorder(self, keys: list[bytes], extras: dict | None = None) -> BoundaryHook | None:
         """The hook that records each block boundary a run reaches (prefill and decode)."""

@@ -160,3 +160,17 @@ def test_decode_boundaries_recompute_from_the_recorders_own_records(arch, block)
     cached = 300 + 300 - 1  # the last token is sampled, never fed
     assert engine.checkpointer.stats.blocks_recorded == cached // block
     assert store.stats.disk_reads == 0 and store.stats.disk_misses == 0
+
+
+def test_release_drops_every_kind_under_the_keys():
+    lm = load_tiny("gemma3")
+    store = RecordStore(1 << 30, None)
+    engine = _engine(lm, store=store)
+    tokens = random_tokens(600, seed=13)
+    engine.generate(tokens, max_tokens=1)
+    keys = engine.checkpointer.keyer.keys(tokens)
+    assert engine.checkpointer.release(keys[1:]) == 2  # block 1: global + window
+    assert engine.checkpointer.release(keys[1:]) == 0
+    assert engine.generate(tokens, max_tokens=1).timings.reused_tokens == 256
+    assert engine.checkpointer.release(keys) == 4  # block 0, and block 1 recorded again
+    assert store.ram_bytes == 0
