@@ -48,3 +48,66 @@ def test_bad_params(kwargs):
 
 def test_stop_accepts_a_string():
     assert SamplingParams(stop="END").stop == ("END",)
+
+
+def test_min_p_keeps_tokens_near_the_top():
+    import math
+
+    # exp(2.9 - 3.0) ~ 0.905 of the top token: min_p=0.5 keeps {1, 3}, 0.95 keeps {1} only.
+    s = Sampler(SamplingParams(temperature=1.0, min_p=0.5, seed=0))
+    assert {s(_logits())[0].item() for _ in range(60)} == {1, 3}
+    s = Sampler(SamplingParams(temperature=1.0, min_p=0.95, seed=0))
+    assert {s(_logits())[0].item() for _ in range(20)} == {1}
+    assert math.isclose(SamplingParams(min_p=1).min_p, 1.0)
+
+
+def test_logit_bias_moves_the_greedy_pick_and_reads_json_keys():
+    s = Sampler(SamplingParams(logit_bias={"4": 10.0}))  # a JSON object's string key
+    token, logprobs = s(_logits())
+    assert token.item() == 4 and logprobs[4].item() > -0.01  # logprobs include the bias
+    with pytest.raises(GenerationError, match="vocabulary has 6 tokens"):
+        Sampler(SamplingParams(logit_bias={6: 1.0}), vocab_limit=6)
+
+
+def test_penalties_look_back_over_recent_tokens():
+    # Token 1 (3.0) just appeared: each penalty pushes greedy decoding to token 3 (2.9).
+    for kw in (dict(repetition_penalty=1.5), dict(presence_penalty=0.5),
+               dict(frequency_penalty=0.2)):
+        s = Sampler(SamplingParams(**kw))
+        assert s(_logits(), [0, 1])[0].item() == 3, kw
+        assert s(_logits(), [0, 2])[0].item() == 1, kw  # not seen: no penalty
+    # frequency counts repeats: 0.06 per occurrence, two of them overtake the 0.1 gap.
+    s = Sampler(SamplingParams(frequency_penalty=0.06))
+    assert s(_logits(), [1])[0].item() == 1 and s(_logits(), [1, 1])[0].item() == 3
+    # only the last `penalty_context` tokens count
+    s = Sampler(SamplingParams(presence_penalty=0.5, penalty_context=2))
+    assert s(_logits(), [1, 0, 2])[0].item() == 1
+
+
+def test_top_logprobs_lists_the_most_likely_ids_in_order():
+    from forkv.engine.sampling import top_logprobs
+
+    _, logprobs = Sampler(SamplingParams())(_logits())
+    top = top_logprobs(logprobs, 3)
+    assert list(top) == [1, 3, 5]
+    assert all(abs(top[i] - logprobs[i].item()) < 1e-6 for i in top)
+    assert top_logprobs(logprobs, 0) == {} and len(top_logprobs(logprobs, 99)) == 6
+    assert SamplingParams(top_logprobs=5).top_logprobs == 5
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(temperature="hot"), "temperature must be a number >= 0"),
+    (dict(top_k=1.5), "top_k must be an integer"),
+    (dict(min_p=2), "min_p must be a number >= 0.0 and <= 1.0"),
+    (dict(repetition_penalty=0), "repetition_penalty must be a number > 0.0"),
+    (dict(top_logprobs=50), "top_logprobs must be an integer >= 0 and <= 20"),
+    (dict(logit_bias={"x": 1}), "logit_bias entry 'x'"),
+    (dict(logit_bias=[1]), "logit_bias must map"),
+    (dict(seed="7"), "seed must be an integer"),
+    (dict(stop=[1]), "stop must be a non-empty string"),
+    (dict(max_tokens=float("nan")), "max_tokens must be an integer"),
+])
+def test_bad_values_name_the_field(kwargs, field):
+    with pytest.raises(GenerationError) as e:
+        SamplingParams(**kwargs)
+    assert field in str(e.value) and str(e.value).endswith(".")
