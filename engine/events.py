@@ -40,6 +40,8 @@ class GenerationEvent:
     logprobs: list[float]
     finish_reason: str | None = None  # "stop" (EOS or stop string), "length", "cancelled"
     timings: Timings | None = None
+    # Per token, the `SamplingParams.top_logprobs` most likely ids and their logprobs.
+    top_logprobs: list[dict[int, float]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -49,3 +51,4 @@ class GenerationResult:
     logprobs: list[float]
     finish_reason: str
     timings: Timings = field(default_factory=Timings)
+    top_logprobs: list[dict[int, float]] = field(default_factory=list)
