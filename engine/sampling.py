@@ -45,7 +45,6 @@ class SamplingParams:
     top_k: int = 0
     seed: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
-    top_logprobs: int = 0  # report this many most likely tokens per step (0 = off)
     min_p: float = 0.0
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
