@@ -16,7 +16,8 @@ from pathlib import Path
 
 from .errors import UnknownDemoModel
 from .demo_tokenizer import EOS_TOKEN, special_token_id, write_tokenizer
-# Vision demos (mlx-vlm architectures) live in demo_vlm.
+from .demo_weights import save_random_model
+# Vision demos (mlx-vlm architectures) live in demo_vlm, which never imports this module.
 from .demo_vlm import VISION_ARCHS, build_vlm, demo_vlm_config
 
 DEMO_VERSION = 1
@@ -143,21 +144,3 @@ def _build(config: dict, folder: Path, seed: int) -> None:
     mx.random.seed(seed)
     save_random_model(model_class(args_class.from_dict(config)), config, folder, damp="embed")
 
-
-def save_random_model(model, config: dict, folder: Path, damp: str) -> None:
-    """Write a freshly initialised model's weights and configs into `folder`.
-
-    Random init gives unit-variance embeddings; weights whose name contains `damp` are halved
-    so activations in the tied LM head stay in a range where bfloat16 and float32 runs both
-    give varied, non-degenerate text.
-    """
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-
-    weights = dict(tree_flatten(model.parameters()))
-    weights = {k: (v * 0.5 if damp in k else v) for k, v in weights.items()}
-    mx.eval(weights)
-    mx.save_safetensors(str(folder / "model.safetensors"), weights, metadata={"format": "mlx"})
-    (folder / "config.json").write_text(json.dumps(config, indent=2))
-    (folder / "generation_config.json").write_text(json.dumps(
-        {"eos_token_id": config["eos_token_id"]}))

@@ -1,10 +1,12 @@
-"""Built-in demo vision models: random-weight Qwen2-VL instances (mlx-vlm's `qwen2_vl`).
+"""Built-in demo vision models: random-weight instances of mlx-vlm's `qwen2_vl`, `qwen3_5`,
+`gemma3` and `gemma4` vision-language models.
 
 `demo_vlm_config(arch, size)` gives the config.json and `build_vlm(config, folder, seed)` writes
-a normal Hugging Face-style folder — weights, our byte-level tokenizer plus Qwen's vision
-special tokens, a chat template that renders image parts, and a `preprocessor_config.json` —
-so `mlx_vlm.load(folder)` works offline. mlx-vlm is imported only while building. Knows
-nothing about generation; `demo.ensure_demo_model` decides where folders live.
+a normal Hugging Face-style folder — weights, our byte-level tokenizer plus the family's vision
+special tokens, a chat template that renders image parts the family's way, and a
+`preprocessor_config.json` — so `mlx_vlm.load(folder)` works offline. mlx-vlm is imported only
+while building. Knows nothing about generation; `demo.ensure_demo_model` decides where folders
+live (this module never imports demo.py).
 """
 
 from __future__ import annotations
@@ -13,104 +15,109 @@ import json
 from pathlib import Path
 
 from .demo_tokenizer import CHAT_TEMPLATE, EOS_TOKEN, PAD_TOKEN, SPECIAL_TOKENS, special_token_id
+from .demo_vlm_specs import FAMILIES, SPECS
+from .demo_weights import save_random_model
 
-DEMO_VLM_VERSION = 1
-
-# Qwen2-VL's vision tokens, numbered right after the text demo's special tokens.
-VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+DEMO_VLM_VERSION = 2
+VISION_ARCHS = tuple(SPECS)
 _IMAGE_PART = "{{- '<image>' -}}"
-VLM_CHAT_TEMPLATE = CHAT_TEMPLATE.replace(
-    _IMAGE_PART, "{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}")
-assert VLM_CHAT_TEMPLATE != CHAT_TEMPLATE, "the text template no longer renders image parts"
-
-# `tiny` is for tests: a 2-layer tower on 14-pixel patches, a few dozen image tokens per
-# image. `small` keeps Qwen2-VL-2B's widths (tower 1280 x 16 heads, LM 1536 x 12 heads, 2 KV
-# heads) at a quarter of both depths (8 of 32, 7 of 28), so the tower-to-LM cost ratio per
-# image token is the real model's; a high-resolution photo is capped at 512 image tokens
-# (2,048 patches, about 730x550 pixels; Qwen2-VL suggests caps up to 1,280 tokens).
-_CONFIGS: dict[str, dict[str, dict]] = {
-    "qwen2_vl": {
-        "tiny": dict(
-            text=dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128,
-                      num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
-                      rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}),
-            vision=dict(depth=2, embed_dim=32, num_heads=2, mlp_ratio=2),
-            max_pixels=128 * 28 * 28),
-        "small": dict(
-            text=dict(hidden_size=1536, num_hidden_layers=7, intermediate_size=8960,
-                      num_attention_heads=12, num_key_value_heads=2, vocab_size=16384,
-                      rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]}),
-            vision=dict(depth=8, embed_dim=1280, num_heads=16, mlp_ratio=4),
-            max_pixels=512 * 28 * 28),
-    },
-}
-VISION_ARCHS = tuple(_CONFIGS)
 
 
-def vision_token_id(name: str) -> int:
-    return 256 + len(SPECIAL_TOKENS) + VISION_TOKENS.index(name)
+def vision_token_id(arch: str, name: str) -> int:
+    """Id of one of the family's vision tokens (numbered after the text demo's specials)."""
+    return 256 + len(SPECIAL_TOKENS) + FAMILIES[arch]["tokens"].index(name)
+
+
+def chat_template(arch: str) -> str:
+    template = CHAT_TEMPLATE.replace(_IMAGE_PART, "{{- '%s' -}}" % FAMILIES[arch]["image_part"])
+    assert template != CHAT_TEMPLATE, "the text template no longer renders image parts"
+    return template
 
 
 def demo_vlm_config(arch: str, size: str) -> dict:
-    """The full config.json of a demo VLM (Qwen2-VL layout: text fields at the top level)."""
-    spec = _CONFIGS[arch][size]
-    text = spec["text"]
-    return dict(
-        model_type=arch, **text, rms_norm_eps=1e-6, rope_theta=1_000_000.0,
-        max_position_embeddings=32768, tie_word_embeddings=True,
-        eos_token_id=special_token_id(EOS_TOKEN), bos_token_id=special_token_id(PAD_TOKEN),
-        vision_start_token_id=vision_token_id("<|vision_start|>"),
-        vision_end_token_id=vision_token_id("<|vision_end|>"),
-        image_token_id=vision_token_id("<|image_pad|>"),
-        video_token_id=vision_token_id("<|video_pad|>"),
-        vision_config=dict(spec["vision"], model_type=arch, in_chans=3,
-                           hidden_size=text["hidden_size"], patch_size=14,
-                           spatial_patch_size=14, spatial_merge_size=2, temporal_patch_size=2),
-        forkv_demo=f"{arch}:{size}:v{DEMO_VLM_VERSION}",
-        forkv_max_pixels=spec["max_pixels"],
-    )
+    """The full config.json of a demo VLM."""
+    spec, family = SPECS[arch][size], FAMILIES[arch]
+    ids = {name: vision_token_id(arch, token) for name, token in family["ids"].items()}
+    eos, pad = special_token_id(EOS_TOKEN), special_token_id(PAD_TOKEN)
+    text = dict(spec["text"], rms_norm_eps=1e-6, max_position_embeddings=131072,
+                tie_word_embeddings=True, eos_token_id=eos)
+    vision = dict(spec["vision"])
+    if arch == "qwen2_vl":  # Qwen2-VL's layout: text fields at the top level
+        config = dict(text, model_type=arch, rope_theta=1_000_000.0, bos_token_id=pad,
+                      vision_config=dict(vision, model_type=arch, hidden_size=text["hidden_size"]))
+    else:
+        config = dict(model_type=arch, text_config=text, vision_config=vision,
+                      eos_token_id=eos, tie_word_embeddings=True, pad_token_id=pad)
+    if arch == "gemma3":
+        config.update(hidden_size=text["hidden_size"], vocab_size=text["vocab_size"],
+                      mm_tokens_per_image=text["mm_tokens_per_image"])
+    if arch == "gemma4":
+        config.update(hidden_size=text["hidden_size"], vocab_size=text["vocab_size"],
+                      vision_soft_tokens_per_image=spec["processor"]["max_soft_tokens"])
+    return dict(config, **ids, forkv_demo=f"{arch}:{size}:v{DEMO_VLM_VERSION}",
+                forkv_processor=spec["processor"])
 
 
 def build_vlm(config: dict, folder: Path, seed: int) -> None:
     """Write weights, tokenizer, chat template and processor configs into `folder`."""
     import mlx.core as mx
-    from mlx_vlm.utils import get_model_and_args
+    from mlx_vlm.utils import get_model_and_args, update_module_configs
 
-    from .demo import save_random_model  # demo imports this module: import at call time
-
-    num_tokens = _write_tokenizer(folder)
-    assert config["vocab_size"] >= num_tokens
-    arch_module, _ = get_model_and_args(dict(config))
-    model_config = arch_module.ModelConfig.from_dict(dict(config))
-    model_config.text_config = arch_module.TextConfig.from_dict(dict(config))
-    model_config.vision_config = arch_module.VisionConfig.from_dict(config["vision_config"])
+    arch = config["model_type"]
+    num_tokens = _write_tokenizer(folder, arch)
+    text = config.get("text_config", config)
+    assert text["vocab_size"] >= num_tokens
+    module, _ = get_model_and_args(dict(config))
+    # What mlx_vlm.load_model does with a config.json.
+    full = json.loads(json.dumps(config))
+    if arch == "qwen2_vl":
+        full["text_config"] = dict(config)
+    model_config = update_module_configs(module.ModelConfig.from_dict(full), module, full,
+                                         ["text", "vision"])
     mx.random.seed(seed)
-    # Damp only the tied text embeddings ("embed" alone would also hit the vision patch embed).
-    save_random_model(arch_module.Model(model_config), config, folder, damp="embed_tokens")
-    # Qwen2-VL's image processor settings (CLIP mean/std), with the demo's own pixel cap.
-    (folder / "preprocessor_config.json").write_text(json.dumps({
-        "image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen2VLProcessor",
-        "patch_size": 14, "temporal_patch_size": 2, "merge_size": 2,
-        "min_pixels": 4 * 28 * 28, "max_pixels": config["forkv_max_pixels"],
-        "image_mean": [0.48145466, 0.4578275, 0.40821073],
-        "image_std": [0.26862954, 0.26130258, 0.27577711],
-    }, indent=2))
-    (folder / "chat_template.json").write_text(json.dumps({"chat_template": VLM_CHAT_TEMPLATE}))
+    # Damp only the tied text embeddings ("embed" alone would also hit the patch embedders).
+    save_random_model(module.Model(model_config), config, folder, damp="embed_tokens")
+    (folder / "preprocessor_config.json").write_text(json.dumps(
+        _processor_config(arch, config["forkv_processor"]), indent=2))
+    (folder / "chat_template.json").write_text(json.dumps({"chat_template": chat_template(arch)}))
 
 
-def _write_tokenizer(folder: Path) -> int:
-    """The text demos' byte-level tokenizer plus the vision tokens and the VLM template."""
+def _processor_config(arch: str, p: dict) -> dict:
+    if arch in ("qwen2_vl", "qwen3_5"):
+        processor = "Qwen2VLProcessor" if arch == "qwen2_vl" else "Qwen3VLProcessor"
+        return {"image_processor_type": "Qwen2VLImageProcessor", "processor_class": processor,
+                "patch_size": p["patch_size"], "temporal_patch_size": 2, "merge_size": 2,
+                "min_pixels": 4 * (2 * p["patch_size"]) ** 2, "max_pixels": p["max_pixels"],
+                "image_mean": p["mean"], "image_std": p["std"]}
+    if arch == "gemma3":
+        return {"image_processor_type": "Gemma3ImageProcessor", "processor_class": "Gemma3Processor",
+                "do_resize": True, "size": {"height": p["image_size"], "width": p["image_size"]},
+                "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+                "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+                "do_pan_and_scan": False, "image_seq_length": p["tokens"]}
+    return {"processor_class": "Gemma4Processor", "patch_size": p["patch_size"],
+            "max_soft_tokens": p["max_soft_tokens"], "pooling_kernel_size": p["pooling"],
+            "do_resize": True, "do_rescale": True, "do_normalize": False}
+
+
+def _write_tokenizer(folder: Path, arch: str) -> int:
+    """The text demos' byte-level tokenizer plus the family's vision tokens and template."""
     from tokenizers import Tokenizer
 
     from .demo_tokenizer import write_tokenizer
 
+    family = FAMILIES[arch]
     write_tokenizer(folder)
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    tok.add_special_tokens(VISION_TOKENS)
+    tok.add_special_tokens(family["tokens"])
     tok.save(str(folder / "tokenizer.json"))
-    assert tok.token_to_id("<|image_pad|>") == vision_token_id("<|image_pad|>")
+    assert all(tok.token_to_id(t) == vision_token_id(arch, t) for t in family["tokens"])
     config_path = folder / "tokenizer_config.json"
     config = json.loads(config_path.read_text())
-    config["chat_template"] = VLM_CHAT_TEMPLATE
+    config["chat_template"] = chat_template(arch)
+    # Processors read the image tokens off the tokenizer (tokenizer.boi_token, ...).
+    if family.get("named"):
+        config["extra_special_tokens"] = family["named"]
+        config.update(family["named"])
     config_path.write_text(json.dumps(config, indent=2))
     return tok.get_vocab_size()
