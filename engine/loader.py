@@ -7,7 +7,6 @@ the network: a name that is not a local folder or a demo name is an error.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from pathlib import Path
 from . import blas
 from .demo import ARCHS, SIZES, VISION_ARCHS, ensure_demo_model
 from .errors import ModelLoadError, UnknownDemoModel
+from .fingerprint import fingerprint  # whole-content hash, cached by (dev, inode, size, mtime)
 from .layout import CacheLayout, cache_layout
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -134,22 +134,3 @@ def _native_dtype(model) -> str:
 def _context_length(config: dict) -> int:
     text = config.get("text_config", config)
     return int(text.get("max_position_embeddings") or config.get("max_position_embeddings") or 8192)
-
-
-def fingerprint(path: Path, config: dict, dtype: str) -> bytes:
-    """Identify architecture, weights and dtype without reading every weight byte."""
-    h = hashlib.sha256(b"forkv-model-v1\0")
-    h.update(json.dumps(config, sort_keys=True, default=str).encode())
-    h.update(dtype.encode())
-    for f in sorted(path.glob("*.safetensors")):
-        size = f.stat().st_size
-        h.update(f"{f.name}:{size}".encode())
-        with open(f, "rb") as fh:
-            # The safetensors header names every tensor, its dtype, shape and offsets; the first
-            # and last MiB of data catch re-initialised or fine-tuned weights of equal shape.
-            n = int.from_bytes(fh.read(8), "little")
-            h.update(fh.read(min(n, 1 << 24)))
-            h.update(fh.read(1 << 20))
-            fh.seek(max(0, size - (1 << 20)))
-            h.update(fh.read())
-    return h.digest()
