@@ -50,6 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("tree", help="a tree saved with Session.save / Tree.save (JSON)")
     p.add_argument("-o", "--output", default=None, help="HTML file (default: TREE.html)")
 
+    from forkv.server.serve import add_arguments as add_serve
+
+    add_serve(sub.add_parser("serve", help="serve a model over the OpenAI API (chat "
+                                           "completions, responses)"))
+
     args = parser.parse_args(argv)
     blas.activate()  # before anything imports mlx
     try:
@@ -114,6 +119,15 @@ def _show(args) -> int:
 
 _COMMANDS = {"demo": _demo, "generate": _generate, "doctor": _doctor, "bench": _bench}
 _COMMANDS["show"] = _show
+
+
+def _serve(args) -> int:
+    from forkv.server.serve import run_serve
+
+    return run_serve(args)
+
+
+_COMMANDS["serve"] = _serve
 
 if __name__ == "__main__":
     sys.exit(main())

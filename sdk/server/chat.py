@@ -1,0 +1,191 @@
+"""POST /v1/chat/completions: OpenAI chat messages in, one or n choices out, JSON or SSE.
+
+Knows the chat-completions wire format: message roles and content parts (text, `image_url`
+as data: URLs for vision models), `max_tokens`/`max_completion_tokens`, sampling fields, `n`
+(n choices of one prompt: forks that share its checkpoints, decoded in one batch),
+`logprobs`/`top_logprobs`, `stream` with `stream_options.include_usage`, and `usage` with
+`prompt_tokens_details.cached_tokens` = prompt tokens restored from checkpoints. The engine
+work is in `generation`; tenants in `auth`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+from pydantic import Field
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from .auth import namespace_of
+from .errors import APIError
+from .generation import collect, events, start, watch_disconnect
+from .inputs import Sampling, decode_image, parse_body, read_json, sampling_params
+from .sse import sse_response
+
+__all__ = ["chat_completions"]
+
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
+          "tool": "tool"}
+
+
+class ChatRequest(Sampling):
+    model: str
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    n: int = Field(1, ge=1, le=16)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    cache_salt: str | None = None
+
+
+def to_engine_messages(messages: list[dict], can_see: bool) -> tuple[list[dict], list[bytes]]:
+    """Engine chat messages and the images they carry, in order (400 on bad messages)."""
+    out, images = [], []
+    for i, m in enumerate(messages):
+        role = _ROLES.get(m.get("role")) if isinstance(m, dict) else None
+        if role is None:
+            raise APIError(400, f"messages[{i}].role must be one of {', '.join(_ROLES)}.",
+                           "invalid_value", f"messages[{i}].role")
+        content = m.get("content")
+        if content is None:
+            content = ""
+        if isinstance(content, list):
+            parts, has_image = [], False
+            for j, part in enumerate(content):
+                kind = part.get("type") if isinstance(part, dict) else None
+                where = f"messages[{i}].content[{j}]"
+                if kind in ("text", "input_text", "output_text"):
+                    parts.append({"type": "text", "text": str(part.get("text", ""))})
+                elif kind in ("image_url", "input_image"):
+                    if not can_see:
+                        raise APIError(400, f"{where} is an image, but this model is text-only; "
+                                            "drop the image or serve a vision model.",
+                                       "image_not_supported", where)
+                    images.append(decode_image(part.get("image_url"), where))
+                    parts.append({"type": "image"})
+                    has_image = True
+                else:
+                    raise APIError(400, f"{where}.type {kind!r} is not supported; use text or "
+                                        "image_url.", "invalid_value", where)
+            content = parts if has_image else "".join(p["text"] for p in parts)
+        elif not isinstance(content, str):
+            raise APIError(400, f"messages[{i}].content must be a string or a list of parts.",
+                           "invalid_value", f"messages[{i}].content")
+        msg = {"role": role, "content": content}
+        if role == "assistant" and isinstance(m.get("reasoning_content"), str):
+            msg["reasoning_content"] = m["reasoning_content"]
+        out.append(msg)
+    return out, images
+
+
+def _logprobs(tokenizer, ids: list[int], lps: list[float], tops: list[dict]) -> dict:
+    def entry(tid: int, lp: float) -> dict:
+        text = tokenizer.decode([tid])
+        return {"token": text, "logprob": float(lp), "bytes": list(text.encode("utf-8"))}
+
+    content = []
+    for k, (tid, lp) in enumerate(zip(ids, lps)):
+        item = entry(tid, lp)
+        top = tops[k] if k < len(tops) else {}
+        item["top_logprobs"] = [entry(t, v) for t, v in top.items()]
+        content.append(item)
+    return {"content": content, "refusal": None}
+
+
+async def chat_completions(request: Request) -> Any:
+    state = request.app.state.forkv
+    tenant = state.tenants.tenant(request.headers.get("authorization"))
+    req = parse_body(ChatRequest, await read_json(request, state.config.max_body))
+    state.check_model(req.model)
+    namespace = namespace_of(tenant, req.cache_salt)
+    top = req.top_logprobs or 0
+    if top and not req.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true.", "invalid_value",
+                       "top_logprobs")
+    params = sampling_params(req, req.max_completion_tokens or req.max_tokens, top)
+    messages, images = to_engine_messages(req.messages, state.can_see_images)
+    t0 = time.perf_counter()
+    handles = await start(state, messages, params, namespace, images or None, req.n)
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
+            "model": req.model, "system_fingerprint": state.fingerprint}
+    tok = state.lm.tokenizer
+    if req.stream:
+        usage = bool((req.stream_options or {}).get("include_usage"))
+        return sse_response(_stream(state, handles, head, usage, req.logprobs, tok, t0))
+    watcher = asyncio.create_task(watch_disconnect(request, handles))
+    try:
+        results = await asyncio.gather(*(collect(state, h, t0) for h in handles))
+    finally:
+        watcher.cancel()
+    choices = [{"index": i, "message": {"role": "assistant", "content": r.text},
+                "logprobs": _logprobs(tok, r.token_ids, r.logprobs, r.top_logprobs)
+                if req.logprobs else None, "finish_reason": _finish(r.finish_reason)}
+               for i, r in enumerate(results)]
+    usage = _usage(handles, [r.timings.reused_tokens for r in results],
+                   sum(len(r.token_ids) for r in results))
+    return JSONResponse({**head, "object": "chat.completion", "choices": choices,
+                         "usage": usage})
+
+
+def _finish(reason: str | None) -> str:
+    return "length" if reason == "length" else "stop"
+
+
+def _usage(handles, reused: list[int], completion: int) -> dict:
+    prompt = len(handles[0].prompt_tokens)
+    # The choices share one prompt: count it once, cached as the first choice found it.
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": reused[0] if reused else 0}}
+
+
+async def _stream(state, handles, head, include_usage: bool, logprobs: bool, tok, t0):
+    queue: asyncio.Queue = asyncio.Queue()
+    reused, generated = [0] * len(handles), [0] * len(handles)
+
+    async def pump(i, handle):
+        try:
+            async for event in events(state, handle, t0):
+                await queue.put((i, event, None))
+        except Exception as e:  # noqa: BLE001 - ends the stream with an error chunk
+            await queue.put((i, None, e))
+
+    def chunk(choices, usage=None):
+        body = {**head, "object": "chat.completion.chunk", "choices": choices}
+        if include_usage:
+            body["usage"] = usage
+        return body
+
+    tasks = [asyncio.create_task(pump(i, h)) for i, h in enumerate(handles)]
+    try:
+        yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
+                      "logprobs": None, "finish_reason": None} for i in range(len(handles))])
+        left = len(handles)
+        while left:
+            i, event, error = await queue.get()
+            if error is not None:
+                yield {"error": {"message": f"Generation failed ({type(error).__name__}).",
+                                 "type": "server_error", "param": None, "code": None}}
+                return
+            generated[i] += len(event.token_ids)
+            choice = {"index": i, "delta": {"content": event.text} if event.text else {},
+                      "logprobs": _logprobs(tok, event.token_ids, event.logprobs,
+                                            getattr(event, "top_logprobs", None) or [])
+                      if logprobs else None, "finish_reason": None}
+            if event.finish_reason is not None:
+                left -= 1
+                reused[i] = event.timings.reused_tokens
+                choice["finish_reason"] = _finish(event.finish_reason)
+            if event.text or event.finish_reason is not None or logprobs:
+                yield chunk([choice])
+        if include_usage:
+            yield chunk([], _usage(handles, reused, sum(generated)))
+    finally:
+        for t in tasks:
+            t.cancel()

@@ -1,0 +1,134 @@
+"""Running requests for the HTTP routes: submit off the event loop, iterate, cancel, collect.
+
+`start()` tokenizes and submits (n > 1: n requests of one prompt, which the engine runs as
+forks sharing its checkpoints), mapping engine refusals to HTTP
+errors: a full queue is 429, a prompt past the context 400 `context_length_exceeded`.
+`events()` iterates one handle, records time to first token and generated tokens, and cancels
+the request if the consumer stops early (a client that went away). Knows no response format.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
+
+from forkv.engine import GenerationError, GenerationEvent, SamplingParams, Timings
+
+from .backend import QueueFull
+from .errors import APIError
+
+__all__ = ["Collected", "collect", "events", "start", "watch_disconnect"]
+
+
+def _prepare(state, prompt, params: SamplingParams, images, namespace: str):
+    """Token ids of a text prompt (context checked), or the messages as they are (images)."""
+    if images:
+        return prompt
+    engine = state.backend.engine(namespace)
+    try:
+        tokens = engine.encode(prompt)
+    except GenerationError as e:
+        raise APIError(400, str(e), "invalid_request", "messages") from None
+    except Exception as e:  # noqa: BLE001 - a chat template refusing the messages
+        raise APIError(400, f"The model's chat template cannot render these messages "
+                            f"({type(e).__name__}: {e}).", "invalid_messages",
+                       "messages") from None
+    limit = state.lm.context_length
+    if len(tokens) + params.max_tokens > limit:
+        raise APIError(400, f"The prompt ({len(tokens)} tokens) plus max_tokens "
+                            f"({params.max_tokens}) exceeds the model's context of {limit} "
+                            "tokens; shorten the messages or lower max_tokens.",
+                       "context_length_exceeded", "messages")
+    return tokens
+
+
+async def start(state, prompt, params: SamplingParams, namespace: str, images=None,
+                n: int = 1) :
+    """Submit `n` completions of `prompt` for `namespace`; their handles."""
+    def submit(index: int, tokens):
+        # Choices of one prompt differ by seed (as OpenAI's n does) when a seed is given.
+        p = replace(params, seed=params.seed + index) if index and params.seed is not None \
+            else params
+        try:
+            return state.backend.submit(tokens, p, images, namespace)
+        except QueueFull:
+            raise APIError(429, f"The server's queue is full ({state.backend.max_queue} "
+                                "requests in flight); retry shortly.", "queue_full") from None
+        except GenerationError as e:
+            code = "context_length_exceeded" if "context" in str(e) else "invalid_request"
+            raise APIError(400, str(e), code) from None
+
+    tokens = await asyncio.to_thread(_prepare, state, prompt, params, images, namespace)
+    handles = []
+    try:
+        # The engine shares the prompt's checkpoints among the n forks (issue 12).
+        for i in range(n):
+            handles.append(await asyncio.to_thread(submit, i, tokens))
+    except BaseException:
+        cancel(handles)
+        raise
+    return handles
+
+
+def cancel(handles) -> None:
+    """Cancel unfinished handles (the engine drops their rows at its next step)."""
+    for h in handles:
+        if not h.done:
+            h.cancel()
+
+
+async def events(state, handle, t0: float) -> AsyncIterator[GenerationEvent]:
+    """The handle's events; TTFT and token counts into the metrics; cancel if left early."""
+    first = True
+    finished = False
+    try:
+        async for event in handle:
+            if first and (event.token_ids or event.finish_reason):
+                state.metrics.ttft(time.perf_counter() - t0)
+                first = False
+            state.metrics.tokens(len(event.token_ids))
+            if event.finish_reason is not None:
+                finished = True
+            yield event
+    finally:
+        if not finished:
+            state.metrics.cancel()
+            cancel([handle])
+
+
+@dataclass(slots=True)
+class Collected:
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[dict] = field(default_factory=list)
+    finish_reason: str = "stop"
+    timings: Timings = field(default_factory=Timings)
+
+
+async def collect(state, handle, t0: float) -> Collected:
+    out, parts = Collected(), []
+    async for event in events(state, handle, t0):
+        parts.append(event.text)
+        out.token_ids += event.token_ids
+        out.logprobs += event.logprobs
+        out.top_logprobs += getattr(event, "top_logprobs", None) or []
+        if event.finish_reason is not None:
+            out.finish_reason, out.timings = event.finish_reason, event.timings
+    out.text = "".join(parts)
+    return out
+
+
+async def watch_disconnect(request, handles, every: float = 0.25) -> None:
+    """Cancel `handles` when the client of a non-streaming request goes away."""
+    while not all(h.done for h in handles):
+        if await request.is_disconnected():
+            state = request.app.state.forkv
+            for h in handles:
+                if not h.done:
+                    state.metrics.cancel()
+            cancel(handles)
+            return
+        await asyncio.sleep(every)

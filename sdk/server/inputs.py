@@ -1,0 +1,134 @@
+"""What a request body says: JSON under a size limit, checked fields, sampling, images.
+
+Bodies are parsed into pydantic models (unknown fields are ignored, as OpenAI clients send
+many); a wrong field is a 400 naming it. Images arrive as `data:` URLs or bare base64 and are
+decoded and opened here, so an unreadable one is a 400 before it reaches the engine. Remote
+image URLs are refused: the server never fetches from the network. Knows nothing about routes.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import json
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+
+from forkv.engine import SamplingParams
+
+from .errors import APIError
+
+__all__ = ["Sampling", "decode_image", "parse_body", "read_json", "sampling_params"]
+
+DEFAULT_MAX_TOKENS = 512
+
+
+async def read_json(request: Request, max_bytes: int) -> dict:
+    """The body as a JSON object; 413 past `max_bytes`, 400 if it is not a JSON object."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > max_bytes:
+        raise _too_large(max_bytes)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise _too_large(max_bytes)
+        chunks.append(chunk)
+    try:
+        body = json.loads(b"".join(chunks))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise APIError(400, f"The body is not valid JSON ({e}); send a JSON object.",
+                       "invalid_json") from None
+    if not isinstance(body, dict):
+        raise APIError(400, "The body must be a JSON object.", "invalid_json")
+    return body
+
+
+def _too_large(max_bytes: int) -> APIError:
+    return APIError(413, f"The body is larger than this server's limit of {max_bytes} bytes; "
+                         "send less (or start the server with a larger --max-body).",
+                    "request_too_large")
+
+
+def parse_body(model: type[BaseModel], body: dict) -> Any:
+    """`body` as `model`, or a 400 that names the first wrong field."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or None
+        code = "missing_required_parameter" if err["type"] == "missing" else "invalid_value"
+        raise APIError(400, f"{where or 'body'}: {err['msg']}.", code, where) from None
+
+
+class Sampling(BaseModel):
+    """The sampling fields the chat and responses bodies share (both APIs' names)."""
+
+    model_config = {"extra": "ignore"}
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+
+
+def sampling_params(req: Sampling, max_tokens: int | None, top_logprobs: int = 0) -> SamplingParams:
+    """The engine's SamplingParams for a request; 400 on values out of range."""
+    temperature = 1.0 if req.temperature is None else req.temperature
+    if not 0 <= temperature <= 2:
+        raise APIError(400, f"temperature must be between 0 and 2, got {temperature}.",
+                       "invalid_value", "temperature")
+    top_p = 1.0 if req.top_p is None else req.top_p
+    if not 0 < top_p <= 1:
+        raise APIError(400, f"top_p must be in (0, 1], got {top_p}.", "invalid_value", "top_p")
+    if max_tokens is not None and max_tokens < 1:
+        raise APIError(400, f"max_tokens must be at least 1, got {max_tokens}.",
+                       "invalid_value", "max_tokens")
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    if len(stop) > 4 or any(not s for s in stop):
+        raise APIError(400, "stop takes up to 4 non-empty strings.", "invalid_value", "stop")
+    if req.top_k is not None and req.top_k < 0:
+        raise APIError(400, "top_k must be >= 0 (0 = off).", "invalid_value", "top_k")
+    kwargs = {}
+    if top_logprobs and "top_logprobs" in SamplingParams.__dataclass_fields__:
+        kwargs["top_logprobs"] = top_logprobs  # the engine returns alternatives once it can
+    return SamplingParams(max_tokens=max_tokens or DEFAULT_MAX_TOKENS, temperature=temperature,
+                          top_p=top_p, top_k=req.top_k or 0, seed=req.seed, stop=tuple(stop),
+                          **kwargs)
+
+
+def decode_image(url: object, param: str) -> bytes:
+    """Bytes of an image given as a `data:` URL or bare base64, checked to open as an image."""
+    if isinstance(url, dict):
+        url = url.get("url")
+    if not isinstance(url, str) or not url:
+        raise APIError(400, f"{param} needs an image URL.", "invalid_image", param)
+    if url.startswith(("http://", "https://")):
+        raise APIError(400, f"{param}: this server does not fetch remote images; send the image "
+                            "inline as a data: URL (data:image/png;base64,...).",
+                       "invalid_image_url", param)
+    if url.startswith("data:"):
+        header, _, url = url.partition(",")
+        if not header.endswith(";base64"):
+            raise APIError(400, f"{param}: a data: URL must be base64 encoded.",
+                           "invalid_image", param)
+    try:
+        data = base64.b64decode(url, validate=True)
+    except (binascii.Error, ValueError):
+        raise APIError(400, f"{param}: the image is not valid base64.", "invalid_image",
+                       param) from None
+    try:
+        from PIL import Image
+
+        with Image.open(io.BytesIO(data)) as im:
+            im.verify()
+    except ImportError:
+        pass  # no Pillow: the engine's own loader will judge the bytes
+    except Exception:  # noqa: BLE001 - any decoder failure means the same to the client
+        raise APIError(400, f"{param}: the image cannot be read; send a PNG, JPEG, GIF, BMP "
+                            "or WebP image.", "invalid_image", param) from None
+    return data

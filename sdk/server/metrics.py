@@ -1,0 +1,92 @@
+"""Prometheus text exposition (format 0.0.4) of the server's counters and the engine's stats.
+
+Names are prefixed `forkv_`: requests by endpoint and status, tokens reused / computed /
+generated, record hits and misses per kind, bytes per tier, queue depth, requests running,
+and a time-to-first-token histogram. Written by hand (a few lines) rather than with
+prometheus_client. Knows nothing about HTTP routing or models.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+__all__ = ["Metrics"]
+
+TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class Metrics:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.requests: Counter = Counter()  # (endpoint, status) -> count
+        self.generated = 0
+        self.cancelled = 0
+        self._ttft = [0] * (len(TTFT_BUCKETS) + 1)
+        self._ttft_sum = 0.0
+
+    def request(self, endpoint: str, status: int) -> None:
+        with self._lock:
+            self.requests[(endpoint, str(status))] += 1
+
+    def tokens(self, generated: int) -> None:
+        with self._lock:
+            self.generated += generated
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled += 1
+
+    def ttft(self, seconds: float) -> None:
+        with self._lock:
+            i = next((i for i, b in enumerate(TTFT_BUCKETS) if seconds <= b), len(TTFT_BUCKETS))
+            self._ttft[i] += 1
+            self._ttft_sum += seconds
+
+    def render(self, stats: dict) -> str:
+        """The exposition text; `stats` is `Backend.stats()`."""
+        out: list[str] = []
+
+        def metric(name, kind, doc, samples):
+            out.append(f"# HELP forkv_{name} {doc}")
+            out.append(f"# TYPE forkv_{name} {kind}")
+            for labels, value in samples:
+                lab = ",".join(f'{k}="{v}"' for k, v in labels.items())
+                out.append(f"forkv_{name}{{{lab}}} {value}" if lab else f"forkv_{name} {value}")
+
+        with self._lock:
+            requests = sorted(self.requests.items())
+            generated, cancelled = self.generated, self.cancelled
+            ttft, ttft_sum = list(self._ttft), self._ttft_sum
+        metric("requests_total", "counter", "HTTP requests answered, by endpoint and status.",
+               [({"endpoint": e, "status": s}, n) for (e, s), n in requests])
+        metric("requests_cancelled_total", "counter",
+               "Requests cancelled because their client went away.", [({}, cancelled)])
+        metric("tokens_reused_total", "counter", "Prompt tokens restored from checkpoints.",
+               [({}, stats["tokens_reused"])])
+        metric("tokens_computed_total", "counter", "Prompt tokens prefilled.",
+               [({}, stats["tokens_computed"])])
+        metric("tokens_generated_total", "counter", "Tokens generated.", [({}, generated)])
+        metric("record_hits_total", "counter", "Checkpoint records found, by kind.",
+               [({"kind": k}, n) for k, n in sorted(stats["hits"].items())])
+        metric("record_misses_total", "counter", "Checkpoint records missing, by kind.",
+               [({"kind": k}, n) for k, n in sorted(stats["misses"].items())])
+        metric("tier_bytes", "gauge", "Bytes of checkpoint records held, by tier.",
+               [({"tier": t}, b) for t, b in sorted(stats["tier_bytes"].items())])
+        metric("queue_depth", "gauge", "Requests waiting for a batch slot.",
+               [({}, stats["waiting"])])
+        metric("requests_running", "gauge", "Requests prefilling or decoding.",
+               [({}, stats["running"])])
+        metric("requests_in_flight", "gauge", "Requests accepted and not finished.",
+               [({}, stats["in_flight"])])
+        metric("namespaces", "gauge", "Checkpoint namespaces (tenants, salts) with an engine.",
+               [({}, stats["namespaces"])])
+        out.append("# HELP forkv_time_to_first_token_seconds From request to first token.")
+        out.append("# TYPE forkv_time_to_first_token_seconds histogram")
+        acc = 0
+        for bound, n in zip((*TTFT_BUCKETS, "+Inf"), ttft):
+            acc += n
+            out.append(f'forkv_time_to_first_token_seconds_bucket{{le="{bound}"}} {acc}')
+        out.append(f"forkv_time_to_first_token_seconds_sum {ttft_sum}")
+        out.append(f"forkv_time_to_first_token_seconds_count {acc}")
+        return "\n".join(out) + "\n"
