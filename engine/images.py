@@ -23,6 +23,7 @@ from .errors import GenerationError
 class ImageInput:
     data: bytes
     digest: bytes  # sha256 of `data`: the image's identity in keys and the feature cache
+    source: str | None = field(default=None, compare=False)  # the path it was read from
 
     @classmethod
     def of(cls, image) -> ImageInput:
@@ -52,7 +53,8 @@ class ImageInput:
                 "or a PIL image.")
         if not data:
             raise GenerationError("An image is empty (0 bytes); pass the image file's bytes.")
-        return cls(data, hashlib.sha256(data).digest())
+        source = str(image) if isinstance(image, (str, os.PathLike)) else None
+        return cls(data, hashlib.sha256(data).digest(), source)
 
     def load(self):
         """The decoded RGB image (PIL)."""
@@ -63,8 +65,9 @@ class ImageInput:
         try:
             return Image.open(io.BytesIO(self.data)).convert("RGB")
         except (UnidentifiedImageError, OSError) as e:
-            raise GenerationError(
-                f"Image {self.digest.hex()[:12]} is not a readable image file: {e}.") from e
+            name = repr(self.source) if self.source else f"sha256:{self.digest.hex()[:12]}"
+            raise GenerationError(f"Image {name} is not a readable image file ({e}); pass a "
+                                  "PNG, JPEG, GIF, BMP or WebP file.") from e
 
 
 @dataclass(slots=True, frozen=True)

@@ -7,8 +7,11 @@ the tree's lookup and `add`, plus the placement rules. Does not compute anything
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
+
+from forkv.errors import ForkvWarning
 
 from .errors import GraphError, NodeStateError
 from .nodes import GENERATED_KINDS, GenSettings, Node
@@ -17,7 +20,11 @@ from .rules import check_placement
 if TYPE_CHECKING:
     from .tree import NodeLike
 
-__all__ = ["BranchingMixin"]
+__all__ = ["FORK_TEMPERATURE", "BranchingMixin"]
+
+# What seeded fork branches sample at unless their settings say otherwise: greedy branches
+# would all be the same text, whatever their seeds.
+FORK_TEMPERATURE = 0.7
 
 
 class BranchingMixin:
@@ -37,8 +44,10 @@ class BranchingMixin:
         """Add k generated `kind` siblings under `node`, differing in seed or settings.
 
         Give `seeds` (each applied to `gen`), or `settings` (one per child), or just `k`: then
-        seeds are `gen.seed + i` (or `i` when `gen.seed` is None). With temperature 0 the
-        branches are identical; set a temperature to explore.
+        seeds are `gen.seed + i` (or `i` when `gen.seed` is None). Branches are meant to
+        differ: when `gen` does not set a temperature, seeded branches sample at
+        `FORK_TEMPERATURE` (0.7); branches that would still be identical (an explicit
+        temperature 0, or equal settings) raise a `ForkvWarning`.
         """
         node = self._resolve(node)
         if kind not in GENERATED_KINDS:
@@ -47,9 +56,9 @@ class BranchingMixin:
                 "reasoning and final nodes are generated.",
                 node.id,
             )
-        base = GenSettings(**gen) if isinstance(gen, dict) else (gen or GenSettings())
+        base = GenSettings.of(gen, node.id) or GenSettings()
         if settings is not None:
-            gens = [GenSettings(**s) if isinstance(s, dict) else s for s in settings]
+            gens = [GenSettings.of(s, node.id) for s in settings]
         else:
             if seeds is None:
                 if k is None:
@@ -60,6 +69,8 @@ class BranchingMixin:
                     )
                 start = base.seed if base.seed is not None else 0
                 seeds = [start + i for i in range(k)]
+            if "temperature" not in base.model_fields_set and len(set(seeds)) > 1:
+                base = base.model_copy(update={"temperature": FORK_TEMPERATURE})
             gens = [base.model_copy(update={"seed": s}) for s in seeds]
         if k is not None and k != len(gens) or not gens:
             raise GraphError(
@@ -73,6 +84,7 @@ class BranchingMixin:
                 "branches; give one id per branch.",
                 node.id,
             )
+        _warn_if_alike(node.id, gens)
         return [self.add(node, kind, gen=g, id=ids[i] if ids else None) for i, g in enumerate(gens)]
 
     def prune(self, node: NodeLike, drop: Sequence[NodeLike] | None = None) -> Node:
@@ -139,3 +151,19 @@ class BranchingMixin:
                 )
             )
         return parent
+
+
+def _warn_if_alike(node_id: str, gens: list[GenSettings]) -> None:
+    """Warn when two branches must generate the same text: same settings, and either greedy
+    (seeds do not matter then) or the same seed."""
+    seen = set()
+    for g in gens:
+        key = g.model_copy(update={"seed": None}) if g.temperature == 0 else g
+        if key in seen:
+            warnings.warn(
+                f"fork under node {node_id!r} makes branches that will be identical "
+                f"({'temperature 0' if g.temperature == 0 else 'same seed and settings'}); "
+                "set a temperature > 0 and distinct seeds so they differ.",
+                ForkvWarning, stacklevel=4)
+            return
+        seen.add(key)

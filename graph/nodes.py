@@ -13,8 +13,9 @@ import mimetypes
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
+from .checks import validation_message
 from .errors import GraphError
 
 if TYPE_CHECKING:
@@ -39,7 +40,11 @@ GENERATED_KINDS: frozenset[str] = frozenset({"reasoning", "final"})
 
 
 class GenSettings(BaseModel):
-    """How to generate one node. `temperature=0` is greedy; `seed` makes sampling repeatable."""
+    """How to generate one node. `temperature=0` is greedy; `seed` makes sampling repeatable.
+
+    The rest mirror `forkv.SamplingParams`: `min_p`, penalties over the last `penalty_context`
+    tokens (1 / 0 = off), `logit_bias` (token id -> added logit); `stop` is a string or a list.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -49,6 +54,33 @@ class GenSettings(BaseModel):
     top_k: int = Field(0, ge=0)
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    repetition_penalty: float = Field(1.0, gt=0.0)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    penalty_context: int = Field(20, ge=1)
+    logit_bias: dict[int, float] = {}
+
+    def __hash__(self) -> int:  # frozen settings hash by value; logit_bias is a dict
+        return hash(tuple(tuple(sorted(v.items())) if isinstance(v, dict) else v
+                          for v in self.__dict__.values()))
+
+    @classmethod
+    def of(cls, gen: GenSettings | dict | None, node_id: str | None = None) -> GenSettings | None:
+        """`gen` as settings; a bad dict raises `GraphError` naming the node and the field."""
+        if not isinstance(gen, dict):
+            return gen
+        try:
+            return cls(**gen)
+        except ValidationError as e:
+            where = f"node {node_id!r}: " if node_id else ""
+            msg = validation_message(e, "generation setting", fields=cls.model_fields)
+            raise GraphError(where + msg, node_id) from None
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _one_stop(cls, v: Any) -> Any:
+        return (v,) if isinstance(v, str) else v
 
 
 _MAGIC = [
@@ -89,6 +121,9 @@ class ImagePart(BaseModel):
     @classmethod
     def from_path(cls, path: str | Path) -> ImagePart:
         data = Path(path).read_bytes()
+        if _sniff_mime(data, None) == "application/octet-stream":
+            raise GraphError(f"image {str(path)!r} is not a PNG, JPEG, GIF, BMP or WebP file "
+                             "(its first bytes say so); fix the path or convert the image.")
         return cls(
             sha256=hashlib.sha256(data).hexdigest(),
             mime=_sniff_mime(data, str(path)),

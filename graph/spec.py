@@ -20,12 +20,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .checks import matches_model, spec_message
 from .errors import SpecError
 from .nodes import GENERATED_KINDS, GenSettings, ImagePart, Kind, Node
 from .rules import check_parents, check_placement
 from .tree import _ID, Tree
 
-__all__ = ["ForkSpec", "KeepSpec", "NodeSpec", "Scorer", "WorkflowSpec", "branch_index"]
+__all__ = ["ForkSpec", "KeepSpec", "NodeSpec", "Scorer", "WorkflowSpec", "branch_index",
+           "matches_model"]
 
 Scorer = Callable[[Node], float]
 
@@ -248,15 +250,12 @@ class WorkflowSpec(BaseModel):
         return self.model_dump_json(indent=indent, exclude_defaults=True)
 
     @classmethod
-    def from_json(cls, data: str | bytes) -> WorkflowSpec:
+    def from_json(cls, data: str | bytes, source: str = "workflow spec") -> WorkflowSpec:
+        """Parse and validate JSON; errors name `source` (a file name), the field and the fix."""
         try:
             return cls.model_validate_json(data)
         except ValidationError as e:
-            err = e.errors()[0]
-            loc = ".".join(map(str, err["loc"]))
-            raise SpecError(
-                f"workflow spec is malformed at {loc} ({err['msg']}); fix that field."
-            ) from e
+            raise SpecError(spec_message(e, data, source, cls)) from None
 
     def to_yaml(self) -> str:
         return _yaml().safe_dump(
@@ -264,8 +263,17 @@ class WorkflowSpec(BaseModel):
         )
 
     @classmethod
-    def from_yaml(cls, data: str) -> WorkflowSpec:
-        return cls.from_json(json.dumps(_yaml().safe_load(data)))
+    def from_yaml(cls, data: str, source: str = "workflow spec") -> WorkflowSpec:
+        yaml = _yaml()
+        try:
+            obj = yaml.safe_load(data)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(e, "problem", None) or type(e).__name__
+            raise SpecError(f"{source} is not valid YAML{at} ({problem}); fix the YAML there.") \
+                from None
+        return cls.from_json(json.dumps(obj), source)
 
     def save(self, path: str | Path) -> None:
         """Write JSON, or YAML when the suffix is .yaml/.yml."""
@@ -275,9 +283,17 @@ class WorkflowSpec(BaseModel):
 
     @classmethod
     def load(cls, path: str | Path) -> WorkflowSpec:
+        """Read a .json, .yaml or .yml file; every error names the file."""
         path = Path(path)
-        text = path.read_text(encoding="utf-8")
-        return cls.from_yaml(text) if path.suffix in (".yaml", ".yml") else cls.from_json(text)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            raise SpecError(f"cannot read workflow spec {str(path)!r} ({why}); check the path.") \
+                from None
+        if path.suffix in (".yaml", ".yml"):
+            return cls.from_yaml(text, str(path))
+        return cls.from_json(text, str(path))
 
 
 def branch_index(spec_id: str, ref: int | str) -> int:

@@ -182,8 +182,7 @@ class Tree(BranchingMixin, ResultsMixin):
                 f"node {node_id!r} has unknown kind {kind!r}; use one of {', '.join(_PREFIX)}.",
                 node_id,
             )
-        if isinstance(gen, dict):
-            gen = GenSettings(**gen)
+        gen = GenSettings.of(gen, node_id)
         if kind in GENERATED_KINDS:
             if text is not None and gen is not None:
                 raise GraphError(
@@ -310,7 +309,9 @@ class Tree(BranchingMixin, ResultsMixin):
 
     def check_model(self, model_id: str) -> None:
         """Raise `ModelMismatch` if the tree was rendered for a different model."""
-        if self.model_id is not None and self.model_id != model_id:
+        from .checks import matches_model
+
+        if not matches_model(self.model_id, model_id):
             root = next(iter(self.roots()), None)
             raise ModelMismatch(
                 f"this tree was rendered for model {self.model_id!r}, not "

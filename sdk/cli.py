@@ -1,93 +1,161 @@
-"""The `forkv` command line: demo, generate, doctor (and bench/show as they land)."""
+"""The `forkv` command line: demo, generate, run, show, bench, doctor.
+
+This module holds the parser (every command's options and help, in one place) and the error
+policy; each command's body lives in its own module, imported only when that command runs, so
+`forkv --help` never imports mlx. A forkv error, an unreadable file or a bad value prints one
+line, `forkv: error: ...`, and exits 2; Ctrl-C prints `forkv: interrupted` and exits 130 (the
+engine is closed on the way out, so its private temp folder is removed). `-v` / `--verbose`
+(or `FORKV_LOG=debug|info|warning`) turns on logging to stderr.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
+import importlib
+import logging
+import os
 import sys
 
 from forkv.engine import blas
 
+# command -> "module:function" taking the parsed args and returning an exit status
+_COMMANDS = {
+    "demo": "forkv.cli:_demo",
+    "generate": "forkv.generate_cmd:run_generate",
+    "run": "forkv.run_cmd:run_spec",
+    "show": "forkv.cli:_show",
+    "bench": "forkv.bench.cli:run_cli",
+    "doctor": "forkv.cli:_doctor",
+}
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="forkv", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+_EPILOG = """examples:
+  forkv demo                                 branch-and-prune agent on a built-in model
+  forkv generate "Hello" --max-tokens 32     stream a completion (use - to read stdin)
+  forkv run workflow.yaml --save tree.json   run a declarative workflow, per-node stats
+  forkv show tree.json                       draw a saved tree as an HTML page
+  forkv bench rewind --quick                 one benchmark, as a table (--json PATH)
+  forkv doctor                               BLAS, dtype, device and versions
 
-    p = sub.add_parser("demo", help="run the branch-and-prune demo on a built-in model")
+models: demo:<arch>[:<size>] (built locally, no download) or a local model folder."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="forkv", description="Conversation graphs with exact block checkpoints on MLX.",
+        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="log to stderr (-v info, -vv debug); or set FORKV_LOG=LEVEL")
+    parser.add_argument("--harden", action="store_true",
+                        help="no core dumps, no debugger attach (forkv.security.harden_process)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("demo", help="run the branch-and-prune demo on a built-in model",
+                       description="Run the branch-and-prune code-review agent, printing "
+                                   "tokens reused and computed at each step.")
     p.add_argument("--model", default="demo:gemma3:tiny", help="demo:<arch>[:<size>] or a folder")
-    p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--max-tokens", type=int, default=48, help="tokens per answer (default 48)")
+    p.add_argument("--save", metavar="PATH", default=None,
+                   help="write the conversation tree here (mode 0600) for `forkv show`")
 
-    p = sub.add_parser("generate", help="stream a completion of a prompt")
-    p.add_argument("prompt")
-    p.add_argument("--model", default="demo:qwen3:tiny")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--stop", action="append", default=[])
-    p.add_argument("--chat", action="store_true", help="wrap the prompt as a user turn")
+    from .generate_cmd import add_arguments as add_generate
+
+    add_generate(sub.add_parser(
+        "generate", help="stream a completion of a prompt",
+        description="Stream a completion of PROMPT; the text goes to stdout, timings to "
+                    "stderr. A progress bar shows long prefills on a terminal."))
+
+    from .run_cmd import add_arguments as add_run
+
+    add_run(sub.add_parser(
+        "run", help="run a declarative workflow file (JSON or YAML)",
+        description="Run a WorkflowSpec file to the end, printing each node's reused / "
+                    "computed / generated tokens and time, and save the tree (mode 0600) "
+                    "for `forkv show`."))
+
+    p = sub.add_parser("show", help="write a saved tree as a self-contained HTML page",
+                       description="Draw a saved tree (forkv run --save, Session.save) as one "
+                                   "HTML page with no scripts or external assets.")
+    p.add_argument("tree", help="a tree saved with forkv run --save or Session.save (JSON)")
+    p.add_argument("-o", "--output", default=None, help="HTML file (default: TREE.html)")
+
+    from .bench.cli import add_arguments as add_bench
+
+    add_bench(sub.add_parser(
+        "bench", help="run a benchmark, forkv against plain mlx-lm",
+        description="Run one benchmark (or all) and print its figures against their "
+                    "targets.", formatter_class=argparse.RawDescriptionHelpFormatter))
 
     p = sub.add_parser("doctor", help="report BLAS, dtype, device and versions")
     p.add_argument("--model", default=None, help="also load this model and report its layout")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return parser
 
-    p = sub.add_parser("bench", help="run a benchmark (rewind, agent, parallel, memory, image, "
-                                     "store, blas, all)")
-    p.add_argument("name")
-    p.add_argument("--model", action="append", default=None,
-                   help="demo:<arch>[:<size>] or a model folder; repeatable")
-    p.add_argument("--quick", action="store_true", help="tiny sizes, for smoke tests")
-    p.add_argument("--reps", type=int, default=None)
-    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                   help="a benchmark's own setting, repeatable: sizes=512,2048 (rewind), "
-                        "prompt_tokens=4096 or modes=none,baseline,forkv (memory), "
-                        "context=2048 (agent), prefix=4096 (store)")
-    p.add_argument("--json", dest="json_path", default=None, help="write the results here")
-    p.add_argument("--report", default=None, help="(bench all) write JSON, plots, summary here")
 
-    p = sub.add_parser("show", help="write a saved tree as a self-contained HTML page")
-    p.add_argument("tree", help="a tree saved with Session.save / Tree.save (JSON)")
-    p.add_argument("-o", "--output", default=None, help="HTML file (default: TREE.html)")
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(args.verbose)
+    if args.harden:
+        from forkv.security import harden_process
 
-    from forkv.server.serve import add_arguments as add_serve
-
-    add_serve(sub.add_parser("serve", help="serve a model over the OpenAI API (chat "
-                                           "completions, responses)"))
-
-    args = parser.parse_args(argv)
+        harden_process()
     blas.activate()  # before anything imports mlx
     try:
-        return _COMMANDS[args.command](args)
-    except (ValueError, OSError) as e:  # our typed errors subclass ValueError
-        print(f"forkv: error: {e}", file=sys.stderr)
+        module, _, func = _COMMANDS[args.command].partition(":")
+        return getattr(importlib.import_module(module), func)(args)
+    except KeyboardInterrupt:
+        print("forkv: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        message = user_message(e)
+        if message is None:
+            raise
+        logging.getLogger("forkv").debug("error details", exc_info=True)
+        print(f"forkv: error: {message}", file=sys.stderr)
         return 2
+
+
+def user_message(e: BaseException) -> str | None:
+    """One line for an error the user can fix (bad input, files, settings); None for bugs."""
+    from forkv.errors import ForkvError
+    from pydantic import ValidationError
+
+    if isinstance(e, ValidationError):
+        from forkv.graph.nodes import validation_message
+
+        return validation_message(e, "field")
+    if isinstance(e, OSError) and e.strerror:
+        name = f" {e.filename!r}" if e.filename else ""
+        return f"{e.strerror}{name}; check the path and its permissions."
+    if isinstance(e, (ForkvError, ValueError, OSError)):
+        lines = str(e).strip().splitlines()
+        return lines[0] if lines else type(e).__name__
+    return None
+
+
+def setup_logging(verbose: int = 0) -> None:
+    """WARNING by default; -v INFO, -vv DEBUG; FORKV_LOG=LEVEL when no -v is given."""
+    level = {0: None, 1: logging.INFO}.get(verbose, logging.DEBUG)
+    if level is None:
+        name = os.environ.get("FORKV_LOG", "").strip().upper()
+        level = getattr(logging, name, None) if name else logging.WARNING
+        if not isinstance(level, int):
+            print(f"forkv: FORKV_LOG={name.lower()!r} is not a log level; use debug, info, "
+                  "warning or error.", file=sys.stderr)
+            level = logging.WARNING
+    logging.basicConfig(level=level, stream=sys.stderr,
+                        format="forkv %(levelname)s %(name)s: %(message)s")
+    logging.getLogger().setLevel(level)
 
 
 def _demo(args) -> int:
     from forkv.sdk_demo import run_demo
 
-    return run_demo(args.model, args.max_tokens)
-
-
-def _generate(args) -> int:
-    import forkv
-
-    engine = forkv.load(args.model)
-    prompt = [{"role": "user", "content": args.prompt}] if args.chat else args.prompt
-    params = forkv.SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
-                                  top_p=args.top_p, top_k=args.top_k, seed=args.seed,
-                                  stop=tuple(args.stop))
-    for event in engine.stream(prompt, params):
-        print(event.text, end="", flush=True)
-    t = event.timings
-    print(f"\n[{event.finish_reason}] prompt {t.prompt_tokens} tok, prefill {t.prefill_tps:.0f} tok/s,"
-          f" decode {t.decode_tps:.1f} tok/s, first token {t.first_token_s * 1000:.0f} ms",
-          file=sys.stderr)
-    return 0
+    return run_demo(args.model, args.max_tokens, save=args.save)
 
 
 def _doctor(args) -> int:
+    import json
+
     from forkv.doctor import report
 
     info = report(args.model)
@@ -97,12 +165,6 @@ def _doctor(args) -> int:
         for k, v in info.items():
             print(f"{k:>14}: {v}")
     return 0
-
-
-def _bench(args) -> int:
-    from forkv.bench.cli import run_cli
-
-    return run_cli(args)
 
 
 def _show(args) -> int:
@@ -116,18 +178,6 @@ def _show(args) -> int:
     print(f"wrote {out} ({len(tree)} nodes)")
     return 0
 
-
-_COMMANDS = {"demo": _demo, "generate": _generate, "doctor": _doctor, "bench": _bench}
-_COMMANDS["show"] = _show
-
-
-def _serve(args) -> int:
-    from forkv.server.serve import run_serve
-
-    return run_serve(args)
-
-
-_COMMANDS["serve"] = _serve
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -4,7 +4,6 @@ import hashlib
 
 import pytest
 from forkv.graph import GenSettings, GraphError, ImagePart, Node, Tree
-from pydantic import ValidationError
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 16
 
@@ -19,10 +18,42 @@ def test_gen_settings_defaults_and_bounds():
         None,
         (),
     )
-    for bad in ({"max_tokens": 0}, {"temperature": -1}, {"top_p": 0}, {"top_p": 1.5}, {"nope": 1}):
-        with pytest.raises(ValidationError):
-            GenSettings(**bad)
+    for bad in ({"max_tokens": 0}, {"temperature": -1}, {"top_p": 0}, {"top_p": 1.5}, {"nope": 1},
+                {"min_p": 2}, {"repetition_penalty": 0}, {"logit_bias": {"x": 1}}):
+        with pytest.raises(GraphError, match=f"generation setting '{next(iter(bad))}") as e:
+            GenSettings.of(bad)
+        assert "\n" not in str(e.value) and "pydantic" not in str(e.value)
     assert hash(GenSettings(stop=["x"])) == hash(GenSettings(stop=("x",)))
+    assert hash(GenSettings(logit_bias={1: 2})) == hash(GenSettings(logit_bias={"1": 2.0}))
+
+
+def test_gen_settings_take_one_stop_string_and_sampling_extras():
+    g = GenSettings(stop="abc", min_p=0.1, repetition_penalty=1.2, presence_penalty=0.5,
+                    frequency_penalty=0.1, logit_bias={"7": -5})
+    assert g.stop == ("abc",) and g.logit_bias == {7: -5.0}
+
+
+def test_bad_node_settings_name_the_node_and_field():
+    from forkv.graph import Tree
+
+    t = Tree()
+    u = t.user("hi", id="u")
+    with pytest.raises(GraphError) as e:
+        u.reasoning({"temperature": "hot"}, id="r")
+    msg = str(e.value)
+    assert msg.startswith("node 'r': generation setting 'temperature'") and "'hot'" in msg
+    assert "errors.pydantic.dev" not in msg and e.value.node_id == "r"
+    with pytest.raises(GraphError, match="'tempreature' is not a known field; use one of"):
+        u.final({"tempreature": 1})
+
+
+def test_an_image_path_that_is_not_an_image_is_named(tmp_path):
+    from forkv.graph import Tree
+
+    bad = tmp_path / "notes.png"
+    bad.write_text("not an image")
+    with pytest.raises(GraphError, match="notes.png' is not a PNG, JPEG"):
+        Tree().user("look", images=[bad])
 
 
 def test_image_from_path_hashes_and_checks(tmp_path):

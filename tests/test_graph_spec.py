@@ -192,8 +192,49 @@ def test_json_and_yaml_roundtrip(tmp_path):
         spec.save(tmp_path / name)
         assert WorkflowSpec.load(tmp_path / name) == spec
     assert "keep" in json.loads(spec.to_json())["nodes"][2]["fork"]
-    with pytest.raises(SpecError, match="malformed at nodes.0.kind"):
+    with pytest.raises(SpecError, match="field 'nodes.0.kind' \\(node 'a'\\): should be 'system'"):
         WorkflowSpec.from_json('{"nodes": [{"id": "a", "kind": "robot"}]}')
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("w.json", '{"nodes": [{"id": "a", "kind": "user", "text": "x"}', "w.json is not valid JSON "
+     "(EOF while parsing a list at line 1 column 51); fix the JSON there."),
+    ("w.yaml", "nodes:\n  - id: a\n    kind: [user\n", "w.yaml is not valid YAML at line 4, "
+     "column 1"),
+    ("w.json", '{"nodes": [{"id": "r", "kind": "reasoning", "gen": {"max_tokens": 0}}]}',
+     "w.json: field 'nodes.0.gen.max_tokens' (node 'r'): should be greater than or equal to 1 "
+     "(got 0); fix that value."),
+    ("w.json", '{"nodes": [{"id": "r", "kind": "final", "gen": {"temprature": 1}}]}',
+     "w.json: field 'nodes.0.gen.temprature' (node 'r') is not a known field; use one of "
+     "max_tokens, temperature,"),
+    ("w.json", '{"nodes": [{"id": "r", "kind": "final", "gen": {"stop": "END"}}]}', None),
+])
+def test_spec_file_errors_are_one_line_naming_file_node_and_field(tmp_path, name, text, message):
+    path = tmp_path / name
+    path.write_text(text)
+    if message is None:  # a single stop string is fine on nodes, as in SamplingParams
+        assert WorkflowSpec.load(path).nodes[0].gen.stop == ("END",)
+        return
+    with pytest.raises(SpecError) as e:
+        WorkflowSpec.load(path)
+    msg = str(e.value)
+    assert "\n" not in msg and "pydantic" not in msg and message in msg.replace(str(tmp_path) + "/", "")
+    with pytest.raises(SpecError, match="cannot read workflow spec .*missing.json"):
+        WorkflowSpec.load(tmp_path / "missing.json")
+
+
+def test_model_id_without_fingerprint_matches_that_model():
+    from forkv.graph.spec import matches_model
+
+    assert matches_model("demo:qwen3:tiny", "demo:qwen3:tiny@760903a5a1f5")
+    assert matches_model("demo:qwen3", "demo:qwen3:tiny@760903a5a1f5")
+    assert matches_model(None, "x@1") and matches_model("moved/folder@abc", "m@abc")
+    assert not matches_model("demo:gemma3:tiny", "demo:qwen3:tiny@760903a5a1f5")
+    assert not matches_model("demo:qwen3:tiny@111111111111", "demo:qwen3:tiny@760903a5a1f5")
+    t = Tree(model_id="demo:qwen3:tiny")
+    t.check_model("demo:qwen3:tiny@760903a5a1f5")
+    with pytest.raises(Exception, match="rendered for model 'demo:qwen3:tiny'"):
+        t.check_model("demo:gemma3:tiny@0123456789ab")
 
 
 def test_tree_to_spec_roundtrip():

@@ -204,3 +204,23 @@ def test_check_model():
     with pytest.raises(ModelMismatch, match="rendered for model 'tiny-dense', not 'other'"):
         t.check_model("other")
     Tree().check_model("anything")
+
+
+def test_forks_differ_by_default_and_warn_when_they_cannot():
+    import warnings
+
+    from forkv import ForkvWarning
+    from forkv.graph.branching import FORK_TEMPERATURE
+
+    t, _s, u, _r, _f = seed_tree()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # differing branches: no warning
+        b = u.fork(4, gen={"max_tokens": 8})
+        assert {n.gen.temperature for n in b} == {FORK_TEMPERATURE} and FORK_TEMPERATURE > 0
+        assert len({n.gen.seed for n in b}) == 4 and b[0].gen.max_tokens == 8
+        assert t.fork(u, seeds=[1, 2], gen={"temperature": 0.3})[0].gen.temperature == 0.3
+        assert u.fork(1)[0].gen.temperature == 0  # one branch: nothing to differ from
+    with pytest.warns(ForkvWarning, match="identical \\(temperature 0\\); set a temperature"):
+        u.fork(2, gen={"temperature": 0})
+    with pytest.warns(ForkvWarning, match="same seed and settings"):
+        t.fork(u, settings=[{"temperature": 0.5, "seed": 1}] * 2)

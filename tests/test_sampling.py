@@ -1,5 +1,4 @@
 import pytest
-
 from forkv.engine import GenerationError, SamplingParams
 from forkv.engine.sampling import Sampler
 

@@ -1,4 +1,5 @@
-"""`forkv bench ...`: run benchmarks, print their headlines, write JSON (and reports)."""
+"""`forkv bench ...`: its options, running benchmarks, printing their figures as a table,
+writing JSON (and reports)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,35 @@ import time
 from . import BENCHMARKS, available, run_benchmark
 from .common import write_json
 
+_WHAT = {
+    "rewind": "time to first token after a rewind: restore vs recompute",
+    "agent": "branch-and-prune and tree-of-thought agents vs plain mlx-lm",
+    "parallel": "batched vs one-after-another conversations",
+    "memory": "checkpoint RAM vs keeping every record in RAM",
+    "image": "vision: the same image asked again",
+    "store": "encrypted disk tier restore vs the same tier without AES",
+    "blas": "prefill with OpenBLAS vs mlx's stock BLAS",
+}
+
+
+def add_arguments(p) -> None:
+    p.epilog = "benchmarks:\n" + "\n".join(
+        f"  {name:<9} {_WHAT.get(name, '')}" for name in BENCHMARKS) + (
+        "\n  all       every benchmark (--report DIR writes JSON, plots and a summary)")
+    p.add_argument("name", metavar="NAME", help=f"one of {', '.join(BENCHMARKS)}, or all")
+    p.add_argument("--model", action="append", default=None,
+                   help="demo:<arch>[:<size>] or a model folder; repeatable")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, for smoke tests")
+    p.add_argument("--reps", type=int, default=None, help="repetitions (default per benchmark)")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="a benchmark's own setting, repeatable: sizes=512,2048 (rewind), "
+                        "prompt_tokens=4096 or modes=none,baseline,forkv (memory), "
+                        "context=2048 (agent), prefix=4096 (store)")
+    p.add_argument("--json", dest="json_path", default=None, metavar="PATH",
+                   help="also write the full results as JSON to PATH ('-': stdout, no table)")
+    p.add_argument("--report", default=None, metavar="DIR",
+                   help="(bench all) write JSON, plots and a summary into DIR")
+
 
 def run_cli(args) -> int:
     names = available() if args.name == "all" else [args.name]
@@ -16,6 +46,7 @@ def run_cli(args) -> int:
                          f"{', '.join(list(BENCHMARKS) + ['all'])}.")
     if args.name == "all" and args.set:
         raise ValueError("--set applies to one benchmark; run `forkv bench NAME --set ...`.")
+    to_stdout = args.json_path == "-"
     results = {}
     for name in names:
         t0 = time.perf_counter()
@@ -23,13 +54,42 @@ def run_cli(args) -> int:
         res = run_benchmark(name, models, quick=args.quick, reps=args.reps, settings=args.set)
         res["wall_s"] = round(time.perf_counter() - t0, 1)
         results[name] = res
-        print(f"{name}: {json.dumps(res['headline'])}  ({res['wall_s']} s)", flush=True)
+        if not to_stdout:
+            print(format_table(name, res), flush=True)
         if args.report:
             write_json(res, f"{args.report}/{name}.json")
-    if args.json_path:
-        write_json(results[names[0]] if len(names) == 1 else results, args.json_path)
+    out = results[names[0]] if len(names) == 1 else results
+    if to_stdout:
+        print(json.dumps(out, indent=1, default=str))
+    elif args.json_path:
+        write_json(out, args.json_path)
     if args.report:
         from .report import write_report
 
         write_report(results, args.report)
     return 0
+
+
+def format_table(name: str, res: dict) -> str:
+    """The headline figures of one benchmark as an aligned text table."""
+    runs = res.get("runs") or [res]
+    rows = [("figure", "model", "value", "target", "met")]
+    for run in runs:
+        model = str(run.get("model", "")).replace("demo:", "")
+        for key, value in run["headline"].items():
+            target = run.get("targets", {}).get(key) or {}
+            met = target.get("met")
+            rows.append((key, model, _fmt(value), target.get("target", ""),
+                         "yes" if met else "NO" if met is False else ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [f"{name} ({res.get('wall_s', '?')} s)"]
+    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    if isinstance(v, list):
+        return ", ".join(_fmt(x) for x in v)
+    return str(v)

@@ -1,0 +1,95 @@
+"""`forkv run SPEC`: run a declarative workflow file from the command line.
+
+Loads and checks the `WorkflowSpec` (JSON or YAML) before any model loads, picks the model
+(`--model`, else the spec's `model_id`), runs the workflow to the end through a `Session` (keep
+rules applied as forks finish), prints one line per node with the tokens restored from
+checkpoints, computed and generated and its time, and saves the tree readable by its owner
+only (0600) for `forkv show`. Knows the public SDK only.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+__all__ = ["SCORERS", "add_arguments", "run_spec", "save_private"]
+
+# Keep rules may name these scorers (higher is better); mean_logprob needs the session.
+SCORERS = ("mean_logprob", "length", "shortest")
+
+
+def add_arguments(p) -> None:
+    p.add_argument("spec", metavar="SPEC", help="a workflow file: .json, .yaml or .yml")
+    p.add_argument("--model", default=None,
+                   help="demo:<arch>[:<size>] or a model folder (default: the spec's model_id)")
+    p.add_argument("--save", default=None, metavar="TREE.json",
+                   help="where to save the tree (default: SPEC's name + .tree.json, here)")
+    p.add_argument("--no-progress", action="store_true", help="no prefill progress bar")
+
+
+def run_spec(args) -> int:
+    import forkv
+    from forkv.graph import SpecError, WorkflowSpec
+
+    from .progress import PrefillBar
+
+    path = Path(args.spec)
+    spec = WorkflowSpec.load(path)
+    spec.check(scorers=dict.fromkeys(SCORERS))  # every error before the model loads
+    model = args.model or (spec.model_id or "").partition("@")[0]
+    if not model:
+        raise SpecError(f"{str(path)!r} has no model_id; pass --model (e.g. demo:qwen3:tiny) "
+                        "or add model_id to the spec.")
+    out = Path(args.save) if args.save else Path(path.name).with_suffix(".tree.json")
+    t0 = time.perf_counter()
+    with forkv.Session(model, tree=spec.build()) as session:
+        session.tree.model_id = session.model_id  # pin the fingerprint in what we save
+        print(f"{path.name}: {len(spec.nodes)} spec nodes on {session.model_id}", flush=True)
+        scorers = {"mean_logprob": session.mean_logprob,
+                   "length": lambda n: len(n.text or ""),
+                   "shortest": lambda n: -len(n.text or "")}
+        totals = [0, 0, 0]
+        with PrefillBar(force=False if args.no_progress else None) as bar:
+            while True:
+                for event in session.stream(progress=bar.node):
+                    if event.is_last:
+                        bar.close()
+                        _print_row(session.tree[event.node_id], event, totals)
+                if not spec.advance(session.tree, scorers) and not session.tree.pending():
+                    break
+        save_private(session.tree, out)
+    reused, computed, generated = totals
+    prompt = max(1, reused + computed)
+    print(f"total: reused {reused}, computed {computed} ({reused / prompt:.0%} of prompt tokens "
+          f"restored), generated {generated}; {time.perf_counter() - t0:.1f} s")
+    print(f"tree: {len(session.tree)} nodes saved to {out}; draw it with `forkv show {out}`")
+    return 0
+
+
+def _print_row(node, event, totals: list[int]) -> None:
+    st, t = event.stats, event.timings or {}
+    totals[0] += st.tokens_reused
+    totals[1] += st.tokens_computed
+    totals[2] += st.tokens_generated
+    print(f"  {node.id:<14} {node.kind:<9} reused {st.tokens_reused:>6}  computed "
+          f"{st.tokens_computed:>6}  generated {st.tokens_generated:>5}  "
+          f"{t.get('wall_s', 0.0):7.2f} s  finish={event.finish_reason}", flush=True)
+
+
+def save_private(tree, path: str | Path) -> Path:
+    """Write `tree` as JSON readable by its owner only (0600), also over an existing file."""
+    path = Path(path)
+    data = tree.to_json(1)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        if hasattr(os, "fchmod"):
+            os.fchmod(fd, 0o600)  # an existing file keeps its old mode otherwise
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            fd = -1
+            f.write(data)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    return path
+
