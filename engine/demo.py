@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from .errors import UnknownDemoModel
-from .demo_tokenizer import EOS_TOKEN, special_token_id, write_tokenizer
+from .demo_tokenizer import EOS_TOKEN, TOOL_FORMATS, chat_template, special_token_id, write_tokenizer
 from .demo_weights import save_random_model
 # Vision demos (mlx-vlm architectures) live in demo_vlm, which never imports this module.
 from .demo_vlm import VISION_ARCHS, build_vlm, demo_vlm_config
@@ -117,6 +117,10 @@ def ensure_demo_model(arch: str, size: str = "tiny") -> Path:
     digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:10]
     folder = cache_root() / "demo" / f"{arch}-{size}-{digest}"
     if (folder / "model.safetensors").exists():
+        from .demo_vlm import chat_template as vlm_template
+
+        _refresh_template(folder, chat_template(TOOL_FORMATS[arch]) if build is _build
+                          else vlm_template(arch))
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
     # Build in a sibling temp folder and rename, so a crash never leaves half a model.
@@ -133,11 +137,26 @@ def ensure_demo_model(arch: str, size: str = "tiny") -> Path:
     return folder
 
 
+def _refresh_template(folder: Path, template: str) -> None:
+    """Give a folder built by an older forkv the current chat template (tools were added
+    later); the template is not part of the model's fingerprint, so checkpoints stay valid."""
+    path = folder / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    if config.get("chat_template") == template:
+        return
+    config["chat_template"] = template
+    fd, tmp = tempfile.mkstemp(prefix=".tokenizer_config-", dir=folder)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(config, indent=2))
+    os.replace(tmp, path)  # atomic: a concurrent load sees the old file or the new one
+
+
 def _build(config: dict, folder: Path, seed: int) -> None:
     import mlx.core as mx
     from mlx_lm.utils import _get_classes
 
-    num_tokens = write_tokenizer(folder)
+    arch = config["forkv_demo"].split(":")[0]
+    num_tokens = write_tokenizer(folder, chat_template(TOOL_FORMATS[arch]))
     text = config.get("text_config", config)
     assert text["vocab_size"] >= num_tokens
     model_class, args_class = _get_classes(config)

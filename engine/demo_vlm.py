@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .demo_tokenizer import CHAT_TEMPLATE, EOS_TOKEN, PAD_TOKEN, SPECIAL_TOKENS, special_token_id
+from .demo_tokenizer import (EOS_TOKEN, PAD_TOKEN, SPECIAL_TOKENS, TOOL_FORMATS,
+                             chat_template as text_template, special_token_id)
 from .demo_vlm_specs import FAMILIES, SPECS
 from .demo_weights import save_random_model
 
@@ -29,8 +30,9 @@ def vision_token_id(arch: str, name: str) -> int:
 
 
 def chat_template(arch: str) -> str:
-    template = CHAT_TEMPLATE.replace(_IMAGE_PART, "{{- '%s' -}}" % FAMILIES[arch]["image_part"])
-    assert template != CHAT_TEMPLATE, "the text template no longer renders image parts"
+    text = text_template(TOOL_FORMATS.get(arch, "json_tools"))  # the family's tool format
+    template = text.replace(_IMAGE_PART, "{{- '%s' -}}" % FAMILIES[arch]["image_part"])
+    assert template != text, "the text template no longer renders image parts"
     return template
 
 

@@ -13,7 +13,9 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from .constrain import RowMatcher, as_constraint
 from .errors import GenerationError
 
 __all__ = ["Sampler", "SamplingParams", "top_logprobs"]
@@ -52,8 +54,10 @@ class SamplingParams:
     penalty_context: int = 20
     logit_bias: dict[int, float] = field(default_factory=dict)
     top_logprobs: int = 0
+    constraint: Any = None  # what the output must match: see forkv.engine.constrain
 
     def __post_init__(self) -> None:
+        self.constraint = as_constraint(self.constraint)
         for name, kind, low, low_ok, high, why in _RANGES:
             setattr(self, name, _number(name, getattr(self, name), kind, low, low_ok, high, why))
         if self.seed is not None and (isinstance(self.seed, bool) or
@@ -130,7 +134,7 @@ class Sampler:
     """
 
     def __init__(self, params: SamplingParams, vocab_limit: int | None = None,
-                 prompt_len: int = 0):
+                 prompt_len: int = 0, tokenizer: Any = None):
         import mlx.core as mx
         from mlx_lm.sample_utils import make_logits_processors
 
@@ -140,6 +144,7 @@ class Sampler:
         # Padded vocabularies have ids the tokenizer cannot decode; never sample them.
         self._vocab_limit = vocab_limit
         self.prompt_len = prompt_len  # tokens[prompt_len:] are the generated ones
+        self._matcher = _row_matcher(params.constraint, tokenizer)
         p = params
         if vocab_limit is not None and p.logit_bias and max(p.logit_bias) >= vocab_limit:
             raise GenerationError(f"logit_bias names token {max(p.logit_bias)}, but the "
@@ -161,6 +166,8 @@ class Sampler:
             logits = mx.where(mask, logits, -mx.inf)
         if self._processors:
             logits = self._process(logits, tokens)
+        if self._matcher is not None:
+            logits = self._matcher.mask(logits, tokens[self.prompt_len:])
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         p = self.params
         if p.temperature == 0:
@@ -192,3 +199,12 @@ class Sampler:
             scores = apply_min_p(scores, p.min_p)
         self._key, sub = mx.random.split(self._key)
         return mx.random.categorical(scores, key=sub)
+
+
+def _row_matcher(constraint, tokenizer) -> RowMatcher | None:
+    if constraint is None:
+        return None
+    if tokenizer is None:
+        raise GenerationError("a constrained request needs the model's tokenizer; build the "
+                              "Sampler with tokenizer=.")
+    return RowMatcher(constraint, tokenizer)
