@@ -141,7 +141,7 @@ class _CountRequests:
 def make_app(state: ServerState) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        state.backend.bind_loop(asyncio.get_running_loop())
+        await asyncio.to_thread(state.backend.engine, "")  # ready before /health answers
         try:
             yield
         finally:

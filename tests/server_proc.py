@@ -1,0 +1,83 @@
+"""A real `forkv serve` process on loopback for the server tests (random free port).
+
+`running_server(args)` starts it with the same Python, waits for GET /health and yields its
+base URL; the process is stopped (SIGINT, then kill) on exit and its stderr is shown if it
+failed to come up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running_server(*args: str, timeout: float = 180.0):
+    port = free_port()
+    log = tempfile.TemporaryFile()
+    cmd = [sys.executable, "-m", "forkv.cli", "serve", "--port", str(port), *args]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log.seek(0)
+                raise RuntimeError(f"forkv serve did not come up:\n{log.read().decode()[-4000:]}")
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.3)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def http(method: str, url: str, body: bytes | dict | None = None,
+         headers: dict | None = None) -> tuple[int, dict | str]:
+    """One raw request; (status, JSON body or text)."""
+    data = json.dumps(body).encode() if isinstance(body, dict) else body
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            status, raw = r.status, r.read()
+    except urllib.error.HTTPError as e:
+        status, raw = e.code, e.read()
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw.decode()
+
+
+def metric(url: str, name: str, labels: str = "") -> float:
+    """The value of one sample of GET /metrics (0 if absent)."""
+    _, text = http("GET", f"{url}/metrics")
+    key = f"{name}{{{labels}}}" if labels else name
+    for line in text.splitlines():
+        if line.startswith(key + " "):
+            return float(line.split()[-1])
+    return 0.0

@@ -1,0 +1,173 @@
+"""forkv serve, chat completions, through the official openai client against a real server
+process on loopback (demo:qwen3:tiny): completions, streaming, n > 1, logprobs, cached
+tokens, 16 concurrent streams, a disconnect that frees its row, and bad input as JSON errors."""
+
+from __future__ import annotations
+
+import http.client as httpclient
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+openai = pytest.importorskip("openai")
+
+from server_proc import http, metric, running_server  # noqa: E402
+
+MODEL = "demo:qwen3:tiny"
+LONG = "The quick brown fox jumps over the lazy dog. " * 14  # ~630 byte tokens: 2 full blocks
+
+
+@pytest.fixture(scope="module")
+def url():
+    with running_server("--model", MODEL, "--max-body", "200000") as u:
+        yield u
+
+
+@pytest.fixture(scope="module")
+def client(url):
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_chat_completion_and_cached_tokens(client):
+    messages = [{"role": "system", "content": "You answer briefly."},
+                {"role": "user", "content": LONG + "What jumps?"}]
+    first = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=6,
+                                           temperature=0)
+    choice = first.choices[0]
+    assert choice.message.role == "assistant" and isinstance(choice.message.content, str)
+    assert choice.finish_reason in ("stop", "length")
+    assert first.usage.prompt_tokens > 512
+    assert 1 <= first.usage.completion_tokens <= 6
+    again = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=6,
+                                           temperature=0)
+    # The second request restores the prompt's full blocks from the first one's checkpoints.
+    assert again.usage.prompt_tokens_details.cached_tokens >= 512
+    assert again.choices[0].message.content == choice.message.content
+
+
+def test_stream_matches_completion_and_reports_usage(client):
+    messages = [{"role": "user", "content": "Count: one two three"}]
+    whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12,
+                                           temperature=0)
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=12, temperature=0, stream=True,
+        stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] in ("stop", "length") and all(f is None for f in finishes[:-1])
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens >= 1
+
+
+def test_n_choices_share_the_prompt(client):
+    out = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Three ideas?"}], n=3,
+        max_tokens=8, temperature=1.0, seed=7)
+    assert [c.index for c in out.choices] == [0, 1, 2]
+    assert 3 <= out.usage.completion_tokens <= 24
+    assert len({c.message.content for c in out.choices}) >= 2  # seeds differ per choice
+    streamed = list(client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], n=2, max_tokens=4,
+        stream=True))
+    assert {c.choices[0].index for c in streamed if c.choices} == {0, 1}
+
+
+def test_logprobs(client):
+    out = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=5,
+        temperature=0, logprobs=True, top_logprobs=2)
+    content = out.choices[0].logprobs.content
+    assert len(content) == out.usage.completion_tokens
+    for item in content:
+        assert item.logprob <= 0 and isinstance(item.token, str)
+        assert len(item.top_logprobs) in (0, 2)  # 2 once the engine reports alternatives
+        if item.top_logprobs:
+            assert item.top_logprobs[0].logprob >= item.logprob - 1e-4
+
+
+def test_sixteen_concurrent_streams(client):
+    def one(i: int) -> tuple[str, str | None]:
+        stream = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": f"client {i}"}], max_tokens=8,
+            temperature=0, stream=True)
+        text, finish = [], None
+        for chunk in stream:
+            if chunk.choices:
+                text.append(chunk.choices[0].delta.content or "")
+                finish = chunk.choices[0].finish_reason or finish
+        return "".join(text), finish
+
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(one, range(16)))
+    assert all(finish in ("stop", "length") for _, finish in results)
+
+
+def test_disconnect_mid_stream_frees_the_row(url):
+    cancelled = metric(url, "forkv_requests_cancelled_total")
+    conn = httpclient.HTTPConnection("127.0.0.1", int(url.rsplit(":", 1)[1]), timeout=60)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "go on"}],
+            "max_tokens": 4000, "stream": True}
+    conn.request("POST", "/v1/chat/completions", json.dumps(body),
+                 {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    assert resp.read(20).startswith(b"data: ")  # generation is under way
+    conn.sock.close()  # the client goes away mid-stream
+    conn.close()
+    deadline = time.monotonic() + 20
+    while metric(url, "forkv_requests_in_flight") > 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert metric(url, "forkv_requests_in_flight") == 0
+    assert metric(url, "forkv_requests_running") == 0
+    assert metric(url, "forkv_requests_cancelled_total") >= cancelled + 1
+
+
+@pytest.mark.parametrize("body, status, code", [
+    (b"{not json", 400, "invalid_json"),
+    ({"model": MODEL}, 400, "missing_required_parameter"),
+    ({"model": MODEL, "messages": []}, 400, "invalid_value"),
+    ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, 400, "invalid_value"),
+    ({"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]}, 404,
+     "model_not_found"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 10 ** 6},
+     400, "context_length_exceeded"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": 9},
+     400, "invalid_value"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]},
+     400, "image_not_supported"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x" * 300_000}]}, 413,
+     "request_too_large"),
+])
+def test_bad_input_is_an_openai_error(url, body, status, code):
+    got, payload = http("POST", f"{url}/v1/chat/completions", body)
+    assert got == status, payload
+    error = payload["error"]
+    assert error["code"] == code and error["message"] and error["type"]
+
+
+def test_errors_through_the_client_and_no_500(client, url):
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                       max_tokens=10 ** 6)
+    assert e.value.code == "context_length_exceeded"
+    status, payload = http("GET", f"{url}/v1/nothing-here")
+    assert status == 404 and payload["error"]["code"] == "not_found"
+    assert metric(url, "forkv_requests_total", 'endpoint="chat",status="500"') == 0
+
+
+def test_models_health_metrics(client, url):
+    assert MODEL in [m.id for m in client.models.list().data]
+    assert http("GET", f"{url}/health")[0] == 200
+    _, text = http("GET", f"{url}/metrics")
+    for name in ("forkv_requests_total", "forkv_tokens_reused_total",
+                 "forkv_tokens_computed_total", "forkv_tokens_generated_total",
+                 "forkv_record_hits_total", "forkv_record_misses_total", "forkv_tier_bytes",
+                 "forkv_queue_depth", "forkv_time_to_first_token_seconds_bucket"):
+        assert f"\n{name}" in text or text.startswith(name), name
+    assert metric(url, "forkv_tokens_generated_total") > 0
+    assert metric(url, "forkv_time_to_first_token_seconds_count") > 0
