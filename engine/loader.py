@@ -97,11 +97,18 @@ def load_model(name: str, dtype: str = "auto") -> LoadedModel:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from .vision_loader import is_vision_folder, load_vision_model
 
+    read_config(path)  # a broken or incomplete config.json is named before mlx-lm reads it
     if is_vision_folder(path):
         return load_vision_model(name, path, dtype)
     try:
         model, tokenizer, config = mlx_lm_load(str(path), return_config=True)
-    except (ValueError, KeyError, FileNotFoundError, OSError) as e:
+    except TypeError as e:  # ModelArgs(**config) missing a field its architecture needs
+        raise ModelLoadError(_missing_fields(path, e)) from None
+    except KeyError as e:
+        raise ModelLoadError(f"{str(path / 'config.json')!r} lacks field {e.args[0]!r}, which "
+                             "mlx-lm needs to load this model; add it from the model's "
+                             "original config.json.") from None
+    except (ValueError, FileNotFoundError, OSError) as e:
         raise ModelLoadError(f"Could not load model from {str(path)!r}: {e}") from e
     native = _native_dtype(model)
     chosen = pick_dtype(dtype, native)
@@ -114,6 +121,32 @@ def load_model(name: str, dtype: str = "auto") -> LoadedModel:
         context_length=_context_length(config), eos_token_ids=frozenset(eos or ()),
     )
     return loaded
+
+
+def read_config(path: Path) -> dict:
+    """The folder's config.json as a dict; errors name the file, where it breaks and the fix."""
+    file = path / "config.json"
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{str(file)!r} is not valid JSON ({e.msg} at line {e.lineno}, "
+                             f"column {e.colno}); fix or replace the file.") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"Cannot read {str(file)!r} ({e}); check the file.") from None
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        raise ModelLoadError(f"{str(file)!r} has no \"model_type\"; it is not a model config "
+                             "(use the model's original config.json).")
+    return config
+
+
+def _missing_fields(path: Path, e: TypeError) -> str:
+    import re
+
+    found = re.search(r"missing \d+ required (?:positional |keyword-only )?arguments?: (.+)$",
+                      str(e))
+    what = f"field(s) {found.group(1)}" if found else f"a field ({e})"
+    return (f"{str(path / 'config.json')!r} lacks {what}, which its model_type needs; add "
+            "them from the model's original config.json.")
 
 
 def _make_cache(model) -> list:

@@ -7,6 +7,7 @@ through the public engine API only (`forkv.load`, `engine.stream`).
 
 from __future__ import annotations
 
+import logging
 import sys
 
 __all__ = ["add_arguments", "read_prompt", "run_generate", "sampling_from_args"]
@@ -44,7 +45,11 @@ def read_prompt(arg: str, stdin=None) -> str:
     """The prompt argument, or all of stdin for '-'."""
     if arg != "-":
         return arg
-    text = (stdin or sys.stdin).read()
+    stdin = stdin or sys.stdin
+    logging.getLogger(__name__).info("reading the prompt from stdin")
+    if stdin.isatty():
+        print("forkv: reading the prompt from stdin (end it with Ctrl-D)", file=sys.stderr)
+    text = stdin.read()
     if not text.strip():
         raise ValueError("the prompt from stdin is empty; pipe some text in or pass it as "
                          "an argument.")

@@ -1,0 +1,122 @@
+"""Bad input on the command line is one line naming the file / node / field and the fix, with
+exit status 2; Ctrl-C is one line and exit status 130; logging is switched on by -v/FORKV_LOG."""
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+from conftest import load_tiny
+from forkv.cli import main
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.startswith("forkv: error: ") and err.count("\n") == 1, err
+    assert "Traceback" not in err and "pydantic.dev" not in err
+    return err
+
+
+@pytest.fixture
+def model_copy(tmp_path):
+    folder = tmp_path / "model"
+    shutil.copytree(load_tiny("qwen3").path, folder)
+    return folder
+
+
+@pytest.mark.parametrize("config, message", [
+    ("{broken", "config.json' is not valid JSON (Expecting property name enclosed in double "
+                "quotes at line 1, column 2); fix or replace the file."),
+    ("drop", "config.json' lacks field(s) 'hidden_size', which its model_type needs"),
+    ('{"a": 1}', "config.json' has no \"model_type\""),
+])
+def test_bad_config_json_names_the_file(model_copy, capsys, config, message):
+    path = model_copy / "config.json"
+    if config == "drop":
+        data = json.loads(path.read_text())
+        del data["hidden_size"]
+        config = json.dumps(data)
+    path.write_text(config)
+    assert main(["generate", "x", "--model", str(model_copy)]) == 2
+    assert message in _one_line(capsys)
+
+
+def test_bad_sampling_values_are_one_line(capsys):
+    assert main(["generate", "x", "--temperature", "-1"]) == 2
+    assert "temperature must be a number >= 0" in _one_line(capsys)
+    assert main(["generate", "x", "--logit-bias", "7"]) == 2
+    assert "--logit-bias takes ID=BIAS" in _one_line(capsys)
+
+
+def test_engine_names_a_bad_setting_and_a_corrupt_image_path(tmp_path):
+    import forkv
+    from forkv.engine import GenerationError
+
+    engine = forkv.Engine(load_tiny("qwen3"))
+    try:
+        with pytest.raises(GenerationError, match="temperature must be a number >= 0.*'hot'"):
+            list(engine.stream("hi", temperature="hot"))
+    finally:
+        engine.close()
+    from forkv.engine.images import ImageInput
+
+    bad = tmp_path / "cat.png"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 20)  # a PNG signature, then nothing valid
+    with pytest.raises(GenerationError, match="Image '.*cat.png' is not a readable image"):
+        ImageInput.of(bad).load()
+
+
+def test_ctrl_c_exits_130_with_one_line(monkeypatch, capsys):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("forkv.generate_cmd.run_generate", interrupted)
+    assert main(["generate", "x"]) == 130
+    assert capsys.readouterr().err == "forkv: interrupted\n"
+
+
+def test_ctrl_c_in_a_real_process():
+    # `generate -` waits on stdin (and says so at -v): SIGINT there ends it with 130, one line.
+    p = subprocess.Popen([sys.executable, "-m", "forkv.cli", "-v", "generate", "-"], text=True,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert "reading the prompt from stdin" in p.stderr.readline()
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and err == "forkv: interrupted\n", err
+
+
+def test_verbose_and_forkv_log_switch_logging(monkeypatch):
+    from forkv.cli import setup_logging
+
+    monkeypatch.delenv("FORKV_LOG", raising=False)
+    setup_logging(0)
+    assert logging.getLogger().level == logging.WARNING
+    setup_logging(2)
+    assert logging.getLogger().level == logging.DEBUG
+    monkeypatch.setenv("FORKV_LOG", "info")
+    setup_logging(0)
+    assert logging.getLogger().level == logging.INFO
+    setup_logging(0)
+
+
+def test_help_lists_commands_and_generate_documents_its_options():
+    r = subprocess.run([sys.executable, "-m", "forkv.cli", "--help"], capture_output=True,
+                       text=True, timeout=60, env=dict(os.environ, COLUMNS="100"))
+    assert r.returncode == 0 and "as they land" not in r.stdout
+    for cmd in ("demo", "generate", "run", "show", "bench", "doctor"):
+        assert f"    {cmd} " in r.stdout, cmd
+    r = subprocess.run([sys.executable, "-m", "forkv.cli", "generate", "--help"],
+                       capture_output=True, text=True, timeout=60)
+    for flag in ("--max-tokens", "--temperature", "--min-p", "--repetition-penalty",
+                 "--logit-bias", "--seed", "--stop", "--chat"):
+        line = next(x for x in r.stdout.splitlines() if x.strip().startswith(flag))
+        assert len(line.split(maxsplit=2)) > 1, line  # every option has help text
+    assert "'-' reads it from stdin" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "forkv.cli", "bench", "--help"],
+                       capture_output=True, text=True, timeout=60)
+    for name in ("rewind", "agent", "parallel", "memory", "image", "store", "blas", "all"):
+        assert f"  {name} " in r.stdout, name
