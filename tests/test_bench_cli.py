@@ -1,0 +1,36 @@
+"""`forkv bench NAME` prints a readable table of its figures; JSON only with --json."""
+
+import json
+from types import SimpleNamespace
+
+from forkv.bench import cli
+
+RESULT = {"model": "demo:gemma3:tiny", "headline": {"speedup_8k": 123.456, "exact": True},
+          "targets": {"speedup_8k": {"target": ">= 20", "met": True},
+                      "exact": {"target": "== true", "met": False}}}
+
+
+def test_table_lists_each_figure_with_target_and_whether_met():
+    lines = cli.format_table("rewind", {**RESULT, "wall_s": 3.2}).splitlines()
+    assert lines[0] == "rewind (3.2 s)"
+    assert lines[1].split() == ["figure", "model", "value", "target", "met"]
+    assert lines[2].split() == ["speedup_8k", "gemma3:tiny", "123", ">=", "20", "yes"]
+    assert lines[3].split() == ["exact", "gemma3:tiny", "True", "==", "true", "NO"]
+    assert not any(line.lstrip().startswith("{") for line in lines)
+
+
+def _args(**kw):
+    return SimpleNamespace(**{"name": "rewind", "model": None, "quick": True, "reps": None,
+                              "set": [], "json_path": None, "report": None, **kw})
+
+
+def test_cli_prints_a_table_or_json(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(cli, "run_benchmark", lambda *a, **k: json.loads(json.dumps(RESULT)))
+    assert cli.run_cli(_args()) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("rewind (") and "speedup_8k" in out and '{"' not in out
+    assert cli.run_cli(_args(json_path="-")) == 0
+    assert json.loads(capsys.readouterr().out)["headline"]["exact"] is True
+    assert cli.run_cli(_args(json_path=str(tmp_path / "r.json"))) == 0
+    assert "speedup_8k" in capsys.readouterr().out
+    assert json.loads((tmp_path / "r.json").read_text())["model"] == "demo:gemma3:tiny"
