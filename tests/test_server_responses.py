@@ -1,0 +1,99 @@
+"""forkv serve, Responses API, through the official openai client against a real server:
+responses as nodes of a server-side conversation tree - continue and fork from one
+`previous_response_id` with cached tokens, GET, DELETE of a subtree, `store: false`,
+streaming events, and the 404s of ids that are gone."""
+
+from __future__ import annotations
+
+import pytest
+
+openai = pytest.importorskip("openai")
+
+from server_proc import http, running_server  # noqa: E402
+
+MODEL = "demo:qwen3:tiny"
+DOCUMENT = "Section 1. Foxes are quick and dogs are lazy. " * 12  # ~560 byte tokens
+
+
+@pytest.fixture(scope="module")
+def url():
+    with running_server("--model", MODEL, "--reasoning", "off") as u:
+        yield u
+
+
+@pytest.fixture(scope="module")
+def client(url):
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_forks_from_one_previous_response_reuse_its_checkpoints(client):
+    root = client.responses.create(model=MODEL, instructions="You summarise documents.",
+                                   input=DOCUMENT, max_output_tokens=8, temperature=0)
+    assert root.status in ("completed", "incomplete") and root.output[0].type == "message"
+    assert isinstance(root.output_text, str)
+    assert root.usage.input_tokens > 512 and root.usage.output_tokens >= 1
+    forks = [client.responses.create(model=MODEL, previous_response_id=root.id,
+                                     input=question, max_output_tokens=6, temperature=0)
+             for question in ("Who is quick?", "Who is lazy?")]
+    for fork in forks:
+        assert fork.previous_response_id == root.id
+        # The document's blocks come back from the checkpoints the first response made.
+        assert fork.usage.input_tokens_details.cached_tokens >= 512
+        assert fork.usage.input_tokens > root.usage.input_tokens
+    deeper = client.responses.create(model=MODEL, previous_response_id=forks[0].id,
+                                     input="And then?", max_output_tokens=4)
+    assert deeper.usage.input_tokens_details.cached_tokens >= 512
+    got = client.responses.retrieve(forks[1].id)
+    assert got.id == forks[1].id and got.output_text == forks[1].output_text
+
+
+def test_delete_removes_the_subtree(client, url):
+    root = client.responses.create(model=MODEL, input=DOCUMENT + "Q1", max_output_tokens=4)
+    child = client.responses.create(model=MODEL, previous_response_id=root.id, input="Q2",
+                                    max_output_tokens=4)
+    other = client.responses.create(model=MODEL, input="unrelated", max_output_tokens=4)
+    status, body = http("DELETE", f"{url}/v1/responses/{root.id}")
+    assert status == 200 and body["deleted"] is True
+    assert set(body["deleted_responses"]) == {root.id, child.id}
+    assert body["released_records"] > 0  # the document's blocks were only this subtree's
+    for gone in (root.id, child.id):
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(gone)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model=MODEL, previous_response_id=root.id, input="more")
+    assert client.responses.retrieve(other.id).id == other.id
+
+
+def test_store_false_keeps_nothing(client):
+    resp = client.responses.create(model=MODEL, input="ephemeral", store=False,
+                                   max_output_tokens=4)
+    assert resp.status in ("completed", "incomplete")
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(resp.id)
+
+
+def test_streamed_response_events(client):
+    events = list(client.responses.create(model=MODEL, input="Stream this.",
+                                          max_output_tokens=6, temperature=0, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[0] == "response.created" and kinds[-1] in ("response.completed",
+                                                           "response.incomplete")
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    final = events[-1].response
+    assert final.output_text == text.lstrip("\n")
+    assert client.responses.retrieve(final.id).output_text == final.output_text
+
+
+def test_bad_responses_requests(client, url):
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model=MODEL, previous_response_id="resp_missing", input="x")
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model="other-model", input="x")
+    status, body = http("POST", f"{url}/v1/responses", {"model": MODEL})
+    assert status == 400 and body["error"]["code"] == "missing_required_parameter"
+    status, body = http("POST", f"{url}/v1/responses",
+                        {"model": MODEL, "input": [{"role": "user", "content": [
+                            {"type": "input_image", "image_url": "data:image/png;base64,AA"}]}]})
+    assert status == 400 and body["error"]["code"] == "image_not_supported"
+    status, body = http("DELETE", f"{url}/v1/responses/resp_missing")
+    assert status == 404 and body["error"]["code"] == "response_not_found"
