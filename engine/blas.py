@@ -72,6 +72,9 @@ def activate(mode: str | None = None) -> BlasInfo:
     exporting ``cblas_sgemm`` (or the ``scipy_``-prefixed names of a scipy-openblas wheel).
     """
     global _active
+    from forkv.security import prepare_process
+
+    prepare_process()  # FORKV_PASSPHRASE out of the env (cc inherits it); private mlx kernel cache
     if _active is not None:
         return _active
     mode = (mode or os.environ.get("FORKV_BLAS") or "auto").strip()

@@ -3,14 +3,13 @@
 Prefill system + user, reason at length, answer, prune the reasoning (the answer kept
 verbatim), continue with follow-ups and a rewind, printing at each step how many prompt tokens
 were restored from checkpoints and how many were computed, with timings. Knows only the
-public `forkv` API; the numbers come from each node's statistics.
+public `forkv` API; the numbers come from each node's statistics. The tree (conversation text
+included) is written only where the user asks (`save`), as a 0600 file.
 """
 
 from __future__ import annotations
 
-import tempfile
 import time
-from pathlib import Path
 
 SYSTEM = ("You are a careful senior engineer doing code review. Point out bugs first, then "
           "risky edge cases, then style. Quote the lines you mean. Keep the final answer short.")
@@ -34,9 +33,11 @@ def _step(label: str, node) -> tuple[int, int]:
 
 
 def run_demo(model: str = "demo:gemma3:tiny", max_tokens: int = 48,
-             reasoning_tokens: int = 320) -> int:
-    """Run the workflow on `model`; `max_tokens` caps each answer. Returns an exit code."""
+             reasoning_tokens: int = 320, save: str | None = None) -> int:
+    """Run the workflow on `model`; `max_tokens` caps each answer; `save` is a path for the
+    tree (mode 0600), else nothing is written. Returns an exit code."""
     import forkv
+    from forkv.security import write_private_file
 
     t0 = time.perf_counter()
     with forkv.Session(model) as session:
@@ -75,8 +76,11 @@ def run_demo(model: str = "demo:gemma3:tiny", max_tokens: int = 48,
         print(f"\nprompt tokens: {reused + computed} in all, {reused} restored from "
               f"checkpoints, {computed} computed ({reused / max(1, reused + computed):.0%} "
               f"reused); {time.perf_counter() - t0:.1f} s total.")
-        path = Path(tempfile.gettempdir()) / "forkv-demo-tree.json"
-        session.save(path)
-        print(f"tree: {len(session.tree)} nodes, saved to {path}; draw it with "
-              f"`forkv show {path}`.")
+        if save is None:
+            print(f"tree: {len(session.tree)} nodes; `forkv demo --save tree.json` keeps it "
+                  "(mode 0600) for `forkv show`.")
+        else:
+            write_private_file(save, session.tree.to_json(1).encode("utf-8"))
+            print(f"tree: {len(session.tree)} nodes, saved to {save} (mode 0600); draw it with "
+                  f"`forkv show {save}`.")
     return 0

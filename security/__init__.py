@@ -11,6 +11,7 @@ from .errors import (
     CorruptStoreError,
     ForkvWarning,
     KeyFileError,
+    ModelMismatchError,
     NonceError,
     StoreLockedError,
     StoreSettingsError,
@@ -18,7 +19,9 @@ from .errors import (
     WrongKeyError,
 )
 from .fileio import DiskIO, FaultyIO
+from .folder import write_private_file
 from .keys import Secret, make_key_file
+from .process import HardenReport, harden_process, prepare_process
 from .settings import StoreSettings, parse_size
 from .store import Blob, BlobStore, StoreStats
 
@@ -29,7 +32,9 @@ __all__ = [
     "DiskIO",
     "FaultyIO",
     "ForkvWarning",
+    "HardenReport",
     "KeyFileError",
+    "ModelMismatchError",
     "NonceError",
     "Sealer",
     "Secret",
@@ -39,6 +44,9 @@ __all__ = [
     "StoreStats",
     "UnsafePathError",
     "WrongKeyError",
+    "harden_process",
     "make_key_file",
     "parse_size",
+    "prepare_process",
+    "write_private_file",
 ]

@@ -45,8 +45,10 @@ class DataFile:
     _sealers: dict[int, Sealer] | None = None
     header: object | None = None  # persistent stores: the current file header
     current: int = -1
-    _scratch: bytearray | None = None  # the writer's sealing buffer
-    _read_scratch: ThreadScratch = field(default_factory=lambda: ThreadScratch(_SCRATCH_KEEP))
+    _scratch: bytearray | None = field(default=None, repr=False)  # the writer's sealing buffer
+    _read_scratch: ThreadScratch = field(
+        default_factory=lambda: ThreadScratch(_SCRATCH_KEEP), repr=False
+    )  # decrypted records: plaintext, never in a repr
     _sealer_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:

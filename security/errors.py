@@ -13,6 +13,7 @@ __all__ = [
     "CorruptStoreError",
     "ForkvWarning",
     "KeyFileError",
+    "ModelMismatchError",
     "NonceError",
     "StoreLockedError",
     "StoreSettingsError",
@@ -39,6 +40,10 @@ class WrongKeyError(ValueError, ForkvError):
 
 class CorruptStoreError(ValueError, ForkvError):
     """A persistent store's header or index failed authentication or validation."""
+
+
+class ModelMismatchError(ValueError, ForkvError):
+    """A persistent store holds checkpoints of another model (weights, config or dtype)."""
 
 
 class StoreLockedError(BlockingIOError, ForkvError):

@@ -1,9 +1,10 @@
 """The private folder and the data file of an ephemeral store, and the start-up sweep.
 
 Knows: how to make a folder only we can enter (``mkdtemp`` 0700, checked with ``lstat`` and
-``fstat``), how to open a data file no other user can open and no path names
-(``O_TMPFILE``, else ``O_EXCL|O_NOFOLLOW`` then an immediate unlink), and how to recognise
-and remove folders left by dead forkv processes. Does not know: what goes into the file.
+``fstat``), which parent folders are safe (none that other users can write without the sticky
+bit), how to open a data file no other user can open and no path names, ever
+(``O_TMPFILE|O_EXCL``, else ``O_EXCL|O_NOFOLLOW`` then an immediate unlink), and how to
+recognise and remove folders left by dead forkv processes. Does not know: what goes into the file.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from .fileio import DiskIO
 
 __all__ = [
     "PrivateFolder",
+    "check_parents",
     "check_private",
     "make_private_folder",
     "open_data_file",
     "sweep_stale_folders",
+    "write_private_file",
 ]
 
 log = logging.getLogger("forkv.security")
@@ -58,9 +61,61 @@ def check_private(info: os.stat_result, what: str, *, is_dir: bool) -> None:
         )
 
 
+def check_parents(path: str, what: str) -> None:
+    """Refuse ``path`` if a folder above it can be written by other users without the sticky bit.
+
+    Such a user could rename our file away and put theirs in its place. A group-writable
+    folder counts unless its group is our own effective group (user-private groups).
+    """
+    folder = os.path.dirname(os.path.realpath(path))
+    while True:
+        try:
+            info = os.stat(folder)
+        except OSError:
+            return  # not there (yet): opening the path reports it
+        mode = info.st_mode
+        shared = mode & 0o002 or (mode & 0o020 and info.st_gid != os.getegid())
+        if shared and not mode & stat.S_ISVTX:
+            raise UnsafePathError(
+                f"{what} sits under {folder}, which other users can write (mode {mode & 0o7777:o}) "
+                f"without the sticky bit, so they could swap it; run `chmod go-w {folder}` (or "
+                f"`chmod +t {folder}`), or move it to a folder only you can write."
+            )
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return
+        folder = parent
+
+
+def write_private_file(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` (conversation text, say) to a file only we can read: mode 0600, ours, no
+    symlink followed, in a folder other users cannot rewrite. Replaces its contents."""
+    path = os.fspath(path)
+    check_parents(path, f"File {path}")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        if os.path.islink(path):
+            raise UnsafePathError(f"{path} is a symlink; write to a real file.") from None
+        raise exc from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+            raise UnsafePathError(f"{path} is not a regular file of yours; pick another path.")
+        os.fchmod(fd, 0o600)  # an existing file may have been 0644
+        os.ftruncate(fd, 0)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+
+
 def make_private_folder(io: DiskIO, parent: str | None = None) -> PrivateFolder:
     """``<parent>/forkv-<pid>-<random>``, mode 0700, opened as a directory fd we hold."""
     parent = parent or tempfile.gettempdir()
+    check_parents(os.path.join(parent, FOLDER_PREFIX), f"The disk tier's folder in {parent}")
     path = io.mkdtemp(f"{FOLDER_PREFIX}{os.getpid()}-", parent)
     before = io.lstat(path)
     check_private(before, f"Folder {path}", is_dir=True)
@@ -81,7 +136,9 @@ def open_data_file(io: DiskIO, folder: PrivateFolder, *, use_tmpfile: bool = Tru
     fd = -1
     if use_tmpfile and hasattr(os, "O_TMPFILE"):
         try:
-            fd = io.open(".", _FILE_FLAGS | os.O_TMPFILE, 0o600, dir_fd=folder.dir_fd)
+            # O_EXCL: linkat() can never give this file a name, not even through /proc/self/fd.
+            flags = _FILE_FLAGS | os.O_TMPFILE | os.O_EXCL
+            fd = io.open(".", flags, 0o600, dir_fd=folder.dir_fd)
         except OSError as exc:
             log.debug("O_TMPFILE unavailable (%s); using create-and-unlink", exc.strerror)
     if fd < 0:

@@ -23,6 +23,8 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
 from .errors import KeyFileError, UnsafePathError
+from .folder import check_parents
+from .memory import secure_buffer
 
 __all__ = ["KEY_SIZE", "MasterKey", "Secret", "forget_in_child", "make_key_file"]
 
@@ -53,7 +55,7 @@ class Secret:
     def __init__(self, value: bytes | bytearray | memoryview | str) -> None:
         if isinstance(value, str):
             value = value.encode("utf-8")
-        self._buf = bytearray(value)
+        self._buf = secure_buffer(value)  # its own page, left out of core dumps
 
     def reveal(self) -> bytes:
         """The secret bytes (a copy the caller should drop quickly)."""
@@ -94,7 +96,7 @@ class MasterKey:
 
     def __init__(self, key: bytes | bytearray, source: str) -> None:
         assert len(key) == KEY_SIZE, "master keys are 32 bytes"
-        self._buf = bytearray(key)
+        self._buf: memoryview | bytearray = secure_buffer(key)
         self.source = source  # 'ephemeral', 'key_file', 'passphrase' or 'key'
         forget_in_child(self)
 
@@ -109,8 +111,13 @@ class MasterKey:
 
     @classmethod
     def from_key_file(cls, path: str) -> MasterKey:
-        """Read a key file: 32 raw bytes, 64 hex digits or base64; must be private (0600)."""
-        return cls(_read_key_file(path), "key_file")
+        """Read a key file: 32 raw bytes, 64 hex digits or base64; must be ours and private
+        (0600), in a folder other users cannot write to."""
+        key = _read_key_file(path)
+        try:
+            return cls(key._buf, "key_file")
+        finally:
+            key.wipe()
 
     @classmethod
     def from_passphrase(
@@ -131,9 +138,15 @@ class MasterKey:
         self._check_alive()
         return hmac.new(bytes(self._buf), b"forkv key check v1|" + label, hashlib.sha256).digest()
 
+    def mac(self, domain: bytes, data: bytes) -> bytes:
+        """HMAC-SHA256 of ``data`` under a subkey for ``domain`` (e.g. the store header)."""
+        self._check_alive()
+        subkey = bytes(self.derive(b"", b"forkv mac v1|" + domain))
+        return hmac.new(subkey, data, hashlib.sha256).digest()
+
     def wipe(self) -> None:
         self._buf[:] = bytes(len(self._buf))
-        self._buf = bytearray()
+        self._buf = bytearray()  # the page is unmapped once the last view of it goes
 
     def _forget_after_fork(self) -> None:
         self.wipe()
@@ -149,7 +162,9 @@ class MasterKey:
         raise TypeError(_NO_PICKLE.format("MasterKey"))
 
 
-def _read_key_file(path: str) -> bytes:
+def _read_key_file(path: str) -> Secret:
+    # Key bytes live only in Secrets here and in _decode_key, which never raises: a traceback
+    # (even one printed with its locals) cannot show them.
     flags = os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
     try:
         fd = os.open(path, flags)
@@ -163,19 +178,34 @@ def _read_key_file(path: str) -> bytes:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise KeyFileError(f"Key file {path} is not a regular file.")
+        if info.st_uid != os.geteuid():
+            raise UnsafePathError(
+                f"Key file {path} belongs to uid {info.st_uid}, not to you (uid {os.geteuid()}); "
+                "copy it to a file you own and `chmod 600` it."
+            )
         if info.st_mode & 0o077:
             raise UnsafePathError(
                 f"Key file {path} is readable by other users; run `chmod 600 {path}`."
             )
-        raw = os.read(fd, 4096)
+        check_parents(path, f"Key file {path}")
+        contents = Secret(os.read(fd, 4096))
     finally:
         os.close(fd)
-    return _decode_key(raw, path)
+    key = _decode_key(contents)
+    contents.wipe()
+    if key is None:
+        raise KeyFileError(
+            f"Key file {path} does not hold a 32-byte key (raw, 64 hex digits or base64); "
+            "make one with forkv.security.make_key_file(path)."
+        )
+    return key
 
 
-def _decode_key(raw: bytes, path: str) -> bytes:
+def _decode_key(contents: Secret) -> Secret | None:
+    """The 32-byte key in a key file's contents, or None; never raises (see above)."""
+    raw = bytes(contents._buf)
     if len(raw) == KEY_SIZE:
-        return raw
+        return Secret(raw)
     text = raw.strip()
     decoders: list[Callable[[bytes], bytes]] = [
         lambda t: bytes.fromhex(t.decode("ascii")),
@@ -187,11 +217,8 @@ def _decode_key(raw: bytes, path: str) -> bytes:
         except (ValueError, binascii.Error):
             continue
         if len(key) == KEY_SIZE:
-            return key
-    raise KeyFileError(
-        f"Key file {path} does not hold a 32-byte key (raw, 64 hex digits or base64); "
-        "make one with forkv.security.make_key_file(path)."
-    )
+            return Secret(key)
+    return None
 
 
 def make_key_file(path: str) -> None:

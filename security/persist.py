@@ -1,11 +1,13 @@
 """Persistent mode: a store file at a user path that survives restarts under a user key.
 
-Knows: the 4 KiB file header (magic, version, cipher, KDF and its salt/cost, store id, key
-check, where the sealed index lives), how to create or open such a file safely (no symlinks,
-private mode, exclusive lock), how to tell a wrong key from a corrupt file before writing
-anything, and how to write the index (sealed JSON) so a crash leaves the old one valid.
+Knows: how to create or open such a file safely (no symlinks, ours, private mode, safe
+parents, exclusive lock), the order of checks on open (header bounds, then the key, then the
+header MAC, then the index, whose every field is bounded), how to tell a wrong key from a
+corrupt file before writing anything, how to tie the store to one model, and how to write the
+index (sealed JSON) so a crash leaves the old one valid and the replaced one zeroed. The
+header's layout lives in ``header``.
 Does not know: eviction, queues or threads. Rolling the whole file back to an older copy is
-out of scope (it looks like a valid, older store).
+out of scope (it looks like a valid, older store); see README.md.
 """
 
 from __future__ import annotations
@@ -14,95 +16,40 @@ import errno
 import hmac
 import json
 import os
-import struct
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from .aead import CIPHER_NAME, RecordAuthError, sealed_size
-from .alloc import Allocator
+from .aead import NONCE_SIZE, RecordAuthError, sealed_size
+from .alloc import GRAIN, Allocator
 from .datafile import DataFile
-from .errors import CorruptStoreError, StoreLockedError, UnsafePathError, WrongKeyError
+from .errors import (
+    CorruptStoreError,
+    ModelMismatchError,
+    StoreLockedError,
+    UnsafePathError,
+    WrongKeyError,
+)
 from .fileio import DiskIO
-from .folder import check_private
-from .index import Index
+from .folder import check_parents, check_private
+from .header import HEADER_BYTES, StoreHeader, checked_bytes, sign
+from .index import MAX_KEY_BYTES, MAX_KIND_BYTES, Index
 from .keys import MasterKey
 from .settings import StoreSettings
 
-__all__ = ["HEADER_BYTES", "open_persistent", "reset_space", "save_index"]
+__all__ = ["HEADER_BYTES", "bind_model", "open_persistent", "reset_space", "save_index"]
 
-HEADER_BYTES = 4096  # records start on the next page
-_MAGIC = b"FKVSTORE"
-_VERSION = 1
-_HEADER = struct.Struct(">8sH16s8sIII16s16s32sQQ32s12s")
-_KEYED_PART = _HEADER.size - 8 - 8 - 32 - 12  # everything before the index location
-_CHECKED_PART = _KEYED_PART - 32  # everything before the key check itself
-_MAX_SCRYPT_N = 1 << 22  # a hostile header must not make us allocate gigabytes
+_MAX_SESSIONS = 1 << 16
 _INDEX_AAD = b"forkv-index-v1|"
 
 
-@dataclass(slots=True, frozen=True)
-class _Header:
-    kdf: bytes  # b"scrypt" or b"raw"
-    n: int
-    r: int
-    p: int
-    kdf_salt: bytes
-    store_id: bytes
-    key_check: bytes
-    index_offset: int = 0
-    index_length: int = 0  # sealed bytes; 0 = no index written yet
-    index_salt: bytes = bytes(32)
-    index_nonce: bytes = bytes(12)
-
-    def pack(self) -> bytes:
-        raw = _HEADER.pack(
-            _MAGIC,
-            _VERSION,
-            CIPHER_NAME,
-            self.kdf,
-            self.n,
-            self.r,
-            self.p,
-            self.kdf_salt,
-            self.store_id,
-            self.key_check,
-            self.index_offset,
-            self.index_length,
-            self.index_salt,
-            self.index_nonce,
-        )
-        return raw.ljust(HEADER_BYTES, b"\0")
-
-    @classmethod
-    def unpack(cls, raw: bytes, path: str) -> _Header:
-        if len(raw) < _HEADER.size or raw[:8] != _MAGIC:
-            raise CorruptStoreError(f"{path} is not a forkv store (bad magic); pick another path.")
-        _magic, version, cipher, kdf, *rest = _HEADER.unpack(raw[: _HEADER.size])
-        if version != _VERSION or cipher.rstrip(b"\0") != CIPHER_NAME:
-            raise CorruptStoreError(
-                f"{path} uses store format {version}/{cipher!r}, which this forkv cannot read."
-            )
-        return cls(kdf.rstrip(b"\0"), *rest)
-
-
-def _keyed_bytes(header: _Header) -> bytes:
-    return header.pack()[:_KEYED_PART]
-
-
-def _master_key(settings: StoreSettings, header: _Header, path: str) -> MasterKey:
+def _master_key(settings: StoreSettings, header: StoreHeader, path: str) -> MasterKey:
     if header.kdf == b"scrypt":
         if settings.passphrase is None:
             raise WrongKeyError(
                 f"{path} was created with a passphrase; set FORKV_PASSPHRASE (or passphrase=)."
             )
-        if not (header.n <= _MAX_SCRYPT_N and 1 <= header.r <= 32 and 1 <= header.p <= 16):
-            raise CorruptStoreError(
-                f"{path} asks for out-of-range scrypt costs; the header is corrupt."
-            )
         return MasterKey.from_passphrase(
             settings.passphrase, header.kdf_salt, header.n, header.r, header.p
         )
-    if header.kdf != b"raw":
-        raise CorruptStoreError(f"{path} names an unknown key derivation {header.kdf!r}.")
     if settings.passphrase is not None:
         raise WrongKeyError(f"{path} was created with a key file or key, not a passphrase.")
     if settings.key is not None:
@@ -132,6 +79,7 @@ def open_persistent(settings: StoreSettings, io: DiskIO) -> tuple[DataFile, Inde
     """
     path = settings.persist_path
     assert path is not None
+    check_parents(path, f"Store file {path}")
     fd = _open_file(io, path)
     try:
         info = io.fstat(fd)
@@ -162,8 +110,9 @@ def _create(settings: StoreSettings, io: DiskIO, fd: int, path: str) -> tuple[Da
             if settings.key
             else MasterKey.from_key_file(settings.key_file)
         )
-    header = _Header(kdf, n, 8 if n else 0, 1 if n else 0, kdf_salt, store_id, b"")
-    header = replace(header, key_check=master.check_value(_keyed_bytes(header)[:_CHECKED_PART]))
+    header = StoreHeader(kdf, n, 8 if n else 0, 1 if n else 0, kdf_salt, store_id, bytes(32))
+    header = replace(header, key_check=master.check_value(checked_bytes(header)))
+    header = sign(master, header)
     io.pwrite(fd, memoryview(header.pack()), 0)
     io.fsync(fd)
     datafile = DataFile(io, fd, master, store_id, Allocator(HEADER_BYTES), path=path)
@@ -176,62 +125,128 @@ def _load(
 ) -> tuple[DataFile, Index, int]:
     raw = bytearray(HEADER_BYTES)
     got = io.pread_into(fd, memoryview(raw), 0)
-    header = _Header.unpack(bytes(raw[:got]), path)
+    header = StoreHeader.unpack(bytes(raw[:got]), path, size)  # bounds first: scrypt costs, sizes
     master = _master_key(settings, header, path)
-    expected = master.check_value(_keyed_bytes(header)[:_CHECKED_PART])
-    if not hmac.compare_digest(expected, header.key_check):
+    if not hmac.compare_digest(master.check_value(checked_bytes(header)), header.key_check):
         master.wipe()
-        raise WrongKeyError(f"The key or passphrase does not open {path}; nothing was changed.")
+        raise WrongKeyError(
+            f"The key or passphrase does not open {path} (or its header was altered); nothing "
+            "was changed."
+        )
+    if not hmac.compare_digest(sign(master, header).mac, header.mac):
+        master.wipe()
+        raise CorruptStoreError(
+            f"The header of {path} failed authentication (tampered, or rolled back to an older "
+            "header); restore the whole file from a backup or delete it."
+        )
     alloc = Allocator(HEADER_BYTES)
     if header.index_length == 0:
         datafile = DataFile(io, fd, master, header.store_id, alloc, path=path)
         datafile.header = header
         return datafile, Index(), 1
     try:
-        if header.index_offset < HEADER_BYTES or header.index_offset + header.index_length > size:
-            raise ValueError("index lies outside the file")
-        blob = bytearray(header.index_length)
+        blob = bytearray(header.index_length)  # bounded by the file size above
         if io.pread_into(fd, memoryview(blob), header.index_offset) != len(blob):
             raise ValueError("index is truncated")
         probe = DataFile(
             io, fd, master, header.store_id, alloc, path=path, session_salts=[header.index_salt]
         )
-        aad = _INDEX_AAD + _keyed_bytes(header) + header.index_salt
-        doc = json.loads(probe.sealer(0).open(blob, aad, header.index_nonce))
-        sessions = [bytes.fromhex(s) for s in doc["sessions"]]
-        index = Index.from_json(doc["entries"])
-        next_generation = int(doc["next_generation"])
-        extents = [(e.offset, e.extent) for e in index.values()]
-        extents.append((header.index_offset, header.index_length))
-        for offset, extent in extents:
-            if offset < HEADER_BYTES or offset + extent > Allocator.round(size):
-                raise ValueError("a record lies outside the file")
-        alloc.mark_used(extents)
-        for e in index.values():
-            if (
-                e.session >= len(sessions)
-                or e.generation >= next_generation
-                or e.extent < sealed_size(e.length)
-            ):
-                raise ValueError("index entry is inconsistent")
-    except (RecordAuthError, ValueError, TypeError, KeyError) as exc:
+        aad = _INDEX_AAD + checked_bytes(header) + header.index_salt
+        plain = probe.sealer(0).open(blob, aad, header.index_nonce)
+        sessions, index, next_generation = parse_index(plain, header, size, alloc)
+    except (RecordAuthError, ValueError, TypeError, KeyError, OverflowError, RecursionError) as e:
         master.wipe()
         raise CorruptStoreError(
-            f"The index of {path} failed verification ({exc}); the file is damaged or tampered."
+            f"The index of {path} failed verification ({_short(e)}); the file is damaged or "
+            "tampered: restore it from a backup or delete it."
         ) from None
     datafile = DataFile(io, fd, master, header.store_id, alloc, path=path, session_salts=sessions)
     datafile.header = header
     return datafile, index, next_generation
 
 
+def _short(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc)[:80]}"
+
+
+def parse_index(
+    plain: bytes, header: StoreHeader, size: int, alloc: Allocator
+) -> tuple[list[bytes], Index, int]:
+    """Check an opened index against the file and fill ``alloc``; ValueError-family on any fault.
+
+    Authentic input can still be inconsistent (a bug, a lying writer): every field is bounded
+    here, so a bad index is a CorruptStoreError, never a crash or a wrong read later.
+    """
+    doc = json.loads(plain)
+    if not isinstance(doc, dict) or doc.get("version") != 1:
+        raise ValueError("index is not a version-1 document")
+    salts = doc["sessions"]
+    if not isinstance(salts, list) or not 0 < len(salts) <= _MAX_SESSIONS:
+        raise ValueError("session table is malformed")
+    sessions = [bytes.fromhex(s) for s in salts]
+    if any(len(s) != 32 for s in sessions):
+        raise ValueError("a session salt is not 32 bytes")
+    next_generation = doc["next_generation"]
+    if type(next_generation) is not int or not 0 < next_generation < 1 << 63:
+        raise ValueError("next_generation is out of range")
+    rows = doc["entries"]
+    if not isinstance(rows, list):
+        raise ValueError("entries is not a list")
+    index = Index.from_json(rows)
+    extents = [(header.index_offset, header.index_length)]
+    for (key, kind), e in index.items():
+        if (
+            not 0 < len(key) <= MAX_KEY_BYTES
+            or not 0 < len(kind.encode("utf-8")) <= MAX_KIND_BYTES
+            or len(e.nonce) != NONCE_SIZE
+            or e.session >= len(sessions)
+            or e.generation >= next_generation
+            or e.extent != Allocator.round(sealed_size(e.length))
+            or e.offset < HEADER_BYTES
+            or e.offset % GRAIN
+            or e.offset + e.extent > Allocator.round(size)
+        ):
+            raise ValueError("index entry is inconsistent with the file")
+        extents.append((e.offset, e.extent))
+    alloc.mark_used(extents)  # ValueError on overlaps
+    return sessions, index, next_generation
+
+
+def _write_header(datafile: DataFile, header: StoreHeader) -> StoreHeader:
+    """Sign, write and fsync a new header; the caller holds the store lock."""
+    header = sign(datafile.master, header)
+    datafile.io.pwrite(datafile.fd, memoryview(header.pack()), 0)
+    datafile.io.fsync(datafile.fd)
+    datafile.header = header
+    return header
+
+
+def bind_model(datafile: DataFile, fingerprint: bytes) -> None:
+    """Record which model's checkpoints this store holds; refuse another model's."""
+    header = datafile.header
+    assert isinstance(header, StoreHeader), "bind_model needs a persistent store"
+    if len(fingerprint) != 32:
+        raise ValueError(f"model fingerprints are 32 bytes, got {len(fingerprint)}.")
+    if hmac.compare_digest(header.model, fingerprint):
+        return
+    if header.model != bytes(32):
+        raise ModelMismatchError(
+            f"{datafile.path} holds checkpoints of model {header.model.hex()[:16]}, not of the "
+            f"model being loaded ({fingerprint.hex()[:16]}: other weights, config or dtype); "
+            "point FORKV_PERSIST_PATH at another file for this model, or delete the old file."
+        )
+    _write_header(datafile, replace(header, model=bytes(fingerprint)))
+
+
 def save_index(datafile: DataFile, index: Index, next_generation: int) -> int:
-    """Seal the index into fresh space, fsync, point the header at it, fsync, free the old one.
+    """Seal the index into fresh space, fsync, point the header at it, fsync, zero the old one.
 
     The caller holds the store lock. A crash at any point leaves a header that points at a
-    complete, authentic index (old or new). Returns the bytes written.
+    complete, authentic index (old or new); the replaced index is overwritten with zeros, so
+    an old header put back cannot bring an old index back. Returns the bytes written.
     """
     header = datafile.header
-    assert isinstance(header, _Header), "save_index needs a persistent store"
+    assert isinstance(header, StoreHeader), "save_index needs a persistent store"
     # Only sessions that still own records (and the current one) are kept: reopening often
     # must not grow the table. In-memory ids stay; the saved ones are renumbered.
     used = sorted({e.session for e in index.values()} | {datafile.current})
@@ -244,7 +259,7 @@ def save_index(datafile: DataFile, index: Index, next_generation: int) -> int:
     }
     payload = json.dumps(doc, separators=(",", ":")).encode("utf-8")
     salt = datafile.session_salts[datafile.current]
-    aad = _INDEX_AAD + _keyed_bytes(header) + salt
+    aad = _INDEX_AAD + checked_bytes(header) + salt
     size = sealed_size(len(payload))
     offset = datafile.alloc.allocate(size)
     try:
@@ -253,21 +268,24 @@ def save_index(datafile: DataFile, index: Index, next_generation: int) -> int:
         new = replace(
             header, index_offset=offset, index_length=size, index_salt=salt, index_nonce=nonce
         )
-        datafile.io.pwrite(datafile.fd, memoryview(new.pack()), 0)
-        datafile.io.fsync(datafile.fd)
+        _write_header(datafile, new)
     except BaseException:
         datafile.alloc.release(offset, size)
         raise
-    datafile.header = new
-    if header.index_length and datafile.alloc.release(header.index_offset, header.index_length):
-        datafile.truncate(datafile.alloc.end)
-    return size + HEADER_BYTES
+    written = size + HEADER_BYTES
+    if header.index_length:
+        datafile.io.pwrite(datafile.fd, memoryview(bytes(header.index_length)), header.index_offset)
+        datafile.io.fsync(datafile.fd)
+        written += header.index_length
+        if datafile.alloc.release(header.index_offset, header.index_length):
+            datafile.truncate(datafile.alloc.end)
+    return written
 
 
 def reset_space(datafile: DataFile) -> None:
     """Free every record's space (``wipe``) but keep the live index until a new one is saved."""
     header = datafile.header
-    assert isinstance(header, _Header), "reset_space needs a persistent store"
+    assert isinstance(header, StoreHeader), "reset_space needs a persistent store"
     datafile.alloc.reset()
     if header.index_length:
         datafile.alloc.mark_used([(header.index_offset, header.index_length)])

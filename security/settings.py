@@ -16,13 +16,19 @@ from typing import Any
 from .errors import StoreSettingsError
 from .keys import Secret
 
-__all__ = ["StoreSettings", "parse_bool", "parse_size"]
+__all__ = ["MAX_SCRYPT_N", "MIN_SCRYPT_N", "StoreSettings", "parse_bool", "parse_size"]
 
 _ENV_PREFIX = "FORKV_"
 # A raw key never comes from the environment: env leaks into child processes and /proc.
 _NO_ENV = frozenset({"key"})
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNORECASE)
+# scrypt cost bounds (r = 8, p = 1): 2^15 is 32 MiB and ~0.1 s per guess, 2^20 is 1 GiB. The
+# persistent header is checked against the same bounds before any key derivation.
+MIN_SCRYPT_N = 1 << 15
+MAX_SCRYPT_N = 1 << 20
+_PASSPHRASE_VAR = "FORKV_PASSPHRASE"
+_env_passphrase: Secret | None = None  # FORKV_PASSPHRASE, once moved out of the environment
 _TRUE = frozenset({"1", "on", "true", "yes"})
 _FALSE = frozenset({"0", "off", "false", "no"})
 
@@ -123,8 +129,10 @@ class StoreSettings:
         if self.queue_max < 1:
             raise StoreSettingsError(f"queue_max must be >= 1, got {self.queue_max}.")
         n = self.scrypt_n
-        if n < 1 << 10 or n & (n - 1):
-            raise StoreSettingsError(f"scrypt_n must be a power of two >= 1024, got {n}.")
+        if not MIN_SCRYPT_N <= n <= MAX_SCRYPT_N or n & (n - 1):
+            raise StoreSettingsError(
+                f"scrypt_n must be a power of two from {MIN_SCRYPT_N} to {MAX_SCRYPT_N}, got {n}."
+            )
         sources = [s for s in ("key_file", "passphrase", "key") if getattr(self, s) is not None]
         if self.persist_path is None and sources:
             raise StoreSettingsError(
@@ -154,8 +162,13 @@ class StoreSettings:
 
         Variables are ``FORKV_`` + the field name in capitals (``FORKV_RAM_BUDGET=512MB``,
         ``FORKV_DISK=off``, ``FORKV_PERSIST_PATH``, ``FORKV_KEY_FILE``, ``FORKV_PASSPHRASE``...).
-        An empty variable counts as unset.
+        An empty variable counts as unset. ``FORKV_PASSPHRASE`` is moved out of ``os.environ``
+        into process memory on first read, so child processes never inherit it; later calls in
+        this process still see it.
         """
+        from_process = env is None
+        if from_process:
+            take_passphrase_from_env()
         env = os.environ if env is None else env
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(overrides) - names)
@@ -170,5 +183,36 @@ class StoreSettings:
             if raw != "":
                 # Parse here so a bad value names the variable, not the field.
                 values[name] = _ENV_PARSERS.get(name, lambda v, _n: v)(raw, var)
+        if from_process and _env_passphrase is not None:
+            values["passphrase"] = _env_passphrase
         values.update(overrides)
         return cls(**values)
+
+
+def take_passphrase_from_env() -> None:
+    """Move ``FORKV_PASSPHRASE`` from the environment into process memory (idempotent).
+
+    Its bytes are overwritten in place first (the environment block is what
+    ``/proc/<pid>/environ`` shows), then it is unset, so child processes never inherit it.
+    """
+    global _env_passphrase
+    if _PASSPHRASE_VAR not in os.environ:
+        return
+    _zero_c_value(_PASSPHRASE_VAR)
+    raw = os.environ.pop(_PASSPHRASE_VAR)
+    if raw != "":
+        _env_passphrase = Secret(raw)
+    del raw
+
+
+def _zero_c_value(name: str) -> None:
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        libc.getenv.restype = ctypes.c_void_p
+        address = libc.getenv(name.encode())
+        if address:
+            ctypes.memset(address, 0, len(ctypes.string_at(address)))
+    except (OSError, AttributeError):
+        pass  # no C library to reach: unsetting below still keeps it from children

@@ -22,7 +22,8 @@ from .datafile import DataFile, open_ephemeral
 from .faults import FaultPolicy
 from .fileio import DiskIO
 from .index import Entry, Index, encode_meta
-from .persist import open_persistent, reset_space, save_index
+from .errors import ModelMismatchError
+from .persist import bind_model, open_persistent, reset_space, save_index
 from .settings import StoreSettings
 from .writer import WriteItem, WriteQueue
 
@@ -38,7 +39,10 @@ class BlobStore(FaultPolicy, lifecycle.ProcessHooks):
     Ephemeral by default (random key in memory, nameless file in a private 0700 folder);
     persistent when ``settings.persist_path`` is set; every call is a cheap no-op miss when
     the disk tier is off. Thread-safe. Use as a context manager or call ``close()``.
+    Implements the engine's ``Tier`` protocol (forkv.engine.tiers) as a tier of bytes.
     """
+
+    holds_arrays = False  # Tier protocol: records arrive serialised, leave as a Blob
 
     def __init__(self, settings: StoreSettings | None = None, *, io: DiskIO | None = None) -> None:
         self.settings = settings if settings is not None else StoreSettings.from_env()
@@ -165,6 +169,31 @@ class BlobStore(FaultPolicy, lifecycle.ProcessHooks):
             if entry is not None and self._enabled:
                 self._release(entry.offset, entry.extent)
                 self._dirty = True
+
+    def bind_model(self, fingerprint: bytes) -> None:
+        """Tie a persistent store to one model (a 32-byte fingerprint, as block keys use).
+
+        The first model is recorded in the authenticated header; another model raises
+        ``ModelMismatchError`` and closes this store. Ephemeral stores live as long as one
+        process and one engine: nothing to record.
+        """
+        with self._lock:
+            if not self._enabled or self.settings.mode != "persistent":
+                return
+            try:
+                bind_model(self._file, fingerprint)
+                return
+            except OSError as exc:
+                self._on_write_fault(exc, "header")
+                return
+            except ModelMismatchError as exc:
+                error = exc
+        self.close()  # outside the lock: close() joins the writer thread
+        raise error
+
+    def discard(self, key: bytes, kind: str) -> None:
+        """``delete`` under the name of the engine's ``Tier`` protocol."""
+        self.delete(key, kind)
 
     def set_eviction_order(self, order: Callable[[bytes, str], Any] | None) -> None:
         """Evict smallest ``order(key, kind)`` first (ties: least recently used); None = LRU."""

@@ -18,13 +18,17 @@ __all__ = ["WriteItem", "WriteQueue"]
 log = logging.getLogger("forkv.security")
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, eq=False, repr=False)
 class WriteItem:
     key: bytes
     kind: str
     data: bytes | memoryview  # immutable bytes, or a copy we own: never mutated after put
     meta_bytes: bytes
     meta: dict[str, str] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        # The record is plaintext (a prompt in another form): never in a repr, log or traceback.
+        return f"WriteItem(kind={self.kind!r}, <{self.nbytes} bytes>)"
 
     @property
     def nbytes(self) -> int:

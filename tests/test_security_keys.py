@@ -81,9 +81,9 @@ def test_make_key_file(tmp_path):
 
 
 def test_passphrase_kdf_is_deterministic_per_salt():
-    a = MasterKey.from_passphrase(Secret("pw"), b"s" * 16, 1024)
-    b = MasterKey.from_passphrase(Secret("pw"), b"s" * 16, 1024)
-    c = MasterKey.from_passphrase(Secret("pw"), b"t" * 16, 1024)
+    a = MasterKey.from_passphrase(Secret("pw"), b"s" * 16, 1 << 15)
+    b = MasterKey.from_passphrase(Secret("pw"), b"s" * 16, 1 << 15)
+    c = MasterKey.from_passphrase(Secret("pw"), b"t" * 16, 1 << 15)
     assert a._buf == b._buf != c._buf
     assert a.check_value(b"x") == b.check_value(b"x") != c.check_value(b"x")
 

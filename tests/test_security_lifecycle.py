@@ -114,7 +114,8 @@ PERSIST_CHILD = textwrap.dedent(
     """
     import os, sys
     from forkv.security import BlobStore, StoreSettings
-    settings = StoreSettings.from_env({}, persist_path=sys.argv[1], passphrase="pw", scrypt_n=1024)
+    settings = StoreSettings.from_env({}, persist_path=sys.argv[1], passphrase="pw",
+                                    scrypt_n=1 << 15)
     store = BlobStore(settings)
     for i in range(4):
         store.put(b"k%d" % i, "state", bytes([i]) * 100_000)
@@ -139,7 +140,7 @@ def test_persistent_store_survives_a_signal_mid_write(tmp_path, sig):
     proc.send_signal(sig)
     proc.communicate(timeout=20)  # also closes the pipes
     assert proc.returncode == -sig
-    settings = StoreSettings.from_env({}, persist_path=str(path), passphrase="pw", scrypt_n=1024)
+    settings = StoreSettings.from_env({}, persist_path=str(path), passphrase="pw", scrypt_n=1 << 15)
     with BlobStore(settings) as store:  # opens cleanly: the index is the last complete one
         for i in range(4):
             assert store.get(b"k%d" % i, "state").data == bytes([i]) * 100_000

@@ -37,7 +37,7 @@ def settings_for(path, **kw) -> StoreSettings:
     if not {"key_file", "key", "passphrase"} & set(kw):
         kw["passphrase"] = "correct horse battery staple"
     return StoreSettings.from_env(
-        {}, persist_path=str(path), scrypt_n=1024, handle_signals=False, **kw
+        {}, persist_path=str(path), scrypt_n=1 << 15, handle_signals=False, **kw
     )
 
 
