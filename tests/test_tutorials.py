@@ -52,7 +52,7 @@ def test_03_tree_of_thought_computes_the_prompt_once():
 
 
 def test_04_private_assistant_resumes_from_the_encrypted_store():
-    out = run("04_private_assistant.py", FORKV_SCRYPT_N="1024")  # a cheap KDF for the test
+    out = run("04_private_assistant.py", FORKV_SCRYPT_N="32768")  # the cheapest KDF forkv accepts
     steps = {line.split(":")[0]: line for line in out.splitlines() if "reused" in line}
     assert "reused     0" in steps["1. first run"]
     for step in ("3. restarted session", "4. new process, resumed"):
