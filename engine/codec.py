@@ -19,6 +19,8 @@ from .records import RECORD_VERSION, Record
 
 _TOKENS = "__tokens__"
 _MAX_HEADER = 16 << 20  # a record of a few hundred arrays has a header of a few KB
+_MAX_DIMS = 16  # cache arrays have 4 or 5; numpy refuses more than 64
+_MAX_DIM = (1 << 31) - 1
 # safetensors dtype -> (numpy dtype, item size, mlx dtype; the bytes are viewed as that mlx
 # dtype after loading where numpy has none of its own: bfloat16)
 _DTYPES = {
@@ -80,7 +82,20 @@ def _as_numpy(arr):
 
 
 def decode(data, block_size: int) -> Record:
-    """The record in `data` (any contiguous buffer: bytes, bytearray, memoryview)."""
+    """The record in `data` (any contiguous buffer: bytes, bytearray, memoryview).
+
+    Whatever the bytes, the result is a checked record or a CodecError (a miss for the caller):
+    the checks below bound every field, and anything they miss is still mapped here.
+    """
+    try:
+        return _decode(data, block_size)
+    except CodecError:
+        raise
+    except (ValueError, TypeError, KeyError, IndexError, OverflowError, RecursionError) as e:
+        raise CodecError(f"malformed record payload ({type(e).__name__})") from None
+
+
+def _decode(data, block_size: int) -> Record:
     view = memoryview(data).cast("B")
     tensors, meta, start = _parse_header(view)
     if meta.get("forkv_record") != str(RECORD_VERSION) or meta.get("block_size") != str(block_size):
@@ -106,7 +121,7 @@ def _parse_header(view: memoryview) -> tuple[dict, dict, int]:
         raise CodecError("not a safetensors payload: header length out of range")
     try:
         header = json.loads(bytes(view[8:8 + n]))
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):  # deep nesting: RecursionError
         raise CodecError("not a safetensors payload: header is not JSON") from None
     if not isinstance(header, dict):
         raise CodecError("not a safetensors payload: header is not an object")
@@ -139,13 +154,18 @@ def _is_int(x) -> bool:
     return type(x) is int and x >= 0
 
 
+def _is_dim(x) -> bool:
+    # mlx shapes are int32; a zero elsewhere in the shape must not hide a 2**64 here
+    return _is_int(x) and x <= _MAX_DIM
+
+
 def _check_tensor(name: str, info) -> tuple[str, tuple, int, int]:
     if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
         raise CodecError(f"tensor {name!r} entry is malformed")
     dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
     if not isinstance(dtype, str) or dtype not in _DTYPES:
         raise CodecError(f"tensor {name!r} has unsupported dtype {dtype!r}")
-    if not isinstance(shape, list) or not all(_is_int(d) for d in shape):
+    if not isinstance(shape, list) or len(shape) > _MAX_DIMS or not all(map(_is_dim, shape)):
         raise CodecError(f"tensor {name!r} has a malformed shape")
     if not isinstance(offsets, list) or len(offsets) != 2 or not all(map(_is_int, offsets)):
         raise CodecError(f"tensor {name!r} has malformed offsets")
