@@ -27,10 +27,12 @@ from .nodes import BlockRef, GenSettings, ImagePart, Node, NodeResult, NodeStats
 from .plan import Job, plan
 from .render import ImageRef, ReasoningFormat, RenderedPath, Tokenizer, block_range, render
 from .spec import ForkSpec, KeepSpec, NodeSpec, WorkflowSpec
+from .tools import Constraint, ToolCall, ToolSpec, make_tool
 from .tree import Tree
 
 __all__ = [
     "BlockRef",
+    "Constraint",
     "ContextOverflow",
     "CycleError",
     "DuplicateNode",
@@ -62,10 +64,13 @@ __all__ = [
     "Tokenizer",
     # nodes and tree
     "Tree",
+    "ToolCall",
+    "ToolSpec",
     "TreeFormatError",
     # declarative form
     "WorkflowSpec",
     "block_range",
+    "make_tool",
     "plan",
     "render",
     "to_html",

@@ -148,6 +148,9 @@ class BranchingMixin:
                     name=n.name,
                     meta=n.meta,
                     copied_from=n.id,
+                    tools=n.tools,
+                    tool_calls=n.tool_calls,
+                    tool_call_id=n.tool_call_id,
                 )
             )
         return parent

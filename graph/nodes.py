@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from .checks import validation_message
 from .errors import GraphError
+from .tools import Constraint, ToolCall, ToolSpec
 
 if TYPE_CHECKING:
     from .tree import Tree
@@ -60,6 +61,15 @@ class GenSettings(BaseModel):
     frequency_penalty: float = 0.0
     penalty_context: int = Field(20, ge=1)
     logit_bias: dict[int, float] = {}
+    # Structured output and tools: `constraint` forces the text's shape; `tool_choice` is
+    # "auto", "none", "required" or a tool's name (the last two force a call).
+    constraint: Constraint | None = None
+    tool_choice: str = Field("auto", pattern=r"^[A-Za-z_][A-Za-z0-9_\-]{0,63}$")
+    parallel_tool_calls: bool = True
+
+    @property
+    def forces_call(self) -> bool:
+        return self.tool_choice not in ("auto", "none")
 
     def __hash__(self) -> int:  # frozen settings hash by value; logit_bias is a dict
         return hash(tuple(tuple(sorted(v.items())) if isinstance(v, dict) else v
@@ -214,6 +224,9 @@ class Node(BaseModel):
     generated text in `text` and the details in `result`. `span` and `blocks` are the token
     span and covering blocks from the last `Tree.record_render` of a path through the node.
     `copied_from` names the node a prune copied this one from (text kept verbatim).
+    `tools` are the tools declared here (seen by every node below); `tool_calls` the calls a
+    final node made (parsed from its text once generated); `tool_call_id` the call a tool
+    node answers.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -232,6 +245,9 @@ class Node(BaseModel):
     blocks: list[BlockRef] = []
     copied_from: str | None = None
     meta: dict[str, Any] = {}
+    tools: list[ToolSpec] = []
+    tool_calls: list[ToolCall] = []
+    tool_call_id: str | None = None
 
     _tree: Any = PrivateAttr(default=None)
 
@@ -278,9 +294,11 @@ class Node(BaseModel):
         *,
         id: str | None = None,
         meta: dict[str, Any] | None = None,
+        tools: list[Any] = (),
     ) -> Node:
-        """Add a user turn under this node."""
-        return self.tree.add(self, "user", text, images=images, id=id, meta=meta)
+        """Add a user turn under this node; `tools` (functions, pydantic models, OpenAI tool
+        dicts) are declared for every node below."""
+        return self.tree.add(self, "user", text, images=images, id=id, meta=meta, tools=tools)
 
     def reasoning(
         self,
@@ -300,9 +318,12 @@ class Node(BaseModel):
         text: str | None = None,
         id: str | None = None,
         meta: dict[str, Any] | None = None,
+        tool_calls: list[Any] = (),
     ) -> Node:
-        """Add a final answer: generated with `gen` (default settings), or given `text`."""
-        return self.tree.add(self, "final", text, gen=gen, id=id, meta=meta)
+        """Add a final answer: generated with `gen` (default settings), or given `text` (and
+        the `tool_calls` it made). `gen={"tool_choice": "required"}` forces a tool call."""
+        return self.tree.add(self, "final", text, gen=gen, id=id, meta=meta,
+                             tool_calls=tool_calls)
 
     def tool(
         self,
@@ -311,9 +332,13 @@ class Node(BaseModel):
         name: str | None = None,
         id: str | None = None,
         meta: dict[str, Any] | None = None,
+        call: ToolCall | str | None = None,
     ) -> Node:
-        """Add a tool result under this (final) node."""
-        return self.tree.add(self, "tool", text, name=name, id=id, meta=meta)
+        """Add a tool result under this (final) node; `call` is the `ToolCall` (or its id) it
+        answers, which also names the tool."""
+        if isinstance(call, ToolCall):
+            name, call = name or call.name, call.id
+        return self.tree.add(self, "tool", text, name=name, id=id, meta=meta, tool_call_id=call)
 
     def fork(self, k: int | None = None, kind: str = "reasoning", **kw: Any) -> list[Node]:
         """Add k generated siblings under this node; see `Tree.fork`."""

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .errors import ContextOverflow, NodeStateError
-from .nodes import GenSettings
+from .nodes import GenSettings, Node
 from .render import ReasoningFormat, RenderedPath, Tokenizer, render
+from .toolformat import forced_call
+from .tools import visible_tools
 
 if TYPE_CHECKING:
     from .tree import NodeLike, Tree
@@ -40,9 +42,15 @@ class Job:
     prompt: RenderedPath | None = None
 
 
-def _job_gen(kind: str, gen: GenSettings, fmt: ReasoningFormat) -> GenSettings:
+def _job_gen(kind: str, gen: GenSettings, fmt: ReasoningFormat, tree: Tree, node: Node,
+             tokenizer: Tokenizer | None) -> GenSettings:
     if kind == "reasoning" and not gen.stop and fmt.close_tag:
         return gen.model_copy(update={"stop": (fmt.close_tag,)})
+    if gen.forces_call and gen.constraint is None and tokenizer is not None:
+        # the call format is the model's: known only now, from its chat template
+        constraint = forced_call(visible_tools(tree.path(node)), gen.tool_choice,
+                                 gen.parallel_tool_calls, getattr(tokenizer, "chat_template", None))
+        return gen.model_copy(update={"constraint": constraint})
     return gen
 
 
@@ -82,7 +90,7 @@ def plan(
         if node.id not in wanted:
             continue
         deps = tuple(a.id for a in tree.ancestors(node) if a.is_pending)
-        job = Job(node.id, node.kind, len(deps), _job_gen(node.kind, node.gen, fmt), deps)
+        job = Job(node.id, node.kind, len(deps), _job_gen(node.kind, node.gen, fmt, tree, node, tokenizer), deps)
         if not deps and tokenizer is not None:
             job.prompt = render(tree, node, tokenizer, fmt, template_kwargs=template_kwargs)
             need = job.prompt.num_tokens + job.gen.max_tokens

@@ -2,7 +2,8 @@
 
 Knows how node kinds map to chat roles, how a reasoning node is written around the model's
 generation prompt (`ReasoningFormat`), how to find each node's token span, and which blocks
-overlap each span. Knows tokenizers only through a duck-typed protocol
+overlap each span. Tools declared on the path go to the template as `tools=`; a final node's
+tool calls become its message's `tool_calls` (the template writes them in its own syntax). Knows tokenizers only through a duck-typed protocol
 (`apply_chat_template(messages, tokenize=False, add_generation_prompt=...)` and
 `encode(text, add_special_tokens=False)`), which Hugging Face tokenizers and mlx-lm's
 TokenizerWrapper satisfy. Does not key blocks, cache or run anything.
@@ -27,6 +28,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict
 
 from .errors import NodeStateError
+from .toolformat import ToolFormat, detect_format
+from .tools import visible_tools
 
 if TYPE_CHECKING:
     from .nodes import Node
@@ -117,8 +120,10 @@ def _content(node: Node) -> Any:
     return [{"type": "image"} for _ in node.images] + [{"type": "text", "text": node.text or ""}]
 
 
-def _messages(nodes: Sequence[Node]) -> list[dict[str, Any]]:
-    """Chat messages for done nodes; a reasoning node joins the final after it."""
+def _messages(nodes: Sequence[Node], calls: ToolFormat | None = None) -> list[dict[str, Any]]:
+    """Chat messages for done nodes; a reasoning node joins the final after it. A final node's
+    tool calls become the message's `tool_calls` and leave its content (`calls` says how
+    they are written in generated text), so the template writes them its own way."""
     out: list[dict[str, Any]] = []
     reasoning: str | None = None
     for node in nodes:
@@ -131,36 +136,47 @@ def _messages(nodes: Sequence[Node]) -> list[dict[str, Any]]:
         }
         if node.kind == "final" and reasoning is not None:
             msg["reasoning_content"] = reasoning
+        if node.tool_calls:
+            if calls is not None and isinstance(msg["content"], str):
+                msg["content"] = calls.split(msg["content"])[0]
+            msg["tool_calls"] = [c.to_message() for c in node.tool_calls]
         if node.kind == "tool" and node.name:
             msg["name"] = node.name
+        if node.kind == "tool" and node.tool_call_id:
+            msg["tool_call_id"] = node.tool_call_id
         reasoning = None
         out.append(msg)
     return out
 
 
 class _Renderer:
-    def __init__(self, tokenizer: Tokenizer, fmt: ReasoningFormat, kw: dict[str, Any]):
+    def __init__(self, tokenizer: Tokenizer, fmt: ReasoningFormat, kw: dict[str, Any],
+                 tools: list[dict[str, Any]] | None = None):
         self.tok, self.fmt, self.kw = tokenizer, fmt, kw
+        if tools:  # only then: templates without tool support keep working
+            self.kw = {**kw, "tools": tools}
+        self.calls = detect_format(getattr(tokenizer, "chat_template", None))
 
-    def template(self, messages: list[dict[str, Any]], gen_prompt: bool) -> str:
+    def template(self, nodes: Sequence[Node], gen_prompt: bool) -> str:
         return self.tok.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=gen_prompt, **self.kw
+            _messages(nodes, self.calls), tokenize=False, add_generation_prompt=gen_prompt,
+            **self.kw
         )
 
     def path_text(self, nodes: Sequence[Node]) -> str:
         """Text of done `nodes`; a trailing reasoning node is written as its final's prompt."""
         if nodes and nodes[-1].kind == "reasoning":
-            head = self.template(_messages(nodes[:-1]), True)
+            head = self.template(nodes[:-1], True)
             return head + self.fmt.open + (nodes[-1].text or "") + self.fmt.close
-        return self.template(_messages(nodes), False)
+        return self.template(nodes, False)
 
     def prompt_text(self, nodes: Sequence[Node], target: Node) -> str:
         """Text after which `target` (pending, under `nodes[-1]`) is generated."""
         if target.kind == "reasoning":
-            return self.template(_messages(nodes), True) + self.fmt.open
+            return self.template(nodes, True) + self.fmt.open
         if nodes and nodes[-1].kind == "reasoning":
             return self.path_text(nodes)
-        return self.template(_messages(nodes), True) + self.fmt.empty
+        return self.template(nodes, True) + self.fmt.empty
 
     def encode(self, text: str) -> list[int]:
         return list(self.tok.encode(text, add_special_tokens=False))
@@ -217,7 +233,8 @@ def render(
                 "first (plan() orders the work for you).",
                 n.id,
             )
-    r = _Renderer(tokenizer, fmt, dict(template_kwargs or {}))
+    tools = [t.to_openai() for t in visible_tools(path)]
+    r = _Renderer(tokenizer, fmt, dict(template_kwargs or {}), tools)
     text = r.prompt_text(done, target) if is_prompt else r.path_text(done)
     tokens = r.encode(text)
     spans: dict[str, tuple[int, int]] = {}
@@ -241,7 +258,7 @@ def render(
         prev = end
     if is_prompt:
         spans[target.id] = (prev, len(tokens))
-    messages = _messages(done)
+    messages = _messages(done, r.calls)
     return RenderedPath(
         node_id=target.id,
         messages=messages,

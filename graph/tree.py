@@ -28,6 +28,7 @@ from .errors import (
 from .nodes import GENERATED_KINDS, GenSettings, Node, make_image
 from .results import ResultsMixin
 from .rules import check_placement, validate_tree
+from .tools import ToolCall, make_tools
 
 if TYPE_CHECKING:
     from .spec import WorkflowSpec
@@ -141,10 +142,11 @@ class Tree(BranchingMixin, ResultsMixin):
     # -- building ----------------------------------------------------------------------
 
     def system(
-        self, text: str, *, id: str | None = None, meta: dict[str, Any] | None = None
+        self, text: str, *, id: str | None = None, meta: dict[str, Any] | None = None,
+        tools: Sequence[Any] = (),
     ) -> Node:
-        """Start a conversation with a system prompt."""
-        return self.add(None, "system", text, id=id, meta=meta)
+        """Start a conversation with a system prompt (and the `tools` it declares)."""
+        return self.add(None, "system", text, id=id, meta=meta, tools=tools)
 
     def user(
         self,
@@ -153,9 +155,10 @@ class Tree(BranchingMixin, ResultsMixin):
         *,
         id: str | None = None,
         meta: dict[str, Any] | None = None,
+        tools: Sequence[Any] = (),
     ) -> Node:
         """Start a conversation with a user turn (no system prompt)."""
-        return self.add(None, "user", text, images=images, id=id, meta=meta)
+        return self.add(None, "user", text, images=images, id=id, meta=meta, tools=tools)
 
     def add(
         self,
@@ -169,11 +172,17 @@ class Tree(BranchingMixin, ResultsMixin):
         name: str | None = None,
         meta: dict[str, Any] | None = None,
         copied_from: str | None = None,
+        tools: Sequence[Any] = (),
+        tool_calls: Sequence[Any] = (),
+        tool_call_id: str | None = None,
     ) -> Node:
         """Add a node under `parent` (None for a root), validated before it joins the tree.
 
         Reasoning and final nodes are generated (`pending`) unless `text` is given; other kinds
-        need `text`. `images` are paths, bytes or `ImagePart`s, hashed now.
+        need `text`. `images` are paths, bytes or `ImagePart`s, hashed now. `tools` (functions,
+        pydantic models, OpenAI tool dicts) are declared for the nodes below; `tool_calls`
+        (`ToolCall`s or dicts) are the calls a given final turn made; `tool_call_id` the call a
+        tool node answers.
         """
         parent_node = self._resolve(parent) if parent is not None else None
         node_id = self._new_id(kind, id)
@@ -236,6 +245,9 @@ class Tree(BranchingMixin, ResultsMixin):
             gen=gen,
             status="pending" if gen is not None else "done",
             copied_from=copied_from,
+            tools=make_tools(tools),
+            tool_calls=_tool_calls(node_id, kind, tool_calls),
+            tool_call_id=tool_call_id,
             meta=dict(meta or {}),
         )
         self._insert(node)
@@ -344,3 +356,10 @@ class Tree(BranchingMixin, ResultsMixin):
         from .expand import tree_to_spec
 
         return tree_to_spec(self, include_results)
+
+
+def _tool_calls(node_id: str, kind: str, calls: Sequence[Any]) -> list[ToolCall]:
+    if calls and kind != "final":
+        raise GraphError(f"{kind} node {node_id!r} has tool calls, but only final (assistant) "
+                         "turns make them; move them to a final node.", node_id)
+    return [c if isinstance(c, ToolCall) else ToolCall(**c) for c in calls]
