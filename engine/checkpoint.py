@@ -54,6 +54,9 @@ class Checkpointer:
         self.store = store
         self.block_size = block_size
         self.keyer = BlockKeyer(lm.fingerprint, block_size, namespace)
+        disk = getattr(store, "disk", None)
+        if hasattr(disk, "bind_model"):  # a persistent store holds one model's checkpoints
+            disk.bind_model(lm.fingerprint)
         self.enabled = self.layout.can_checkpoint
         self.kinds = set(self.layout.kinds) & set(_KINDS)
         if getattr(lm, "is_vision", False):
