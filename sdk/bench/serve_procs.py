@@ -1,0 +1,137 @@
+"""The two servers `forkv bench serve` compares, as processes, and how one request is timed.
+
+`ServerProcess` starts a server on a free loopback port, waits for GET /health, reads its peak
+RSS (VmHWM) and stops it. `start_forkv` runs `forkv serve`; `start_peer` runs mlx-lm's own
+`mlx_lm.server` on the same model folder in a process that activates forkv's BLAS before mlx
+is imported and casts the weights to the dtype forkv computes in, so both sides run the same
+arithmetic. `timed_chat` streams one chat completion with the `openai` client and returns its
+time to first token. Knows nothing about the benchmark's cases.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+_PEER = """
+import sys
+from forkv.engine import blas
+blas.activate()  # before mlx is imported: the same BLAS as forkv
+import mlx.core as mx
+import mlx_lm.server as server
+_load = server.load
+def load(*args, **kwargs):
+    out = _load(*args, **kwargs)
+    out[0].set_dtype(getattr(mx, {dtype!r}))  # forkv's compute dtype on this device
+    return out
+server.load = load
+sys.argv = ["mlx_lm.server", "--model", {folder!r}, "--host", "127.0.0.1", "--port", {port!r},
+            "--log-level", "WARNING"]
+server.main()
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    def __init__(self, name: str, cmd: list[str], port: int, model: str):
+        self.name, self.port, self.model = name, port, model
+        self._log = tempfile.TemporaryFile()
+        env = dict(os.environ, HF_HUB_OFFLINE="1")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def wait_ready(self, timeout: float = 600.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self._log.seek(0)
+                tail = self._log.read().decode(errors="replace")[-3000:]
+                self.stop()
+                raise RuntimeError(f"{self.name} did not start:\n{tail}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health",
+                                            timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.5)
+
+    def peak_rss_mib(self) -> float | None:
+        """The process's peak resident set so far (Linux VmHWM), MiB."""
+        try:
+            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+        except OSError:
+            pass
+        return None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+def start_forkv(model: str) -> ServerProcess:
+    port = _free_port()
+    cmd = [sys.executable, "-m", "forkv.cli", "serve", "--model", model, "--port", str(port),
+           "--reasoning", "off"]
+    return ServerProcess("forkv serve", cmd, port, model)
+
+
+def start_peer(folder: str, dtype: str) -> ServerProcess:
+    port = _free_port()
+    code = _PEER.format(folder=folder, port=str(port), dtype=dtype)
+    # mlx_lm.server serves the --model folder as "default_model".
+    return ServerProcess("mlx_lm.server", [sys.executable, "-c", code], port, "default_model")
+
+
+@dataclass(slots=True)
+class Timed:
+    ttft_s: float
+    total_s: float
+    text: str
+    completion_tokens: int
+    cached_tokens: int | None
+
+
+def timed_chat(client, model: str, messages: list[dict], max_tokens: int) -> Timed:
+    """Stream one greedy completion; time to its first token (or to its end if it has none)."""
+    t0 = time.perf_counter()
+    stream = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=max_tokens, temperature=0.0, stream=True,
+        stream_options={"include_usage": True})
+    first, parts, usage = None, [], None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            if (choice.delta.content or choice.finish_reason) and first is None:
+                first = time.perf_counter() - t0
+            parts.append(choice.delta.content or "")
+    total = time.perf_counter() - t0
+    details = getattr(usage, "prompt_tokens_details", None) if usage else None
+    return Timed(first if first is not None else total, total, "".join(parts),
+                 usage.completion_tokens if usage else 0,
+                 getattr(details, "cached_tokens", None) if details else None)
