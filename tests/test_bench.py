@@ -14,6 +14,8 @@ HEADLINES = {
     "parallel": {"throughput_ratio"}, "memory": {"extra_ram_reduction"},
     "image": {"repeat_speedup"}, "store": {"encryption_overhead", "aead_gbps"},
     "blas": {"prefill_speedup"},
+    "serve": {"extend_ttft_ratio", "ttft_speedup_fork", "ttft_speedup_rewind",
+              "concurrent_throughput_ratio"},
 }
 
 
