@@ -55,18 +55,26 @@ def to_mermaid(tree: Tree, max_text: int = 40) -> str:
     return "\n".join(lines) + "\n"
 
 
+# Layout: a chain of cards stays in one column; the branches of a fork sit in a grid that
+# wraps onto new rows (never a sideways scroll), each at least 15em wide, so an 8-way fork and
+# forks inside forks stay readable. Cards shrink with their column; long words break.
 _CSS = """
-body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
-ul.chain,ul.branches{list-style:none;margin:0;padding-left:0}
-ul.branches{display:flex;gap:1em;align-items:flex-start;padding-left:1.2em;
- border-left:2px solid #bbb;margin:.3em 0}
-ul.branches>li{flex:1 1 0;min-width:16em}
-.node{border:1px solid #aaa;border-radius:6px;padding:.4em .6em;margin:.3em 0;max-width:60em}
+body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222;max-width:100%}
+ul.chain,ul.branches{list-style:none;margin:0;padding:0}
+ul.branches{display:grid;grid-template-columns:repeat(auto-fit,minmax(min(15em,100%),1fr));
+ gap:.6em 1em;padding-left:.8em;border-left:2px solid #bbb;margin:.3em 0}
+ul.branches>li,ul.chain>li{min-width:0}
+.fork{font-size:11px;color:#666;margin:.4em 0 0 .2em}
+.node{border:1px solid #aaa;border-radius:6px;padding:.4em .6em;margin:.3em 0;max-width:60em;
+ min-width:0;box-sizing:border-box;overflow-wrap:anywhere}
 .node.pending,.node.failed{border-style:dashed}
 .node.failed{border-color:#c33}
 .hdr{font-size:12px;color:#555}.kind{font-weight:600;color:#222}
-pre{white-space:pre-wrap;margin:.3em 0;font:12px/1.35 ui-monospace,monospace}
-.bar{display:flex;height:8px;width:240px;background:#eee;border-radius:3px;overflow:hidden}
+pre{white-space:pre-wrap;overflow-wrap:anywhere;margin:.3em 0;max-height:24em;overflow-y:auto;
+ font:12px/1.35 ui-monospace,monospace}
+.bar{display:flex;height:8px;width:100%;max-width:240px;background:#eee;border-radius:3px;
+ overflow:hidden}
+.blocks{display:block;width:100%;max-width:240px;height:10px}
 .reused{background:#3a8f4a}.computed{background:#d9822b}.generated{background:#4a6fd0}
 .small{font-size:11px;color:#666}.err{color:#c33}
 """
@@ -109,8 +117,9 @@ def _blocks(n: Node, block_size: int | None) -> str:
         keys = ", ".join(f"{b.index}:{b.key[:8] if b.key else 'partial'}" for b in n.blocks)
         out += f" · blocks {n.blocks[0].index}–{n.blocks[-1].index}" if n.blocks else ""
         out += (
-            f'</div><svg width="{width}" height="10" role="img"><title>{html.escape(keys)}'
-            f'</title><rect width="{width}" height="10" fill="#cde"/>{ticks}</svg>'
+            f'</div><svg class="blocks" viewBox="0 0 {width} 10" preserveAspectRatio="none" '
+            f'role="img"><title>{html.escape(keys)}</title>'
+            f'<rect width="{width}" height="10" fill="#cde"/>{ticks}</svg>'
         )
         return out
     return out + "</div>"
@@ -159,7 +168,7 @@ def _chain(tree: Tree, node: Node, out: list[str], max_text: int) -> None:
             break
         node = kids[0]
     if kids:
-        out.append('<li><ul class="branches">')
+        out.append(f'<li><div class="fork">{len(kids)} branches</div><ul class="branches">')
         for kid in kids:
             out.append("<li>")
             _chain(tree, kid, out, max_text)
@@ -172,7 +181,8 @@ def to_html(tree: Tree, title: str = "forkv tree", max_text: int = 600) -> str:
     """One self-contained HTML page showing the whole tree."""
     out = [
         (
-            f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>'
+            '<!doctype html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" '
+            f'content="width=device-width, initial-scale=1"><title>'
             f"{html.escape(title)}</title><style>{_CSS}</style></head><body>"
             f'<h1>{html.escape(title)}</h1><p class="small">model '
             f"{html.escape(tree.model_id or 'unknown')} · {len(tree)} nodes · "

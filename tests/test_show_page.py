@@ -1,0 +1,80 @@
+"""`forkv show` pages stay readable: measured in headless Chromium on a real demo tree with an
+8-way fork, long lines and long unbroken words (no sideways scroll, nothing sticks out of its
+card). Skipped, with the reason, where Chromium is not installed (.ci/run installs it)."""
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import load_tiny
+
+CHROMIUM = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome")
+                 if shutil.which(b)), None)
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed "
+                                "(apt-get install -y chromium); the page layout check needs it")
+
+# Measures the laid-out page and writes the result into the DOM for --dump-dom to print.
+PROBE = """<script>
+const out = {scroll: document.documentElement.scrollWidth, width: innerWidth, bad: [],
+             cards: document.querySelectorAll('.node').length};
+for (const card of document.querySelectorAll('.node')) {
+  const c = card.getBoundingClientRect();
+  if (c.right > innerWidth + 1) out.bad.push(card.id + ' leaves the page');
+  for (const el of card.querySelectorAll('pre, .bar, svg, .hdr, .small')) {
+    const r = el.getBoundingClientRect();
+    if (r.right > c.right + 1) out.bad.push(card.id + ' ' + el.tagName + ' sticks out');
+  }
+}
+document.body.setAttribute('data-probe', JSON.stringify(out));
+</script>"""
+
+
+def demo_tree(tmp_path):
+    import forkv
+
+    word = "supercalifragilistic" * 12  # one 240-character word
+    with forkv.Session(load_tiny("qwen3")) as s:
+        u = s.system("You review code. " * 30).user("def f(x):  return x - 1  # " + word
+                                                     + "\n" * 2 + "line\n" * 300)
+        branches = u.fork(8, gen={"max_tokens": 12})
+        s.run(branches)
+        answer = branches[0].final({"max_tokens": 8})
+        s.run(answer)
+        follow = s.tree.prune(answer).user("And the test? " + word).final({"max_tokens": 6})
+        s.run(follow)
+        path = tmp_path / "tree.json"
+        s.save(path)
+    return path
+
+
+def chromium(*args, timeout=120):
+    return subprocess.run([CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu",
+                           "--hide-scrollbars", *args], capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+@pytest.mark.parametrize("width", [1200, 700])
+def test_page_has_no_sideways_scroll_and_nothing_sticks_out(tmp_path, width):
+    from forkv.cli import main
+
+    page = tmp_path / "tree.html"
+    assert main(["show", str(demo_tree(tmp_path)), "-o", str(page)]) == 0
+    html = page.read_text()
+    assert html.count('class="node') == 14  # system, user, 8 branches, answer, its copy, user, final
+    probe = tmp_path / "probe.html"
+    probe.write_text(html.replace("</body>", PROBE + "</body>"))
+    r = chromium(f"--window-size={width},900", "--dump-dom", probe.as_uri())
+    assert 'data-probe="' in r.stdout, r.stderr[-2000:]
+    raw = r.stdout.split('data-probe="', 1)[1].split('"', 1)[0].replace("&quot;", '"')
+    out = json.loads(raw)
+    assert out["cards"] == 14 and out["bad"] == [], out
+    assert out["scroll"] <= out["width"], out  # an 8-way fork wraps instead of scrolling
+    shot = tmp_path / "tree.png"
+    r = chromium(f"--window-size={width},1400", f"--screenshot={shot}", page.as_uri())
+    assert shot.stat().st_size > 10_000, r.stderr[-2000:]
+    keep = os.environ.get("FORKV_SHOW_PNG")  # FORKV_SHOW_PNG=docs/show.png refreshes the docs
+    if keep and width == 1200:
+        shutil.copyfile(shot, Path(keep))
