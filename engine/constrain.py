@@ -107,7 +107,9 @@ _LOCK = threading.Lock()
 
 def _backend(tokenizer: Any) -> Any:
     """The Hugging Face fast tokenizer under mlx-lm's wrapper (or the tokenizer itself)."""
-    inner = getattr(tokenizer, "_tokenizer", tokenizer)
+    inner = tokenizer
+    if not hasattr(inner, "backend_tokenizer"):  # mlx-lm's TokenizerWrapper
+        inner = getattr(tokenizer, "_tokenizer", tokenizer)
     if not hasattr(inner, "backend_tokenizer"):
         raise GenerationError("constrained decoding needs a Hugging Face fast tokenizer; this "
                               f"model's is a {type(inner).__name__}.")
@@ -122,7 +124,8 @@ def ll_tokenizer(tokenizer: Any) -> Any:
     with _LOCK:
         found = _TOKENIZERS.get(inner)
         if found is None:
-            eos = sorted(getattr(tokenizer, "eos_token_ids", None) or [inner.eos_token_id])
+            eos = getattr(tokenizer, "eos_token_ids", None) or inner.eos_token_id
+            eos = sorted(eos) if not isinstance(eos, int) else [eos]
             backend = copy.copy(inner.backend_tokenizer)
             backend.no_padding()
             backend.no_truncation()

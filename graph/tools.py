@@ -41,8 +41,14 @@ class ToolSpec(BaseModel):
                                                                 "properties": {}})
     _fn: Callable[..., Any] | None = PrivateAttr(default=None)
 
+    def __eq__(self, other: object) -> bool:  # by content: the function is not compared
+        return isinstance(other, ToolSpec) and self._key() == other._key()
+
     def __hash__(self) -> int:
-        return hash((self.name, self.description, json.dumps(self.parameters, sort_keys=True)))
+        return hash(self._key())
+
+    def _key(self) -> tuple:
+        return self.name, self.description, json.dumps(self.parameters, sort_keys=True)
 
     def to_openai(self) -> dict[str, Any]:
         """The OpenAI `tools` entry (what chat templates take as `tools=`)."""
