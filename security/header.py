@@ -58,6 +58,10 @@ class StoreHeader:
         """Parse and bound every field; nothing here derives a key or allocates by a field."""
         if len(raw) < _HEADER.size or raw[:8] != _MAGIC:
             raise CorruptStoreError(f"{path} is not a forkv store (bad magic); pick another path.")
+        if len(raw) != HEADER_BYTES or any(raw[_HEADER.size :]):
+            raise CorruptStoreError(
+                f"{path} has a truncated or altered header; restore it from a backup."
+            )
         _magic, version, cipher, kdf, *rest = _HEADER.unpack(raw[: _HEADER.size])
         if version != _VERSION or cipher.rstrip(b"\0") != CIPHER_NAME:
             raise CorruptStoreError(

@@ -135,9 +135,11 @@ class Index:
         index = cls()
         for key_hex, kind, offset, extent, length, nonce_hex, generation, session, meta in rows:
             for value in (offset, extent, length, generation, session):
-                if not isinstance(value, int) or value < 0:
+                if type(value) is not int or value < 0:
                     raise ValueError("index row holds a negative or non-integer field")
-            slot = (bytes.fromhex(key_hex), str(kind))
+            if not all(isinstance(v, str) for v in (key_hex, kind, nonce_hex)):
+                raise TypeError("index row holds a non-string key, kind or nonce")
+            slot = (bytes.fromhex(key_hex), kind)
             meta_bytes = encode_meta(meta)
             index.put(
                 slot,
