@@ -11,6 +11,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from forkv.engine import GenerationError
 from forkv.errors import ForkvError
 
 __all__ = ["APIError", "error_body", "install_handlers"]
@@ -51,6 +52,11 @@ async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
     return JSONResponse(error_body(exc.status_code, message, code), status_code=exc.status_code)
 
 
+async def _bad_generation_input(request: Request, exc: Exception) -> JSONResponse:
+    # The engine's GenerationError is bad input by definition (prompt, sampling settings).
+    return JSONResponse(error_body(400, str(exc), "invalid_request"), status_code=400)
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     # Starlette re-raises after this response is sent, so the traceback reaches the log.
     return JSONResponse(
@@ -62,4 +68,5 @@ async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
 def install_handlers(app) -> None:
     app.add_exception_handler(APIError, _api_error)
     app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(GenerationError, _bad_generation_input)
     app.add_exception_handler(Exception, _unexpected)

@@ -93,12 +93,9 @@ def sampling_params(req: Sampling, max_tokens: int | None, top_logprobs: int = 0
         raise APIError(400, "stop takes up to 4 non-empty strings.", "invalid_value", "stop")
     if req.top_k is not None and req.top_k < 0:
         raise APIError(400, "top_k must be >= 0 (0 = off).", "invalid_value", "top_k")
-    kwargs = {}
-    if top_logprobs and "top_logprobs" in SamplingParams.__dataclass_fields__:
-        kwargs["top_logprobs"] = top_logprobs  # the engine returns alternatives once it can
     return SamplingParams(max_tokens=max_tokens or DEFAULT_MAX_TOKENS, temperature=temperature,
                           top_p=top_p, top_k=req.top_k or 0, seed=req.seed, stop=tuple(stop),
-                          **kwargs)
+                          top_logprobs=top_logprobs)
 
 
 def decode_image(url: object, param: str) -> bytes:
