@@ -1,51 +1,89 @@
-"""The engine facade: prompt in, streamed events out, for one loaded model.
+"""The engine: one model, one request path, one thread that owns every mlx call.
 
-`Engine.stream()` renders a prompt (text, token ids or chat messages) to tokens, runs the token
-generator and turns its steps into `GenerationEvent`s; `generate()` collects them. The
-checkpoint machinery plugs in through `prepare()`/the boundary hook. Requests on vision models
-(images) go through `vision` (vision.py), which supplies their own model callable and hook.
+`Engine.submit(prompt, params)` renders a prompt (text, token ids or chat messages, with
+images on vision models), checks it, and returns a `RequestHandle` at once; the request joins
+the continuous batch on the engine thread (`worker.py`): restored from checkpoints, prefilled
+in block-aligned chunks, decoded with the other rows (`scheduler.py`), its events streamed
+back through the handle. `stream()` and `generate()` are a batch of one on that path.
+`block_keys`, `release` and `stats` are the surface the SDK and the server use; nothing
+outside the engine needs its internals. Knows nothing about conversation trees.
 """
 
 from __future__ import annotations
 
-import time
+import contextlib
+import itertools
+import logging
+import warnings
 from collections.abc import Iterator, Sequence
+from typing import Any
 
+from .arrays import materialize
+from .batchcache import merge_blocker
 from .checkpoint import Checkpointer
-from .errors import GenerationError
-from .events import GenerationEvent, GenerationResult, Timings
-from .generate import generate_steps
-from .images import has_image_parts
+from .config import EngineConfig
+from .errors import ForkvWarning, GenerationError
+from .events import GenerationEvent, GenerationResult
+from .handle import RequestHandle
 from .loader import LoadedModel, load_model
 from .recordstore import RecordStore
-from .sampling import Sampler, SamplingParams
-from .textstream import TextStream
+from .runner import make_runner
+from .sampling import SamplingParams
+from .scheduler import Scheduler, StepReport
+from .sequence import make_sequence
+from .worker import EngineThread
 
 DEFAULT_BLOCK_SIZE = 256
+_log = logging.getLogger(__name__)
 
 
 class Engine:
-    """Generation with block checkpoints for one model.
+    """Generation with block checkpoints and continuous batching for one model.
 
-    `store` holds the records: by default a RAM tier over the encrypted disk tier, configured
-    by `settings` (a `forkv.security.StoreSettings`, else from `FORKV_*` variables); pass
-    `checkpoints=False` to run without any. `namespace` salts block keys per tenant.
+    `config` (an `EngineConfig`), or its fields as keywords (`block_size=`, `max_seqs=`,
+    `namespace=`, `checkpoints=`, `settings=` a `forkv.security.StoreSettings`, or store
+    settings such as `ram_budget=`), else the `FORKV_*` environment. `store` injects a record
+    store (tests, benchmarks). Close the engine (or use `with`) to stop its thread and release
+    its store.
     """
 
-    def __init__(self, model: LoadedModel | str, block_size: int = DEFAULT_BLOCK_SIZE, *,
-                 store: RecordStore | None = None, settings=None, namespace: str = "",
-                 checkpoints: bool = True):
-        self.lm = load_model(model) if isinstance(model, str) else model
-        if block_size <= 0:
-            raise GenerationError(f"block_size must be positive, got {block_size}.")
-        self.block_size = block_size
-        if store is None and checkpoints:
-            store = make_record_store(settings, block_size)
-        self.store = store
-        self.checkpointer = Checkpointer(self.lm, store, block_size, namespace) if store else None
-        self._vocab_limit = len(self.lm.tokenizer.vocab) if hasattr(
-            self.lm.tokenizer, "vocab") else None
+    def __init__(self, model: LoadedModel | str, config: EngineConfig | None = None, *,
+                 store: RecordStore | None = None, **overrides: Any):
+        if config is not None and overrides:
+            raise GenerationError("Pass either config= or keyword settings, not both; put "
+                                  f"{sorted(overrides)[0]} into the EngineConfig.")
+        self.config = config or EngineConfig.from_env(**overrides)
+        self.block_size = self.config.block_size
+        self.scheduler: Scheduler | None = None
+        self._requests: dict[int, tuple[RequestHandle, Any]] = {}
+        self._ids = itertools.count()
         self._vision = None
+        self._worker = EngineThread("forkv-engine", self._has_work, self.step_once)
+        try:
+            if isinstance(model, LoadedModel):
+                materialize(model.model)  # here, on the thread that loaded it
+                self.lm = model
+            else:
+                self.lm = self._worker.call(load_model, model, self.config.dtype)
+            if store is None and self.config.checkpoints:
+                store = make_record_store(self.config.settings, self.block_size)
+            self.store = store
+            self.checkpointer = (Checkpointer(self.lm, store, self.block_size,
+                                              self.config.namespace) if store else None)
+            tok = self.lm.tokenizer
+            self._vocab_limit = len(tok.vocab) if hasattr(tok, "vocab") else None
+            blocker = merge_blocker(self.lm.make_cache())
+            self.is_batched = blocker is None
+            if blocker is not None:
+                warnings.warn(
+                    f"forkv cannot batch {self.lm.name}: its {blocker} caches cannot be "
+                    "merged, so requests will run one at a time.", ForkvWarning, stacklevel=2)
+            self.runner = make_runner(self)
+            self.scheduler = Scheduler(self.runner, self.block_size, self.config.max_seqs,
+                                       self.config.prefill_budget, mergeable=self.is_batched)
+        except BaseException:
+            self._worker.close()
+            raise
 
     # -- prompts -----------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[int] | Sequence[dict],
@@ -63,106 +101,117 @@ class Engine:
             raise GenerationError("The prompt is empty; give at least one token of text.")
         return list(ids)
 
-    # -- generation --------------------------------------------------------------------------
-    def stream(self, prompt, params: SamplingParams | None = None, images=None,
-               **kwargs) -> Iterator[GenerationEvent]:
-        """Stream a completion of `prompt`; keyword arguments build a SamplingParams.
-
-        `images` (bytes, local paths or PIL images) fill the prompt's `{"type": "image"}`
-        parts in order; parts may also carry their image in an "image" field. Vision models
-        only (see `vision`)."""
-        params = params or SamplingParams(**kwargs)
-        tokens, request = self.render_request(prompt, images, params)
-        yield from self._run(tokens, params, request)
-
     def render_request(self, prompt, images, params: SamplingParams):
         """Prompt tokens (and the vision request, for images) of a checked request."""
-        request = None
-        if images or self.lm.is_vision or has_image_parts(prompt):
-            request = self.vision.render(prompt, images)
-            tokens = request.tokens
-        else:
-            tokens = self.encode(prompt)
+        tokens, request = self.runner.render(prompt, images)
         if len(tokens) + params.max_tokens > self.lm.context_length:
             raise GenerationError(
                 f"Prompt ({len(tokens)} tokens) plus max_tokens ({params.max_tokens}) exceeds "
                 f"the model's context of {self.lm.context_length}; shorten one of them.")
         return tokens, request
 
-    def generate(self, prompt, params: SamplingParams | None = None, **kwargs) -> GenerationResult:
-        text, ids, logprobs, last = [], [], [], None
-        for event in self.stream(prompt, params, **kwargs):
-            text.append(event.text)
-            ids += event.token_ids
-            logprobs += event.logprobs
-            last = event
-        assert last is not None and last.finish_reason is not None
-        return GenerationResult("".join(text), ids, logprobs, last.finish_reason, last.timings)
+    # -- the request path --------------------------------------------------------------------
+    def submit(self, prompt, params: SamplingParams | None = None, images=None, *,
+               progress=None, **kwargs) -> RequestHandle:
+        """Queue a completion of `prompt` and return its handle at once (safe from any thread
+        or event loop). Keyword arguments build a SamplingParams. `images` (bytes, paths or
+        PIL images) fill the prompt's image parts on vision models. `progress(computed,
+        total, restored)` is called on the engine thread after each prefill chunk."""
+        if params is not None and kwargs:
+            raise GenerationError("Pass either a SamplingParams or sampling keywords, not both.")
+        params = params or SamplingParams(**kwargs)
+        tokens, request = self.render_request(prompt, images, params)
+        rid = next(self._ids)
+        handle = RequestHandle(rid, tokens, params, self._cancel)
+        seq = make_sequence(rid, tokens, params, self.lm, self._vocab_limit)
+        seq.request, seq.progress = request, progress
+        seq.keys = self.block_keys(tokens)  # (image hashes aside: only for scheduling)
+        self._worker.post(self._add, handle, seq)
+        return handle
 
-    def _run(self, tokens: list[int], params: SamplingParams,
-             request=None) -> Iterator[GenerationEvent]:
-        t0 = time.perf_counter()
-        timings = Timings(prompt_tokens=len(tokens))
-        if request is None:
-            model, (cache, start, hook) = self.lm.model, self.prepare(tokens, timings)
-        else:  # a vision request: its own model callable (image features, M-RoPE positions)
-            model, cache, start, hook = self.vision.prepare(request, timings)
-        timings.computed_tokens = len(tokens) - start
-        stream = TextStream(self.lm.tokenizer, params.stop)
-        raw: dict = {}
-        steps = generate_steps(model, cache, tokens, start,
-                               Sampler(params, self._vocab_limit), params.max_tokens,
-                               self.block_size, self.lm.eos_token_ids, hook, raw)
-        finish, ids, lps, delta = "length", [], [], ""
-        for step in steps:
-            timings.generated_tokens += 1
-            ids, lps = [step.token], [step.logprob]
-            finish = None
-            if step.token in self.lm.eos_token_ids:
-                finish, delta = "stop", ""
-            else:
-                delta = stream.add(step.token)
-                if stream.stopped:
-                    finish = "stop"
-                elif timings.generated_tokens == params.max_tokens:
-                    finish = "length"
-            if finish:
-                steps.close()
-                break
-            yield GenerationEvent(delta, ids, lps)
-        if not stream.stopped:
-            delta += stream.finish()
-        timings.prefill_s = raw.get("prefill_s", 0.0)
-        timings.first_token_s = raw.get("first_token_s", time.perf_counter() - t0)
-        timings.decode_s = raw.get("decode_s", time.perf_counter() - t0 - timings.prefill_s)
-        yield GenerationEvent(delta, ids, lps, finish or "length", timings)
+    def stream(self, prompt, params: SamplingParams | None = None, images=None,
+               **kwargs) -> Iterator[GenerationEvent]:
+        """Stream a completion of `prompt` (a batch of one on the request path)."""
+        yield from self.submit(prompt, params, images, **kwargs).stream()
 
-    def prepare(self, tokens: list[int], timings: Timings):
-        """A cache to start from, how many tokens it already holds, and the boundary hook."""
-        if self.checkpointer is None:
-            return self.lm.make_cache(), 0, None
-        t0 = time.perf_counter()
-        restored = self.checkpointer.restore(tokens)
-        timings.restore_s = time.perf_counter() - t0
-        timings.reused_tokens = restored.position
-        return restored.cache, restored.position, self.checkpointer.recorder(restored.keys)
+    def generate(self, prompt, params: SamplingParams | None = None, images=None,
+                 **kwargs) -> GenerationResult:
+        return self.submit(prompt, params, images, **kwargs).result()
+
+    def _add(self, handle: RequestHandle, seq) -> None:
+        self._requests[seq.id] = (handle, seq)
+        self.scheduler.add(seq)
+
+    def _cancel(self, handle: RequestHandle) -> bool:
+        if not self._worker.is_alive:
+            return False
+        self._worker.post(self._cancel_now, handle.id)
+        return True
+
+    def _cancel_now(self, rid: int) -> None:
+        handle, seq = self._requests.get(rid, (None, None))
+        if seq is not None:
+            event = self.scheduler.cancel(seq)
+            if event is not None:
+                self._deliver(seq, event)
+
+    # -- the engine thread -------------------------------------------------------------------
+    def _has_work(self) -> bool:
+        return self.scheduler is not None and self.scheduler.has_work
+
+    def step_once(self) -> StepReport:
+        """One scheduler step (admit, prefill up to the budget, decode every row once), on
+        the engine thread. Steps run by themselves; call this only while `paused()`."""
+        if not self._worker.is_current:
+            return self._worker.call(self.step_once)
+        try:
+            report = self.scheduler.step()
+        except Exception as e:
+            # The batch may be half-updated: fail every request rather than guess.
+            for handle, _ in self._requests.values():
+                handle._fail(e)
+            self._requests.clear()
+            self.scheduler.clear()
+            raise
+        for seq, event in report.events:
+            self._deliver(seq, event)
+        return report
+
+    def _deliver(self, seq, event: GenerationEvent) -> None:
+        handle, _ = self._requests[seq.id]
+        handle._push(event)
+        if event.finish_reason is not None:
+            del self._requests[seq.id]
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[Engine]:
+        """Hold automatic steps (for tests and drains); `step_once()` steps by hand."""
+        self._worker.call(setattr, self._worker, "paused", True)
+        try:
+            yield self
+        finally:
+            self._worker.call(setattr, self._worker, "paused", False)
+            self._worker.wake()
+
+    def run_on_thread(self, fn, *args):
+        """Run `fn(*args)` on the engine thread (where every mlx call belongs); its result."""
+        return self._worker.call(fn, *args)
+
+    # -- the SDK's surface -------------------------------------------------------------------
+    def block_keys(self, tokens: Sequence[int]) -> list[bytes]:
+        """Chained keys of every full block of `tokens` (empty without checkpoints)."""
+        return self.checkpointer.keyer.keys(tokens) if self.checkpointer else []
+
+    def release(self, keys: Sequence[bytes]) -> int:
+        """Drop the checkpoints stored under `keys` (e.g. blocks only a removed branch used);
+        how many records were dropped."""
+        return self.checkpointer.release(list(keys)) if self.checkpointer else 0
 
     def stats(self) -> dict:
-        """Checkpoint statistics: reuse, hits/misses per record kind, bytes per tier, evictions."""
-        if self.checkpointer is None:
-            return {"checkpoints": False}
-        out = {"checkpoints": self.checkpointer.enabled, **self.checkpointer.stats.as_dict()}
-        tiers = self.store.stats
-        out["ram"] = {"bytes": tiers.ram_bytes, "records": tiers.ram_records,
-                      "evictions": tiers.ram_evictions, "spilled": tiers.spilled,
-                      "bytes_by_kind": dict(tiers.by_kind)}
-        if self.store.disk is not None:
-            d = self.store.disk.stats()
-            out["disk"] = {"bytes": d.bytes_on_disk, "records": d.num_records,
-                           "evictions": d.num_evictions, "bytes_written": d.bytes_written,
-                           "dropped": d.num_dropped, "tampered": d.num_tampered,
-                           "degraded": d.is_degraded, "hits": d.num_hits, "misses": d.num_misses}
-        return out
+        """Reuse, hits/misses per record kind, bytes per tier, evictions, and the queue."""
+        from .stats import engine_stats
+
+        return engine_stats(self)
 
     @property
     def vision(self):
@@ -174,11 +223,25 @@ class Engine:
             self._vision = VisionSupport(self.lm, self.checkpointer)
         return self._vision
 
+    # -- lifetime ----------------------------------------------------------------------------
     def close(self) -> None:
-        """Stop the disk tier's writer: a persistent store keeps its records (RAM tier
-        included), an ephemeral one removes its files."""
+        """Cancel what is queued or running, stop the engine thread, and close the store (a
+        persistent one keeps its records, an ephemeral one removes its files)."""
+        if self._worker.is_alive:
+            self._worker.call(self._cancel_all)
+            self._worker.close()
         if self.store is not None:
             self.store.close()
+
+    def _cancel_all(self) -> None:
+        for rid in list(self._requests):
+            self._cancel_now(rid)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def make_record_store(settings=None, block_size: int = DEFAULT_BLOCK_SIZE) -> RecordStore:
@@ -188,3 +251,17 @@ def make_record_store(settings=None, block_size: int = DEFAULT_BLOCK_SIZE) -> Re
     settings = settings or StoreSettings.from_env()
     disk = BlobStore(settings) if settings.disk else None
     return RecordStore(settings.ram_budget, disk, block_size)
+
+
+def generate_batch(engine: Engine, prompts: Sequence,
+                   params: SamplingParams | Sequence[SamplingParams] | None = None
+                   ) -> list[GenerationResult]:
+    """Complete every prompt together on `engine`; results in prompt order. `params` is one
+    SamplingParams for all, or one per prompt."""
+    if isinstance(params, SamplingParams) or params is None:
+        params = [params or SamplingParams()] * len(prompts)
+    if len(params) != len(prompts):
+        raise GenerationError(
+            f"Got {len(params)} SamplingParams for {len(prompts)} prompts; pass one per prompt.")
+    handles = [engine.submit(p, sp) for p, sp in zip(prompts, params)]
+    return [h.result() for h in handles]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from forkv.errors import ForkvError, ForkvWarning
 
-__all__ = ["ForkvWarning", "GenerationError", "ModelLoadError", "UnknownDemoModel"]
+__all__ = ["EngineClosed", "ForkvWarning", "GenerationError", "ModelLoadError", "UnknownDemoModel"]
 
 
 class ModelLoadError(ValueError, ForkvError):
@@ -18,3 +18,7 @@ class UnknownDemoModel(ModelLoadError):
 
 class GenerationError(ValueError, ForkvError):
     """Bad generation input (prompt, sampling settings)."""
+
+
+class EngineClosed(ForkvError, RuntimeError):
+    """A request reached an engine after `close()`."""

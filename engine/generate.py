@@ -1,30 +1,21 @@
-"""The token generator at the core: block-aligned chunked prefill, then decode.
+"""Block-aligned chunked prefill: the chunk schedule every run and every exactness check uses.
 
 Prefill runs in chunks that end exactly on block boundaries (multiples of `block_size`), so a
-checkpoint hook sees the model state at every boundary, in prefill and in decode alike, and a
-run that starts from a restored boundary computes exactly what a fresh run computes from there.
-Knows nothing about text, keys or stores: the hook decides what to record.
+checkpoint hook sees the model state at every boundary, and a run that starts from a restored
+boundary computes exactly what a fresh run computes from there (the engine's sequences prefill
+with the same `chunk_ends`). Knows nothing about text, keys or stores: the hook decides what
+to record.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 
-from .sampling import Sampler
 
 # Called with (position, tokens[:position], cache, in_decode) whenever the cache holds exactly
 # `position` tokens and position is a multiple of the block size. The hook may replace items
 # of `cache` (the list is the live one).
 BoundaryHook = Callable[[int, Sequence[int], list, bool], None]
-
-
-@dataclass(slots=True)
-class Step:
-    token: int
-    logprob: float
-    position: int  # tokens in the cache before this token is fed back
 
 
 def chunk_ends(start: int, end: int, block_size: int) -> list[int]:
@@ -56,40 +47,3 @@ def prefill(model, cache: list, tokens: Sequence[int], start: int, block_size: i
     if on_boundary is not None and pos % block_size == 0:
         on_boundary(pos, tokens[:pos], cache, False)
     return last
-
-
-def generate_steps(model, cache: list, tokens: Sequence[int], start: int, sampler: Sampler,
-                   max_tokens: int, block_size: int, eos_ids: frozenset[int] = frozenset(),
-                   on_boundary: BoundaryHook | None = None,
-                   timings: dict | None = None) -> Iterator[Step]:
-    """Prefill tokens[start:] then decode up to `max_tokens` tokens, stopping after an EOS."""
-    import mlx.core as mx
-
-    timings = timings if timings is not None else {}
-    t0 = time.perf_counter()
-    seq = list(tokens)
-    logits = prefill(model, cache, seq, start, block_size, on_boundary)
-    timings["prefill_s"] = time.perf_counter() - t0
-    if max_tokens == 0:
-        return
-    token, logprobs = sampler(logits)
-    for n in range(max_tokens):
-        tok = int(token.item())
-        step = Step(tok, float(logprobs[tok].item()), len(seq))
-        if n == 0:
-            timings["first_token_s"] = time.perf_counter() - t0
-        seq.append(tok)
-        last = n + 1 == max_tokens or tok in eos_ids
-        if not last:
-            # Start the next forward pass before handing this token out (overlaps decode
-            # with the consumer's work, as mlx-lm does).
-            out = model(mx.array([[tok]]), cache=cache)
-            token, logprobs = sampler(out[0, -1])
-            mx.async_eval(token, logprobs)
-        yield step
-        if last:
-            break
-        if on_boundary is not None and len(seq) % block_size == 0:
-            mx.eval([c.state for c in cache])
-            on_boundary(len(seq), seq, cache, True)
-    timings["decode_s"] = time.perf_counter() - t0 - timings["prefill_s"]

@@ -1,10 +1,12 @@
 """Continuous batching: which sequences prefill, which decode, and what one step does.
 
 A sequence waits until a slot is free (`max_seqs` caps prefilling + decoding sequences), is
-restored from its checkpoints (`Engine.prepare`), prefills on its own cache in block-aligned
-chunks, then joins the batch of decoding rows. Each `step()`:
+restored from its checkpoints (the runner's `prepare`), prefills on its own cache in
+block-aligned chunks, then joins the batch of decoding rows. Each `step()`:
 
-1. admits waiting sequences into free slots (FIFO);
+1. admits waiting sequences into free slots (FIFO), except one whose first block another
+   sequence is prefilling right now: it waits for that prefill and then restores what it
+   recorded, so forks and `n > 1` compute a shared prefix once;
 2. prefills whole chunks, round-robin over the prefilling sequences, until the step has spent
    `max_prefill_tokens` (at least one chunk, so prefill always progresses); a chunk is never
    split, since other chunk edges would change the arithmetic and make records non-canonical;
@@ -18,8 +20,8 @@ recorder recomputes the last block as one chunk from the records of the boundary
 `recorder.py`), records it, and the recomputed state replaces the row in the batch. That keeps
 every row exactly where a single-request run would be (the single-request engine swaps the
 same canonical state into its live cache), so batched output follows single-request output and
-a fork restored from any checkpoint continues as the original did. Knows nothing about threads
-or handles.
+a fork restored from any checkpoint continues as the original did. Knows nothing about threads,
+handles, or what kind of model runs the rows (the runner does).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field
 
 from .batchcache import BatchCache
 from .events import GenerationEvent
+from .sampling import top_logprobs
 from .sequence import Sequence
 
 
@@ -47,11 +50,11 @@ class StepReport:
 
 
 class Scheduler:
-    def __init__(self, engine, max_seqs: int, max_prefill_tokens: int, mergeable: bool = True):
+    def __init__(self, runner, block_size: int, max_seqs: int, max_prefill_tokens: int,
+                 mergeable: bool = True):
         assert max_seqs >= 1 and max_prefill_tokens >= 1
-        self.engine = engine
-        self.model = engine.lm.model
-        self.block_size = engine.block_size
+        self.runner = runner
+        self.block_size = block_size
         self.max_seqs = max_seqs if mergeable else 1
         self.max_prefill_tokens = max_prefill_tokens
         self.waiting: deque[Sequence] = deque()
@@ -97,15 +100,21 @@ class Scheduler:
 
     # -- the phases ---------------------------------------------------------------------------
     def _admit(self) -> None:
+        held = []
         while self.waiting and len(self.prefilling) + len(self.rows) < self.max_seqs:
             seq = self.waiting.popleft()
-            if seq.request is not None:  # vision: restored, and prefilled, by its own callable
-                seq.model, seq.cache, seq.pos, seq.hook = self.engine.vision.prepare(
-                    seq.request, seq.timings)
-            else:
-                seq.cache, seq.pos, seq.hook = self.engine.prepare(seq.tokens, seq.timings)
+            if self._awaits_shared_prefill(seq):
+                held.append(seq)
+                continue
+            self.runner.prepare(seq)
             seq.timings.computed_tokens = seq.prompt_len - seq.pos
             self.prefilling.append(seq)
+        self.waiting.extendleft(reversed(held))
+
+    def _awaits_shared_prefill(self, seq: Sequence) -> bool:
+        """Whether a sequence that starts with the same block is prefilling now."""
+        return bool(seq.keys) and any(p.keys and p.keys[0] == seq.keys[0]
+                                      for p in self.prefilling)
 
     def _prefill(self, report: StepReport) -> None:
         spent = 0
@@ -114,7 +123,7 @@ class Scheduler:
             n = seq.next_chunk(self.block_size)
             if spent and spent + n > self.max_prefill_tokens:
                 break
-            logits = seq.prefill_chunk(seq.model or self.model, self.block_size)
+            logits = seq.prefill_chunk(seq.model or self.runner.engine.lm.model, self.block_size)
             spent += n
             report.prefilled[seq.id] = report.prefilled.get(seq.id, 0) + n
             self.prefilling.popleft()
@@ -130,7 +139,8 @@ class Scheduler:
             return
         token, logprobs = seq.sampler(logits, seq.tokens)
         tok = int(token.item())
-        event = seq.accept(tok, float(logprobs[tok].item()))
+        event = seq.accept(tok, float(logprobs[tok].item()),
+                           _top(logprobs, seq.params.top_logprobs))
         report.events.append((seq, event))
         if event.finish_reason is None:
             self.batch.add(seq.cache)
@@ -142,17 +152,13 @@ class Scheduler:
 
         rows, B = self.rows, self.block_size
         inputs = mx.array([[seq.tokens[-1]] for seq in rows])
-        if rows[0].model is not None:  # vision rows: each at its own M-RoPE position
-            logits = self.engine.vision.decode_rows(
-                [s.model for s in rows], [len(s.tokens) - 1 for s in rows], inputs,
-                self.batch.caches)
-        else:
-            logits = self.model(inputs, cache=self.batch.caches)
+        logits = self.runner.decode(rows, inputs, self.batch.caches)
         sampled = [seq.sampler(logits[i, -1], seq.tokens) for i, seq in enumerate(rows)]
         tokens = mx.stack([t for t, _ in sampled])
         picked = mx.stack([lp[t] for t, lp in sampled])
         mx.eval(tokens, picked, self.batch.state())
         tokens, picked = tokens.tolist(), picked.tolist()
+        tops = [_top(lp, seq.params.top_logprobs) for (_, lp), seq in zip(sampled, rows)]
         report.decoded = len(rows)
 
         # Every row now holds all its tokens; record (and recompute) those on a boundary before
@@ -168,7 +174,7 @@ class Scheduler:
 
         done = []
         for i, seq in enumerate(rows):
-            event = seq.accept(tokens[i], picked[i])
+            event = seq.accept(tokens[i], picked[i], tops[i])
             report.events.append((seq, event))
             if event.finish_reason is not None:
                 done.append(i)
@@ -189,3 +195,7 @@ class Scheduler:
             self.batch.add(swapped[i])
         self.rows = [s for i, s in enumerate(self.rows) if i not in gone] + [
             self.rows[i] for i in moved]
+
+
+def _top(logprobs, k: int) -> dict | None:
+    return top_logprobs(logprobs, k) if k else None

@@ -1,16 +1,18 @@
-"""One request inside the batch engine: its tokens, prefill cursor, sampler, text and timings.
+"""One request on the engine: its tokens, prefill cursor, sampler, text and timings.
 
 A sequence prefills on its own single-row cache, one block-aligned chunk at a time (the same
-chunks and evaluation as `generate.prefill`, so its records and logits match a single-request
-run bit for bit), then hands that cache to the batch. Each sampled token goes through
-`accept`, which applies the same stop rules as `Engine.stream` (EOS, stop strings, max_tokens)
-and turns the token into a `GenerationEvent`. Knows nothing about other sequences.
+chunks and evaluation as `generate.prefill`, so its records and logits match a fresh
+block-aligned prefill bit for bit), then hands that cache to the batch. Each sampled token goes
+through `accept`, the one place with the stop rules (EOS, stop strings, max_tokens), which
+turns the token into a `GenerationEvent`. Knows nothing about other sequences.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+
+import logging
 
 from .events import GenerationEvent, Timings
 from .generate import BoundaryHook, chunk_ends
@@ -38,6 +40,8 @@ class Sequence:
     # (image features and M-RoPE positions; see vision.py).
     request: object = None
     model: object = None
+    keys: list = field(default_factory=list)  # block keys of the prompt (text requests)
+    progress: object = None  # progress(computed, total, restored) after each prefill chunk
 
     @property
     def is_prefilling(self) -> bool:
@@ -65,9 +69,16 @@ class Sequence:
         self.timings.prefill_s += time.perf_counter() - t0
         if self.hook is not None and end % block_size == 0:
             self.hook(end, self.tokens[:end], self.cache, False)
+        if self.progress is not None:
+            t = self.timings
+            try:
+                self.progress(end - t.reused_tokens, self.prompt_len, t.reused_tokens)
+            except Exception:  # noqa: BLE001 - a broken callback must not stop the batch
+                logging.getLogger(__name__).exception("forkv progress callback failed")
+                self.progress = None
         return last
 
-    def accept(self, token: int, logprob: float) -> GenerationEvent:
+    def accept(self, token: int, logprob: float, top: dict | None = None) -> GenerationEvent:
         """Take one sampled token; the event is final (finish_reason set) when it ends the run."""
         now = time.perf_counter()
         t = self.timings
@@ -85,12 +96,13 @@ class Sequence:
                 finish = "stop"
             elif t.generated_tokens == self.params.max_tokens:
                 finish = "length"
+        tops = [top] if top is not None else []
         if finish is None:
-            return GenerationEvent(delta, [token], [logprob])
-        return self.finish(finish, delta, [token], [logprob])
+            return GenerationEvent(delta, [token], [logprob], top_logprobs=tops)
+        return self.finish(finish, delta, [token], [logprob], tops)
 
     def finish(self, reason: str, delta: str = "", ids: list | None = None,
-               logprobs: list | None = None) -> GenerationEvent:
+               logprobs: list | None = None, tops: list | None = None) -> GenerationEvent:
         """The final event: flush held-back text, close the timings, drop the cache."""
         if not self.text.stopped:
             delta += self.text.finish()
@@ -101,7 +113,7 @@ class Sequence:
         t.decode_s = now - self.t_first if self.t_first else 0.0
         self.finish_reason = reason
         self.cache = None
-        return GenerationEvent(delta, ids or [], logprobs or [], reason, t)
+        return GenerationEvent(delta, ids or [], logprobs or [], reason, t, tops or [])
 
 
 def make_sequence(seq_id: int, tokens: list[int], params: SamplingParams, lm,

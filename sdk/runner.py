@@ -16,7 +16,7 @@ from forkv.engine import Engine, SamplingParams
 from forkv.graph import GenSettings, Job, NodeFailed, NodeStats, ReasoningFormat, RenderedPath, Tree, render
 
 
-__all__ = ["NodeEvent", "record_render", "run_job", "sampling_params"]
+__all__ = ["NodeEvent", "record_render", "run_job", "sampling_params", "submit_job"]
 
 
 @dataclass(slots=True)
@@ -49,7 +49,7 @@ def sampling_params(gen: GenSettings) -> SamplingParams:
 
 def record_render(engine: Engine, tree: Tree, rendered: RenderedPath) -> None:
     """Store spans and the engine's block keys of `rendered` on its nodes."""
-    keys = engine.checkpointer.keyer.keys(rendered.token_ids) if engine.checkpointer else []
+    keys = engine.block_keys(rendered.token_ids)
     if rendered.images:  # the engine keys expanded image tokens and image hashes: not these
         keys = []
     tree.record_render(rendered, [k.hex() for k in keys], engine.block_size)
@@ -70,13 +70,22 @@ def _images(tree: Tree, node_id: str) -> list[bytes]:
     return [part.load_bytes(n.id) for n in tree.path(node_id)[:-1] for part in n.images]
 
 
-def run_job(engine: Engine, tree: Tree, job: Job, prompt: RenderedPath, fmt: ReasoningFormat,
-            template_kwargs: dict | None = None,
-            events: Iterator | None = None) -> Iterator[NodeEvent]:
-    """Generate `job`'s node from `prompt`, streaming events; attach the result when done.
+def submit_job(engine: Engine, tree: Tree, job: Job, progress=None):
+    """Submit `job`'s rendered prompt (and the images on its path) to the engine; its handle.
+    `progress(node_id, computed, total, restored)` follows the prompt's prefill."""
+    images = _images(tree, job.node_id)
+    on_chunk = None
+    if progress is not None:
+        def on_chunk(computed, total, restored, node_id=job.node_id):
+            progress(node_id, computed, total, restored)
+    return engine.submit(job.prompt.token_ids, sampling_params(job.gen),
+                         images=images or None, progress=on_chunk)
 
-    `events` is the engine's event stream for this prompt when the caller already submitted
-    it (to the batch engine); by default the node runs on its own through `engine.stream`.
+
+def run_job(engine: Engine, tree: Tree, job: Job, prompt: RenderedPath, fmt: ReasoningFormat,
+            template_kwargs: dict | None, events: Iterator) -> Iterator[NodeEvent]:
+    """Stream `job`'s node from the engine's `events` for `prompt` (see `submit_job`); attach
+    the result when done.
 
     Any exception while generating marks the node failed and is re-raised as `NodeFailed`
     naming it; results attached before stay. Stopping the iteration early leaves the node
@@ -89,10 +98,6 @@ def run_job(engine: Engine, tree: Tree, job: Job, prompt: RenderedPath, fmt: Rea
     last = None
     try:
         record_render(engine, tree, prompt)
-        if events is None:
-            images = _images(tree, node_id)
-            events = engine.stream(prompt.token_ids, sampling_params(job.gen),
-                                   **({"images": images} if images else {}))
         for event in events:
             parts.append(event.text)
             ids += event.token_ids

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from forkv.engine import DEFAULT_BLOCK_SIZE, CacheKind, Engine
+from forkv.engine import Engine
 from forkv.graph import (
     ContextOverflow,
     ImageNotSupported,
@@ -30,7 +30,7 @@ from forkv.graph import (
     render,
 )
 
-from .runner import NodeEvent, run_job, sampling_params
+from .runner import NodeEvent, run_job, submit_job
 
 __all__ = ["Session"]
 
@@ -41,24 +41,27 @@ class Session:
     """Runs a conversation tree on one model, reusing every checkpointed token prefix.
 
     `model` is a model name (`"demo:gemma3"`, a folder), a loaded model, or an `Engine` (then
-    `settings`/`namespace` belong to that engine). `settings` (a
-    `forkv.security.StoreSettings`) configures the checkpoint tiers; `namespace` salts block
-    keys per tenant. Build the tree with `session.system(...)`/`session.user(...)` or pass
-    `tree=`; `run()` computes it. Close the session (or use `with`) to release its store.
+    engine settings belong to that engine). Engine settings: `config` (a
+    `forkv.engine.EngineConfig`) or its fields as keywords — `settings` (a
+    `forkv.security.StoreSettings`) configures the checkpoint tiers, `namespace` salts block
+    keys per tenant, `block_size`, `checkpoints`, `max_seqs`... Build the tree with
+    `session.system(...)`/`session.user(...)` or pass `tree=`; `run()` computes it. Close the
+    session (or use `with`) to release its engine.
     """
 
-    def __init__(self, model: Any, settings: Any = None, namespace: str = "", *,
-                 tree: Tree | None = None, reasoning: ReasoningFormat | None = None,
-                 template_kwargs: dict[str, Any] | None = None,
-                 block_size: int = DEFAULT_BLOCK_SIZE, checkpoints: bool = True):
+    def __init__(self, model: Any, config: Any = None, *, tree: Tree | None = None,
+                 reasoning: ReasoningFormat | None = None,
+                 template_kwargs: dict[str, Any] | None = None, **engine_settings: Any):
         if isinstance(model, Engine):
-            if settings is not None or namespace:
-                raise TypeError("settings and namespace configure a new engine; pass them to "
+            if config is not None or any(v is not None for v in engine_settings.values()):
+                raise TypeError("Engine settings configure a new engine; pass them to "
                                 "Engine(...) instead of an engine that already exists.")
             self.engine, self._owns_engine = model, False
         else:
-            self.engine = Engine(model, block_size, settings=settings, namespace=namespace,
-                                 checkpoints=checkpoints)
+            if config is not None and not hasattr(config, "block_size"):
+                # The old positional form: Session(model, StoreSettings).
+                engine_settings["settings"], config = config, None
+            self.engine = Engine(model, config, **engine_settings)
             self._owns_engine = True
         self.reasoning = reasoning or ReasoningFormat()
         self.template_kwargs = dict(template_kwargs or {})
@@ -69,8 +72,7 @@ class Session:
             self.close()
             raise
         self._logprobs: dict[str, list[float]] = {}
-        self._batch = None  # the continuous-batching engine, made on the first wide wave
-        self._lock = threading.RLock()  # one run at a time: the engine is not thread-safe
+        self._lock = threading.RLock()  # one run at a time: runs edit the tree
 
     def __repr__(self) -> str:
         return f"Session(model_id={self.model_id!r}, tree={self.tree!r})"
@@ -106,11 +108,7 @@ class Session:
         """Remove `node`'s subtree and release the checkpoints only it used; return the ids."""
         keys = self.tree.keys_only_in(node)
         removed = self.tree.remove(node)
-        store = self.engine.store
-        if store is not None:
-            for key in keys:
-                for kind in CacheKind:
-                    store.discard(bytes.fromhex(key), kind)
+        self.engine.release([bytes.fromhex(k) for k in keys])
         for node_id in removed:
             self._logprobs.pop(node_id, None)
         return removed
@@ -149,16 +147,17 @@ class Session:
         return sum(lps) / len(lps)
 
     # -- running -----------------------------------------------------------------------------
-    def run(self, targets: Targets = None) -> list[Node]:
+    def run(self, targets: Targets = None, *, progress=None) -> list[Node]:
         """Compute every pending node `targets` depend on (default: all pending nodes).
 
         Returns the nodes computed, in order. A node that fails is marked failed and raises
-        `NodeFailed` naming it; nodes computed before it keep their results.
+        `NodeFailed` naming it; nodes computed before it keep their results. `progress(node_id,
+        computed, total, restored)` is called (on the engine thread) as prompts prefill.
         """
-        done = [ev.node_id for ev in self.stream(targets) if ev.is_last]
+        done = [ev.node_id for ev in self.stream(targets, progress=progress) if ev.is_last]
         return [self.tree[n] for n in done]
 
-    def stream(self, targets: Targets = None) -> Iterator[NodeEvent]:
+    def stream(self, targets: Targets = None, *, progress=None) -> Iterator[NodeEvent]:
         """Like `run`, yielding each node's tokens as `NodeEvent`s (the last one with stats)."""
         with self._lock:
             self._check_model()
@@ -170,41 +169,29 @@ class Session:
                 for job in wave:
                     if job.prompt is None:
                         job.prompt = self._render_job(job)
-                yield from self._run_wave(wave)
+                yield from self._run_wave(wave, progress)
 
-    def _run_wave(self, jobs: list[Job]) -> Iterator[NodeEvent]:
+    def _run_wave(self, jobs: list[Job], progress=None) -> Iterator[NodeEvent]:
         """Run the independent jobs of one wave (no job depends on another of its wave).
 
-        Several text jobs run together on the continuous-batching engine; events come out
-        node by node while all of them compute. The first job is prefilled before the others
-        join, so forks that share its prefix restore it from its checkpoints instead of each
-        computing it again.
+        Every job is submitted to the engine at once, so they compute together in its
+        continuous batch (a fork's branches restore the prefix the first one prefills); events
+        come out node by node.
         """
+        handles, failed = [], None
         for job in jobs:
             self._logprobs[job.node_id] = []  # a retried node starts over
-        if len(jobs) < 2 or any(self.tree[n].images for j in jobs for n in
-                                (p.id for p in self.tree.path(j.node_id))):
-            for job in jobs:
-                yield from self._events_of(job, None)
-            return
-        batch = self._batch_engine()
-        handles, failed = [], None
-        for i, job in enumerate(jobs):
             try:
-                handles.append(batch.submit(job.prompt.token_ids, sampling_params(job.gen)))
+                handles.append(submit_job(self.engine, self.tree, job, progress))
             except Exception as e:  # noqa: BLE001 - reported as this node's failure below
                 failed = (job, e)
                 break
-            if i == 0:
-                while batch.num_waiting or batch.num_prefilling:
-                    batch.step()
         try:
             for job, handle in zip(jobs, handles):
                 yield from self._events_of(job, handle.stream())
         finally:
             for handle in handles:  # a consumer that stops early frees the rows
-                if not handle.done:
-                    handle.cancel()
+                handle.cancel()
         if failed is not None:
             job, error = failed
             self.tree.fail(job.node_id, f"{type(error).__name__}: {error}")
@@ -218,13 +205,6 @@ class Session:
                              self.template_kwargs, events):
             self._logprobs[job.node_id].extend(event.logprobs)
             yield event
-
-    def _batch_engine(self):
-        if self._batch is None:
-            from forkv.engine import BatchEngine
-
-            self._batch = BatchEngine(self.engine)
-        return self._batch
 
     def _render_job(self, job: Job) -> RenderedPath:
         prompt = self.prompt(job.node_id)
@@ -264,12 +244,15 @@ class Session:
                 return self.tree
 
     # -- async -------------------------------------------------------------------------------
-    async def arun(self, targets: Targets = None) -> list[Node]:
-        """`run` in a worker thread, so the event loop keeps going while the model computes."""
-        return await asyncio.to_thread(self.run, targets)
+    async def arun(self, targets: Targets = None, *, progress=None) -> list[Node]:
+        """`run` without blocking the event loop: planning and rendering run in a worker
+        thread, the model on the engine's own thread."""
+        return await asyncio.to_thread(self.run, targets, progress=progress)
 
-    async def astream(self, targets: Targets = None) -> AsyncIterator[NodeEvent]:
-        """`stream` in a worker thread; events arrive as the model produces them."""
+    async def astream(self, targets: Targets = None, *,
+                      progress=None) -> AsyncIterator[NodeEvent]:
+        """`stream` for asyncio: events arrive as the model produces them; leaving the loop
+        early cancels what is still running."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         stop = threading.Event()
@@ -277,7 +260,7 @@ class Session:
 
         def work() -> None:
             try:
-                for event in self.stream(targets):
+                for event in self.stream(targets, progress=progress):
                     if stop.is_set():  # the consumer left: stop generating
                         return
                     loop.call_soon_threadsafe(queue.put_nowait, (event, None))
@@ -302,8 +285,6 @@ class Session:
     # -- lifetime ----------------------------------------------------------------------------
     def close(self) -> None:
         """Release the engine's store (a persistent one writes its index) if we made it."""
-        if getattr(self, "_batch", None) is not None:
-            self._batch.close()
         if self._owns_engine:
             self.engine.close()
 

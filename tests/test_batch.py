@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from conftest import ARCHS, load_tiny
 from forkv.engine import Engine, ForkvWarning, SamplingParams
-from forkv.engine.batch import BatchEngine, generate_batch
+from forkv.engine import generate_batch
 from forkv.engine.generate import prefill
 from forkv.engine.recordstore import RecordStore
 from helpers import fresh_logits, random_tokens
@@ -16,6 +16,10 @@ def _engine(lm, **kw):
     kw.setdefault("store", RecordStore(1 << 30, None))
     kw.setdefault("block_size", B)
     return Engine(lm, **kw)
+
+
+def _queue(engine) -> dict:
+    return engine.stats()["queue"]
 
 
 def _single(lm, prompt, **params):
@@ -99,21 +103,16 @@ def test_default_blocks_wider_than_the_window(arch):
 def test_missing_records_at_a_decode_boundary_keep_the_decoded_row():
     """Records of the boundary before gone: the decode boundary cannot be recomputed, so the
     row keeps its decoded state (as a single-request run does) and nothing is recorded."""
-    from forkv.engine.layout import CacheKind
-
     lm = load_tiny("qwen3_5")
     engine = _engine(lm)
     seen = random_tokens(130, seed=58)
     engine.generate(seen, max_tokens=1)  # records 64 and 128
-    batch = BatchEngine(engine)
-    handle = batch.submit(seen[:130] + [7], max_tokens=70)  # restores 128, decodes past 192
-    batch.step()
-    assert batch.num_running == 1
-    for key in engine.checkpointer.keyer.keys(seen):
-        for kind in CacheKind:
-            engine.store.discard(key, kind)
-    recorded = engine.checkpointer.stats.blocks_recorded
-    batch.run()
+    with engine.paused():
+        handle = engine.submit(seen[:130] + [7], max_tokens=70)  # restores 128, decodes past 192
+        engine.step_once()
+        assert _queue(engine)["running"] == 1
+        engine.release(engine.block_keys(seen))
+        recorded = engine.checkpointer.stats.blocks_recorded
     got = handle.result()
     assert got.timings.reused_tokens == 128
     assert engine.checkpointer.stats.blocks_recorded == recorded
@@ -123,13 +122,13 @@ def test_missing_records_at_a_decode_boundary_keep_the_decoded_row():
 def test_request_inserted_mid_flight_leaves_others_unchanged():
     lm = load_tiny("gemma3")
     prompts = [random_tokens(n, seed=60 + n) for n in (150, 90, 220)]
-    batch = BatchEngine(_engine(lm))
-    first = [batch.submit(p, max_tokens=30) for p in prompts[:2]]
-    for _ in range(8):
-        batch.step()
-    assert batch.num_running == 2
-    late = batch.submit(prompts[2], max_tokens=30)
-    batch.run()
+    engine = _engine(lm)
+    with engine.paused():
+        first = [engine.submit(p, max_tokens=30) for p in prompts[:2]]
+        for _ in range(8):
+            engine.step_once()
+        assert _queue(engine)["running"] == 2
+        late = engine.submit(prompts[2], max_tokens=30)
     alone = generate_batch(_engine(lm), prompts[:2], SamplingParams(max_tokens=30))
     for h, ref in zip(first, alone):
         _assert_same(h.result(), ref)
@@ -139,36 +138,42 @@ def test_request_inserted_mid_flight_leaves_others_unchanged():
 def test_cancel_frees_the_row_without_disturbing_others():
     lm = load_tiny("qwen3_5")
     prompts = [random_tokens(n, seed=70 + n) for n in (80, 120, 60)]
-    batch = BatchEngine(_engine(lm))
-    handles = [batch.submit(p, max_tokens=24) for p in prompts]
-    while batch.num_running < 3:
-        batch.step()
-    for _ in range(4):
-        batch.step()
-    assert batch.cancel(handles[1]) and batch.num_running == 2
-    assert not batch.cancel(handles[1])
-    batch.run()
+    engine = _engine(lm)
+    with engine.paused():
+        handles = [engine.submit(p, max_tokens=24) for p in prompts]
+        while _queue(engine)["running"] < 3:
+            engine.step_once()
+        for _ in range(4):
+            engine.step_once()
+        assert handles[1].cancel()
+        engine.step_once()  # the cancel is applied before the step
+        assert _queue(engine)["running"] == 2 and handles[1].done
+        assert not handles[1].cancel()
     cancelled = handles[1].result()
     assert cancelled.finish_reason == "cancelled" and 0 < len(cancelled.token_ids) < 24
     for i in (0, 2):
         _assert_same(handles[i].result(), _single(lm, prompts[i], max_tokens=24))
     # A request cancelled before it starts never runs.
-    queued = batch.submit(prompts[0], max_tokens=5)
-    queued.cancel()
-    assert queued.result().token_ids == [] and not batch.has_work
+    with engine.paused():
+        queued = engine.submit(prompts[0], max_tokens=5)
+        queued.cancel()
+        assert queued.result(timeout=30).token_ids == []
+        assert _queue(engine) == {"waiting": 0, "prefilling": 0, "running": 0}
 
 
 def test_caps_admit_in_order():
     lm = load_tiny("qwen3")
-    batch = BatchEngine(_engine(lm), max_seqs=2, max_prefill_tokens=B)
-    handles = [batch.submit(random_tokens(30 + 40 * i, seed=80 + i), max_tokens=6)
-               for i in range(4)]
+    engine = _engine(lm, max_seqs=2, max_prefill_tokens=B)
     started, peak = [], 0
-    while batch.has_work:
-        report = batch.step()
-        peak = max(peak, batch.num_prefilling + batch.num_running)
-        assert peak <= 2 and report.prefill_tokens <= B
-        started += [i for i in report.prefilled if i not in started]
+    with engine.paused():
+        handles = [engine.submit(random_tokens(30 + 40 * i, seed=80 + i), max_tokens=6)
+                   for i in range(4)]
+        while not all(h.done for h in handles):
+            report = engine.step_once()
+            q = _queue(engine)
+            peak = max(peak, q["prefilling"] + q["running"])
+            assert peak <= 2 and report.prefill_tokens <= B
+            started += [i for i in report.prefilled if i not in started]
     assert peak == 2 and started == [h.id for h in handles]  # FIFO admission
     for i, h in enumerate(handles):
         _assert_same(h.result(), _single(lm, h.prompt_tokens, max_tokens=6))
@@ -176,19 +181,19 @@ def test_caps_admit_in_order():
 
 def test_long_prefills_take_turns_while_others_decode():
     lm = load_tiny("gemma3")
-    batch = BatchEngine(_engine(lm), max_prefill_tokens=B)
-    running = batch.submit(random_tokens(20, seed=100), max_tokens=60)
-    batch.step()
-    a, b = (batch.submit(random_tokens(300, seed=101 + i), max_tokens=2) for i in range(2))
-    owners = []
-    while not (a.done and b.done):
-        report = batch.step()
-        # One chunk per step at most, and the running row decodes on every step.
-        assert report.prefill_tokens <= B and running.id in {s.id for s, _ in report.events}
-        owners += list(report.prefilled)
+    engine = _engine(lm, max_prefill_tokens=B)
+    with engine.paused():
+        running = engine.submit(random_tokens(20, seed=100), max_tokens=60)
+        engine.step_once()
+        a, b = (engine.submit(random_tokens(300, seed=101 + i), max_tokens=2) for i in range(2))
+        owners = []
+        while not (a.done and b.done):
+            report = engine.step_once()
+            # One chunk per step at most, and the running row decodes on every step.
+            assert report.prefill_tokens <= B and running.id in {s.id for s, _ in report.events}
+            owners += list(report.prefilled)
     # Round-robin: the two long prompts alternate chunk by chunk (300 = 4 x 64 + 44).
     assert owners == [a.id, b.id] * 5
-    batch.run()
     _assert_same(running.result(), _single(lm, random_tokens(20, seed=100), max_tokens=60))
 
 
@@ -216,9 +221,9 @@ def test_stream_events_match_single_request_stream():
     lm = load_tiny("gemma4")
     prompt = [{"role": "user", "content": "Tell me about block checkpoints. " * 3}]
     ref = list(_engine(lm).stream(prompt, max_tokens=10, temperature=0.8, seed=5))
-    batch = BatchEngine(_engine(lm))
-    other = batch.submit(random_tokens(50, seed=120), max_tokens=10)
-    got = list(batch.submit(prompt, max_tokens=10, temperature=0.8, seed=5).stream())
+    engine = _engine(lm)
+    other = engine.submit(random_tokens(50, seed=120), max_tokens=10)
+    got = list(engine.submit(prompt, max_tokens=10, temperature=0.8, seed=5).stream())
     assert [(e.text, e.token_ids, e.finish_reason) for e in got] == [
         (e.text, e.token_ids, e.finish_reason) for e in ref]
     t = got[-1].timings
@@ -227,31 +232,43 @@ def test_stream_events_match_single_request_stream():
 
 
 def test_unmergeable_caches_run_one_at_a_time(monkeypatch):
-    import forkv.engine.batch as batch_module
+    import forkv.engine.engine as engine_module
 
     lm = load_tiny("gemma3")
-    monkeypatch.setattr(batch_module, "merge_blocker", lambda caches: "QuantizedKVCache")
+    monkeypatch.setattr(engine_module, "merge_blocker", lambda caches: "QuantizedKVCache")
     with pytest.warns(ForkvWarning, match="one at a time"):
-        batch = BatchEngine(_engine(lm))
-    assert not batch.is_batched
+        engine = _engine(lm)
+    assert not engine.is_batched
     prompts = [random_tokens(n, seed=130 + n) for n in (100, 60)]
-    handles = [batch.submit(p, max_tokens=30) for p in prompts]
-    while batch.has_work:
-        assert batch.num_prefilling + batch.num_running <= 1
-        batch.step()
+    with engine.paused():
+        handles = [engine.submit(p, max_tokens=30) for p in prompts]
+        while not all(h.done for h in handles):
+            engine.step_once()
+            q = _queue(engine)
+            assert q["prefilling"] + q["running"] <= 1
     for h, p in zip(handles, prompts):
         _assert_same(h.result(), _single(lm, p, max_tokens=30))
 
 
-def test_background_thread_serves_concurrent_requests():
+def test_requests_from_many_threads_share_the_engine_thread():
+    import threading
+
     lm = load_tiny("qwen3")
     prompts = [random_tokens(n, seed=140 + n) for n in (70, 30)]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        with BatchEngine(_engine(lm)).start() as batch:
-            handles = [batch.submit(p, max_tokens=12) for p in prompts]
-            results = [h.result() for h in handles]
-            streamed = list(batch.submit(prompts[0], max_tokens=12).stream())
+        with _engine(lm) as engine:
+            results = [None] * len(prompts)
+
+            def ask(i):
+                results[i] = engine.generate(prompts[i], max_tokens=12)
+
+            threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            streamed = list(engine.submit(prompts[0], max_tokens=12).stream())
     for r, p in zip(results, prompts):
         _assert_same(r, _single(lm, p, max_tokens=12))
     assert [t for e in streamed for t in e.token_ids] == results[0].token_ids
@@ -260,22 +277,86 @@ def test_background_thread_serves_concurrent_requests():
 
 def test_all_demo_architectures_are_batchable():
     for arch in ARCHS:
-        assert BatchEngine(_engine(load_tiny(arch))).is_batched
+        assert _engine(load_tiny(arch)).is_batched
 
 
 def test_a_failing_step_fails_every_request_and_empties_the_engine():
     lm = load_tiny("qwen3")
-    batch = BatchEngine(_engine(lm))
-    handles = [batch.submit(random_tokens(40, seed=150 + i), max_tokens=8) for i in range(2)]
-    batch.step()
+    engine = _engine(lm)
+    with engine.paused():
+        handles = [engine.submit(random_tokens(40, seed=150 + i), max_tokens=8) for i in range(2)]
+        engine.step_once()
 
     def broken(*args, **kwargs):
         raise MemoryError("out of memory")
 
-    batch.scheduler.model = broken
+    real = engine.runner.decode
+    engine.runner.decode = broken
     for h in handles:
         with pytest.raises(MemoryError):
             h.result()
-    assert not batch.has_work and batch.num_running == 0
-    batch.scheduler.model = lm.model
-    assert batch.submit(random_tokens(40, seed=150), max_tokens=3).result().token_ids
+    assert _queue(engine) == {"waiting": 0, "prefilling": 0, "running": 0}
+    engine.runner.decode = real
+    assert engine.submit(random_tokens(40, seed=150), max_tokens=3).result().token_ids
+
+
+def test_a_batch_of_one_without_checkpoints_decodes_as_plain_mlx_lm():
+    """The one request path adds nothing to a single greedy run: same tokens as mlx-lm's own
+    generator (no decode boundary is recomputed without checkpoints)."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+
+    lm = load_tiny("gemma3")
+    prompt = random_tokens(100, seed=160)
+    got = Engine(lm, checkpoints=False).generate(prompt, max_tokens=20)
+    limit = len(lm.tokenizer.vocab)
+
+    def mask(_, logits):
+        return mx.where(mx.arange(logits.shape[-1]) < limit, logits, -mx.inf)
+
+    steps = generate_step(mx.array(prompt), lm.model, max_tokens=20, logits_processors=[mask])
+    ref = [int(t) for t, _ in steps]
+    n = got.token_ids.index(next(iter(lm.eos_token_ids))) + 1 if set(
+        got.token_ids) & lm.eos_token_ids else len(got.token_ids)
+    assert got.token_ids == ref[:n]
+
+
+def test_forks_of_one_prompt_compute_its_prefix_once():
+    """n requests with the same prompt, submitted together: the first prefills, the others
+    wait for it and restore every full block it recorded."""
+    lm = load_tiny("qwen3")
+    engine = _engine(lm)
+    prompt = random_tokens(300, seed=170)
+    handles = [engine.submit(prompt, max_tokens=4, temperature=1.0, seed=i) for i in range(4)]
+    reused = [h.result().timings.reused_tokens for h in handles]
+    assert reused == [0, 256, 256, 256]
+
+
+def test_async_handles_and_progress():
+    import asyncio
+
+    lm = load_tiny("qwen3")
+    engine = _engine(lm)
+    prompt = random_tokens(200, seed=180)
+    seen = []
+
+    async def main():
+        h = engine.submit(prompt, max_tokens=6, progress=lambda *a: seen.append(a))
+        events = [e async for e in h]
+        again = await engine.submit(prompt, max_tokens=6).aresult()
+        # Leaving an async loop early cancels the request.
+        h3 = engine.submit(prompt + [1], max_tokens=50)
+        async for _ in h3:
+            break
+        return events, again, await h3.aresult()
+
+    events, again, cut = asyncio.run(main())
+    assert [t for e in events for t in e.token_ids] == again.token_ids
+    assert events[-1].finish_reason == "length" and again.timings.reused_tokens == 192
+    assert seen == [(64, 200, 0), (128, 200, 0), (192, 200, 0), (200, 200, 0)]
+    assert cut.finish_reason == "cancelled" and len(cut.token_ids) < 50
+    engine.close()
+    from forkv.engine import EngineClosed
+
+    with pytest.raises(EngineClosed, match="closed"):
+        engine.submit(prompt, max_tokens=1)

@@ -154,7 +154,7 @@ def test_decode_boundaries_recompute_from_the_recorders_own_records(arch, block)
     # the 128-token window reaches back over three blocks).
     lm = load_tiny(arch)
     store = RecordStore(0, MemoryDisk(), block_size=block)
-    engine = Engine(lm, block, store=store)
+    engine = Engine(lm, block_size=block, store=store)
     out = engine.generate(random_tokens(300, seed=3), max_tokens=300)  # seed 3: no early EOS
     assert len(out.token_ids) == 300
     cached = 300 + 300 - 1  # the last token is sampled, never fed
@@ -168,9 +168,10 @@ def test_release_drops_every_kind_under_the_keys():
     engine = _engine(lm, store=store)
     tokens = random_tokens(600, seed=13)
     engine.generate(tokens, max_tokens=1)
-    keys = engine.checkpointer.keyer.keys(tokens)
-    assert engine.checkpointer.release(keys[1:]) == 2  # block 1: global + window
-    assert engine.checkpointer.release(keys[1:]) == 0
+    ck = engine.checkpointer
+    keys, per_block = ck.keyer.keys(tokens), len(ck.kinds)  # global + window (+ extra)
+    assert ck.release(keys[1:]) == per_block
+    assert ck.release(keys[1:]) == 0
     assert engine.generate(tokens, max_tokens=1).timings.reused_tokens == 256
-    assert engine.checkpointer.release(keys) == 4  # block 0, and block 1 recorded again
+    assert ck.release(keys) == 2 * per_block  # block 0, and block 1 recorded again
     assert store.ram_bytes == 0

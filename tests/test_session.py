@@ -5,7 +5,7 @@ import asyncio
 import forkv
 import pytest
 from conftest import load_tiny
-from forkv import ImageNotSupported, ModelMismatch, NodeFailed, NodeNotFound, NodeRemoved
+from forkv.graph import ImageNotSupported, ModelMismatch, NodeFailed, NodeNotFound, NodeRemoved
 from forkv.engine import CacheKind, Engine
 from forkv.graph import ContextOverflow, NodeStateError, WorkflowSpec
 from forkv.runner import _clean_text
@@ -125,10 +125,10 @@ def test_unknown_removed_and_image_nodes_are_named(session, tmp_path):
 
 
 def test_failure_mid_run_names_node_and_keeps_results(session, monkeypatch):
-    from forkv.engine import BatchEngine
+    from forkv.engine import Engine
 
     _u, branches, finals, _other = small_tree(session)
-    real = BatchEngine.submit  # the fork's two branches run together on the batch engine
+    real = Engine.submit  # the fork's two branches are submitted together
     calls = []
 
     def flaky(self, tokens, params=None, **kw):
@@ -137,7 +137,7 @@ def test_failure_mid_run_names_node_and_keeps_results(session, monkeypatch):
             raise MemoryError("out of memory")
         return real(self, tokens, params, **kw)
 
-    monkeypatch.setattr(BatchEngine, "submit", flaky)
+    monkeypatch.setattr(Engine, "submit", flaky)
     with pytest.raises(NodeFailed, match=f"node {branches[1].id!r} failed") as info:
         session.run(finals)
     assert info.value.node_id == branches[1].id
@@ -207,7 +207,7 @@ def test_session_over_an_engine_and_settings_rules():
 
 
 def test_reasoning_text_drops_the_close_tag_newline():
-    fmt = forkv.ReasoningFormat()
+    fmt = forkv.graph.ReasoningFormat()
     eos = frozenset({258})
     assert _clean_text("reasoning", "idea\n", "stop", 260, eos, fmt) == "idea"
     assert _clean_text("reasoning", "idea\n", "stop", 258, eos, fmt) == "idea\n"  # EOS

@@ -344,17 +344,14 @@ def test_rows_of_different_requests_decode_together():
     np.testing.assert_allclose(logprobs, [s.logprobs for s in singles], atol=1e-4)
 
 
-def test_batch_engine_runs_vision_requests():
-    from forkv.engine.batch import BatchEngine
-
-    eng = engine()
+def test_vision_and_text_requests_share_the_batch():
+    eng = engine(max_seqs=3)
     prompts = [(ask("Short?"), image(15)), (ask("Longer question here?", before="Hi. "),
                                             image(16)), ("plain text, no image", None)]
     singles = [engine().generate(p, images=[i] if i else None, max_tokens=40)
                for p, i in prompts]
-    batch = BatchEngine(eng, max_seqs=3)
-    assert batch.is_batched
-    handles = [batch.submit(p, images=[i] if i else None, max_tokens=40) for p, i in prompts]
+    assert eng.is_batched
+    handles = [eng.submit(p, images=[i] if i else None, max_tokens=40) for p, i in prompts]
     results = [h.result() for h in handles]
     assert [r.token_ids for r in results] == [s.token_ids for s in singles]
     for r, s in zip(results, singles):

@@ -6,7 +6,7 @@ What it shows:
 - `session.stream(node)` yields the tokens of a node as they come;
 - a second turn restores the first turn's prompt from block checkpoints (256 tokens a block)
   instead of computing it again;
-- `forkv.to_mermaid(tree)` draws the tree.
+- `forkv.graph.to_mermaid(tree)` draws the tree.
 
 Run:  python tutorials/01_conversation.py [MODEL]     (default: demo:qwen3:tiny)
 The demo models have random weights, so their text is noise; the token counts are real.
@@ -46,7 +46,7 @@ def main(model: str) -> None:
         print("turn 2 ->", stats(answer2))
         assert answer2.result.stats.tokens_reused > 0  # turn 1's blocks were restored
 
-        print(forkv.to_mermaid(session.tree))
+        print(forkv.graph.to_mermaid(session.tree))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """`forkv bench parallel`: 8 conversations at once, batched, vs one after another with mlx-lm.
 
 Each rep makes 8 conversations with different prompts (a few hundred tokens each) and greedy
-completions of up to `max_tokens` tokens. Ours submits all 8 to a `BatchEngine` (continuous
+completions of up to `max_tokens` tokens. Ours submits all 8 to one `Engine` (continuous
 batching, checkpoints on, as a user gets it); the baseline runs the same 8 one after another
 with plain `mlx_lm.generate.stream_generate` on the same model object. Both count generated
 tokens (EOS included) over wall time. Ours and the baseline alternate which goes first, rep by
@@ -26,11 +26,10 @@ def _prompts(n: int, seed: int, base: int, spread: int) -> list[list[int]]:
 
 def _ours(engine, prompts: list[list[int]], max_tokens: int) -> tuple[float, list[list[int]]]:
     from forkv.engine import SamplingParams
-    from forkv.engine.batch import BatchEngine, generate_batch
+    from forkv.engine import generate_batch
 
-    batch = BatchEngine(engine, max_seqs=len(prompts))
     t0 = time.perf_counter()
-    out = generate_batch(batch, prompts, SamplingParams(max_tokens=max_tokens))
+    out = generate_batch(engine, prompts, SamplingParams(max_tokens=max_tokens))
     return time.perf_counter() - t0, [r.token_ids for r in out]
 
 
@@ -65,7 +64,7 @@ def run_parallel_bench(model: str = "demo:gemma3:small", quick: bool = False, re
     else:
         base, spread, max_tokens = 200, 200, max_tokens or 128
     lm = load_model(model)
-    engine = Engine(lm)
+    engine = Engine(lm, max_seqs=max(concurrency + (CONVERSATIONS,)))
     n = CONVERSATIONS
     # Warm up both paths (first-call kernel compilation) on prompts never used again.
     warm = _prompts(2, seed=999, base=base, spread=0)

@@ -1,0 +1,103 @@
+"""One typed configuration for an engine, read from keywords and the `FORKV_*` environment once.
+
+`EngineConfig` holds the engine's own knobs (block size, batch width, prefill budget, tenant
+namespace, checkpoints on/off, dtype) and the checkpoint tiers' `StoreSettings`. Keywords win
+over the environment; a bad value is one `EngineConfigError` naming the setting (or variable)
+and what it takes. Knows nothing about models or mlx.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import fields
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from forkv.errors import ForkvError
+from forkv.security import StoreSettings
+from forkv.security.settings import parse_bool
+
+__all__ = ["EngineConfig", "EngineConfigError"]
+
+_STORE_FIELDS = frozenset(f.name for f in fields(StoreSettings))
+
+
+class EngineConfigError(ForkvError, ValueError):
+    """An engine setting (keyword or `FORKV_*` variable) is invalid or unknown."""
+
+
+class EngineConfig(BaseModel):
+    """Every setting of an `Engine`. Build with `EngineConfig.from_env(**overrides)`; store
+    settings (`ram_budget=...`, `disk=False`, ...) may be given flat among the overrides."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    block_size: int = Field(256, gt=0, description="tokens per checkpointed block")
+    max_seqs: int = Field(8, ge=1, description="requests that prefill or decode at once")
+    max_prefill_tokens: int | None = Field(
+        None, ge=1, description="prompt tokens one step prefills (default: one block)")
+    namespace: str = Field("", description="tenant salt of the block keys")
+    checkpoints: bool = True
+    dtype: str = Field("auto", description="weights dtype: auto, float32, bfloat16, float16")
+    settings: StoreSettings = Field(default_factory=StoreSettings.from_env)
+
+    @field_validator("dtype")
+    @classmethod
+    def _dtype(cls, value: str) -> str:
+        if value not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError("must be one of auto, float32, bfloat16, float16")
+        return value
+
+    @property
+    def prefill_budget(self) -> int:
+        return self.max_prefill_tokens or self.block_size
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> EngineConfig:
+        """Settings from `FORKV_<NAME>` variables of `env` (default `os.environ`, read once
+        here); keywords win. Unknown keywords are an error that lists the valid ones."""
+        env = os.environ if env is None else env
+        own = set(cls.model_fields) - {"settings"}
+        unknown = sorted(set(overrides) - own - _STORE_FIELDS - {"settings"})
+        if unknown:
+            valid = ", ".join(sorted(own | _STORE_FIELDS | {"settings"}))
+            raise EngineConfigError(f"Unknown engine setting {unknown[0]!r}; valid: {valid}.")
+        values: dict[str, Any] = {}
+        for name in own:
+            raw = env.get(f"FORKV_{name.upper()}", "")
+            if raw != "":
+                values[name] = _parse_env(name, raw)
+        store = {k: overrides.pop(k) for k in list(overrides) if k in _STORE_FIELDS}
+        settings = overrides.pop("settings", None)
+        if settings is not None and store:
+            raise EngineConfigError(
+                f"Give store settings either as settings= or as keywords ({sorted(store)[0]}), "
+                "not both.")
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        values["settings"] = settings or StoreSettings.from_env(env, **store)
+        try:
+            return cls(**values)
+        except ValidationError as e:
+            err = e.errors()[0]
+            name = ".".join(str(p) for p in err["loc"])
+            raise EngineConfigError(
+                f"Engine setting {name}={err.get('input')!r} is invalid: {err['msg']}; "
+                f"fix the keyword or FORKV_{name.upper()}.") from None
+
+
+def _parse_env(name: str, raw: str) -> Any:
+    var = f"FORKV_{name.upper()}"
+    field = EngineConfig.model_fields[name]
+    if field.annotation is bool:
+        try:
+            return parse_bool(raw, var)
+        except ValueError as e:
+            raise EngineConfigError(str(e)) from None
+    if "int" in str(field.annotation):
+        try:
+            return int(raw)
+        except ValueError:
+            raise EngineConfigError(f"{var}={raw!r} is not an integer.") from None
+    return raw

@@ -1,0 +1,69 @@
+"""How one kind of model runs rows: render a prompt, prepare a row, decode a batch of rows.
+
+The engine picks one runner per model: `TextRunner` for language models, `VisionRunner` (over
+`vision.VisionSupport`) for vision-language models, where every request, with images or not,
+carries its own model callable (image features, position state). The scheduler calls only
+these three methods, so nothing else in the request path asks "is this vision?". Runs on the
+engine thread, except `render`, which is pure tokenizer work for text.
+"""
+
+from __future__ import annotations
+
+import time
+
+from .errors import GenerationError
+from .images import has_image_parts
+
+
+class TextRunner:
+    def __init__(self, engine):
+        self.engine = engine
+
+    def render(self, prompt, images):
+        """(prompt tokens, None): text models take no images."""
+        if images or has_image_parts(prompt):
+            raise GenerationError(
+                f"Model {self.engine.lm.name!r} is text-only and cannot take images; load a "
+                "vision model such as 'demo:qwen2_vl' (pip install 'forkv[vision]'), or drop "
+                "the images.")
+        return self.engine.encode(prompt), None
+
+    def prepare(self, seq) -> None:
+        """Give `seq` a cache restored from the longest checkpointed prefix, its position and
+        its boundary recorder."""
+        ck = self.engine.checkpointer
+        if ck is None:
+            seq.cache, seq.pos, seq.hook = self.engine.lm.make_cache(), 0, None
+            return
+        t0 = time.perf_counter()
+        restored = ck.restore(seq.tokens)
+        seq.timings.restore_s = time.perf_counter() - t0
+        seq.timings.reused_tokens = restored.position
+        seq.cache, seq.pos, seq.hook = restored.cache, restored.position, ck.recorder(
+            restored.keys)
+
+    def decode(self, rows, inputs, caches):
+        return self.engine.lm.model(inputs, cache=caches)
+
+
+class VisionRunner:
+    def __init__(self, engine):
+        self.engine = engine
+        self.vision = engine.vision
+
+    def render(self, prompt, images):
+        # The feature cache belongs to the engine thread: render there.
+        request = self.engine.run_on_thread(self.vision.render, prompt, images)
+        return request.tokens, request
+
+    def prepare(self, seq) -> None:
+        seq.model, seq.cache, seq.pos, seq.hook = self.vision.prepare(seq.request, seq.timings)
+
+    def decode(self, rows, inputs, caches):
+        # Each row at its own position state (e.g. M-RoPE), through the merged caches.
+        return self.vision.decode_rows([s.model for s in rows],
+                                       [len(s.tokens) - 1 for s in rows], inputs, caches)
+
+
+def make_runner(engine):
+    return VisionRunner(engine) if getattr(engine.lm, "is_vision", False) else TextRunner(engine)

@@ -1,0 +1,134 @@
+"""The one thread that owns an engine's mlx work.
+
+Every mlx call of an engine (loading, restoring, prefill, decode, recording) runs on its
+`EngineThread`: other threads and asyncio tasks hand it work with `call` (wait for the result)
+or `post` (fire and forget), and it steps the scheduler whenever there is work. mlx keeps
+per-thread state, so running it on whatever thread happens to call (asyncio executors, server
+workers) could abort the process at exit; one owner thread, stopped and joined before the
+interpreter shuts down (`atexit`, after the stores' own cleanup is registered), cannot.
+Knows nothing about requests or models: the engine gives it `has_work` and `step`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import sys
+import threading
+import weakref
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import forkv.security  # noqa: F401 - its atexit cleanup must be registered before ours
+
+from .errors import EngineClosed
+
+_log = logging.getLogger(__name__)
+_live: weakref.WeakSet[EngineThread] = weakref.WeakSet()
+
+
+class EngineThread:
+    def __init__(self, name: str, has_work: Callable[[], bool], step: Callable[[], Any]):
+        self._has_work = has_work
+        self._step = step
+        self._cond = threading.Condition()
+        self._calls: deque[tuple[Callable, Future | None]] = deque()
+        self._closing = False
+        self.paused = False  # no automatic steps (tests and drains step by hand)
+        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self.thread.start()
+        _live.add(self)
+
+    @property
+    def is_current(self) -> bool:
+        return threading.current_thread() is self.thread
+
+    @property
+    def is_alive(self) -> bool:
+        return self.thread.is_alive() and not self._closing
+
+    def call(self, fn: Callable, *args: Any) -> Any:
+        """Run `fn(*args)` on the engine thread and return its result (or raise its error)."""
+        if self.is_current:
+            return fn(*args)
+        future: Future = Future()
+        self._enqueue(fn, args, future)
+        return future.result()
+
+    def post(self, fn: Callable, *args: Any) -> None:
+        """Run `fn(*args)` on the engine thread soon; errors are logged, not raised."""
+        self._enqueue(fn, args, None)
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Stop after the calls already queued; join unless called from the thread itself."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        if not self.is_current:
+            self.thread.join()
+
+    def _enqueue(self, fn: Callable, args: tuple, future: Future | None) -> None:
+        with self._cond:
+            if self._closing:
+                raise EngineClosed("This engine is closed; create a new one (forkv.load).")
+            self._calls.append((lambda: fn(*args), future))
+            self._cond.notify_all()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._calls or self._closing or
+                           (not self.paused and self._has_work())):
+                    self._cond.wait()
+                calls = list(self._calls)
+                self._calls.clear()
+                if self._closing and not calls:
+                    _clear_streams()
+                    return
+            for fn, future in calls:
+                _run(fn, future)
+            if not self.paused and self._has_work():
+                try:
+                    self._step()
+                except Exception:  # noqa: BLE001 - the thread must outlive a failed step
+                    _log.exception("forkv engine step failed")
+
+
+def _clear_streams() -> None:
+    """Destroy the mlx streams this thread made, before it ends: a thread that ends with its
+    streams alive aborts the process at exit ("terminate called without an active
+    exception")."""
+    mx = sys.modules.get("mlx.core")
+    if mx is not None:
+        mx.clear_streams()
+
+
+def _run(fn: Callable, future: Future | None) -> None:
+    if future is not None and not future.set_running_or_notify_cancel():
+        return
+    try:
+        result = fn()
+    except BaseException as e:  # noqa: BLE001 - handed to the caller
+        if future is None:
+            _log.exception("forkv engine call failed")
+        else:
+            future.set_exception(e)
+    else:
+        if future is not None:
+            future.set_result(result)
+
+
+@atexit.register
+def _close_all() -> None:
+    """Stop every engine thread before the interpreter finalizes (and the stores close)."""
+    for worker in list(_live):
+        try:
+            worker.close()
+        except Exception:  # noqa: BLE001 - best effort at exit
+            pass
