@@ -34,3 +34,27 @@ def test_cli_prints_a_table_or_json(monkeypatch, capsys, tmp_path):
     assert cli.run_cli(_args(json_path=str(tmp_path / "r.json"))) == 0
     assert "speedup_8k" in capsys.readouterr().out
     assert json.loads((tmp_path / "r.json").read_text())["model"] == "demo:gemma3:tiny"
+
+
+def test_store_headline_is_the_median_of_fresh_processes(monkeypatch):
+    import subprocess
+
+    from forkv.bench import store
+
+    figures = iter([1.21, 1.08, 1.12])
+    calls = []
+
+    def fake_run(cmd, **kw):
+        calls.append(cmd)
+        v = next(figures)
+        res = {"headline": {"encryption_overhead": v}, "settings": {}, "notes": [],
+               "targets": {"encryption_overhead": {"target": "<= 1.15", "met": v <= 1.15}}}
+        return subprocess.CompletedProcess(cmd, 0, "noise\n" + json.dumps(res) + "\n", "")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    r = store.run_store_bench("demo:gemma3:tiny", reps=1, prefix=512)
+    assert len(calls) == 3 and all(c[1] == "-c" for c in calls)  # three fresh interpreters
+    assert json.loads(calls[0][3]) == {"model": "demo:gemma3:tiny", "reps": 1, "prefix": 512}
+    assert r["headline"]["encryption_overhead"] == 1.12
+    assert r["headline"]["encryption_overhead_runs"] == [1.08, 1.12, 1.21]
+    assert r["targets"]["encryption_overhead"]["met"] is True and r["settings"]["processes"] == 3

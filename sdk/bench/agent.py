@@ -45,8 +45,9 @@ class Sizes:
 # An agent over a long document (a 4K-token module to review) asking short questions: the
 # regime where branch-and-prune pays, and where mlx-lm recomputes the document on every prune
 # of a sliding-window or hybrid model. Generated tokens cost the same on both sides, so longer
-# reasoning moves the ratio towards 1, and so does a slow first read (both sides pay it once;
-# `turn_speedup` leaves it out). One `small` demo model takes about 4-8 minutes on 2 CPU cores,
+# reasoning moves the whole-workflow ratio towards 1, and so does a slow first read (both sides
+# pay it once): the targets are per turn after a prune, `turn_speedup` (wall time) and
+# `turn_ttft_speedup` (time to the turn's first token). One `small` demo model takes about 4-8 minutes on 2 CPU cores,
 # most of it the baseline's recomputes.
 FULL = Sizes(context=4096, turns=4, reasoning=32, answer=16, tot_prompt=1990, tot_k=8,
              tot_reasoning=12, tot_answer=12)
@@ -90,8 +91,10 @@ class _Ours:
 
     def run(self, nodes: list) -> None:
         prompts = [self.session.prompt(n).token_ids for n in nodes]
+        first: dict[str, float] = {}  # node id -> seconds to its first streamed token
         t0 = time.perf_counter()
-        self.session.run(nodes)
+        for event in self.session.stream(nodes):
+            first.setdefault(event.node_id, time.perf_counter() - t0)
         wall = time.perf_counter() - t0
         self.wall += wall
         tokenizer = self.session.engine.lm.tokenizer
@@ -108,7 +111,8 @@ class _Ours:
             self.trace.append(step)
             self.steps.append({"node": node.id, "kind": node.kind, "prompt": len(prompt),
                                "reused": st.tokens_reused, "computed": st.tokens_computed,
-                               "generated": st.tokens_generated, "wall_s": round(wall, 3)})
+                               "generated": st.tokens_generated, "wall_s": round(wall, 3),
+                               "ttft_s": round(first.get(node.id, wall), 4)})
 
 
 def _session(lm, model: str):
@@ -191,14 +195,16 @@ class _Baseline:
 
         steps = generate_step(mx.array(prompt[n:]), self.lm.model, prompt_cache=self.cache,
                               max_tokens=len(generated), sampler=sampler)
+        ttft = None
         for _ in steps:
-            pass
+            ttft = ttft if ttft is not None else time.perf_counter() - t0
         wall = time.perf_counter() - t0
         self.wall += wall
         self.prefill += len(prompt) - n
         self.tokens = prompt + generated  # generate_step feeds every token it yields
         self.steps.append({"prompt": len(prompt), "reused": n, "computed": len(prompt) - n,
-                           "generated": len(generated), "cache": how, "wall_s": round(wall, 3)})
+                           "generated": len(generated), "cache": how, "wall_s": round(wall, 3),
+                           "ttft_s": round(wall if ttft is None else ttft, 4)})
 
 
 def _replay(lm, trace: list[_Step]) -> _Baseline:
@@ -253,11 +259,14 @@ def run_agent_bench(model: str = "demo:gemma3:small", quick: bool = False,
     cases = [_case(name, pairs) for name, pairs in runs.items()]
     bp, tot = cases
     headline = {"speedup": bp["speedup"], "prefill_ratio": bp["prefill_ratio"],
-                "turn_speedup": bp["turn_speedup"],
+                "turn_speedup": bp["turn_speedup"], "turn_ttft_speedup": bp["turn_ttft_speedup"],
                 "tot_speedup": tot["speedup"], "tot_prefill_ratio": tot["prefill_ratio"]}
+    # The whole-workflow `speedup` is bound by decode and the first read of the document,
+    # which both sides pay alike: a reported figure, not a target.
     return result(
         "agent", model, {**asdict(sz), "reps": reps, "quick": quick, "block_size": 256},
-        cases, headline, {"speedup": ">= 5", "tot_speedup": ">= 5"},
+        cases, headline,
+        {"turn_speedup": ">= 5", "turn_ttft_speedup": ">= 20", "tot_speedup": ">= 5"},
         notes=[("baseline: mlx-lm generate_step with one prompt cache (extend, else trim if "
                 "trimmable, else recompute), replaying forkv's exact tokens"),
                ("demo models sample ASCII bytes only, so generated text round-trips through the "
@@ -280,6 +289,7 @@ def _case(name: str, pairs: list[tuple[_Ours, _Baseline]]) -> dict:
         "speedup": round(summary(base_wall)["median"] / summary(ours_wall)["median"], 2),
         "prefill_ratio": round(base.prefill / max(1, ours.prefill), 2),
         "turn_speedup": _turn_speedup(pairs) if name == "branch_prune" else None,
+        "turn_ttft_speedup": _turn_ttft_speedup(pairs) if name == "branch_prune" else None,
     }
 
 
@@ -292,4 +302,14 @@ def _turn_speedup(pairs: list[tuple[_Ours, _Baseline]]) -> float | None:
         walls = [(o["wall_s"], b["wall_s"]) for o, b in zip(ours.steps, base.steps)]
         turns = [walls[i:i + 2] for i in range(2, len(walls) - 1, 2)]  # skip the first turn
         ratios += [sum(b for _, b in t) / max(1e-9, sum(o for o, _ in t)) for t in turns]
+    return round(summary(ratios)["median"], 2) if ratios else None
+
+
+def _turn_ttft_speedup(pairs: list[tuple[_Ours, _Baseline]]) -> float | None:
+    """Median over the turns after a prune of baseline ÷ ours time to the first token of the
+    turn (its reasoning step): what a user waits before a later turn starts to stream."""
+    ratios = []
+    for ours, base in pairs:
+        firsts = [(o["ttft_s"], b["ttft_s"]) for o, b in zip(ours.steps, base.steps)]
+        ratios += [b / max(1e-9, o) for o, b in firsts[2::2]]  # each later turn's reasoning
     return round(summary(ratios)["median"], 2) if ratios else None

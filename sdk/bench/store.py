@@ -127,12 +127,17 @@ class _PlainFilesStore:
 
 
 def run_store_bench(model: str = "demo:gemma3:small", quick: bool = False, reps: int = 5,
-                    prefix: int = 8192) -> dict:
+                    prefix: int = 8192, processes: int = 3) -> dict:
+    """Restore an 8K prefix from each tier. The headline `encryption_overhead` is the median
+    over `processes` fresh processes (1 with `quick`): one process's allocator and page-cache
+    state moves it by several percent, more than the figure's margin to its target."""
     from forkv.engine import Engine, load_model
     from forkv.engine.recordstore import RecordStore
     from forkv.security import BlobStore, StoreSettings
     from forkv.security.bench import measure_aead
 
+    if processes > 1 and not quick:
+        return _median_of_processes(processes, model=model, reps=reps, prefix=prefix)
     if quick:
         reps, prefix = 2, 512
     aead = measure_aead(sizes=(1 << 20, 32 << 20) if not quick else (1 << 20,), reps=reps)
@@ -200,3 +205,33 @@ def run_store_bench(model: str = "demo:gemma3:small", quick: bool = False, reps:
                        f"plaintext tier restores in {med['plaintext'] * 1e3:.1f} ms, the "
                        f"encrypted one in {med['encrypted'] * 1e3:.1f} ms.{physics}"),
                   ], dtype=lm.dtype)
+
+
+_CHILD = ("import json, sys; from forkv.bench.store import run_store_bench; "
+          "print(json.dumps(run_store_bench(processes=1, **json.loads(sys.argv[1]))))")
+
+
+def _median_of_processes(n: int, **kwargs) -> dict:
+    """Run the benchmark in `n` fresh processes, one after another; the result is the run
+    whose encryption_overhead is the median, with every run's figure beside it."""
+    import json
+    import subprocess
+    import sys
+
+    runs = []
+    for _ in range(n):
+        r = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(kwargs)],
+                           capture_output=True, text=True, check=False)
+        if r.returncode != 0:
+            raise RuntimeError(f"a store benchmark process failed: {r.stderr[-2000:]}")
+        runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    runs.sort(key=lambda run: run["headline"]["encryption_overhead"])
+    res = runs[len(runs) // 2]  # n is odd by default; an even n takes the upper middle
+    values = [run["headline"]["encryption_overhead"] for run in runs]
+    res["headline"]["encryption_overhead_runs"] = values
+    res["settings"]["processes"] = n
+    target = res["targets"]["encryption_overhead"]
+    target["met"] = res["headline"]["encryption_overhead"] <= float(target["target"].split()[1])
+    res["notes"].append(f"encryption_overhead is the median of {n} fresh processes: "
+                        f"{', '.join(f'{v:.3f}' for v in values)}.")
+    return res
