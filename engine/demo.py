@@ -108,7 +108,7 @@ def cache_root() -> Path:
 
 def ensure_demo_model(arch: str, size: str = "tiny") -> Path:
     """Return the folder of a demo model, building it first if it is not there yet."""
-    if arch in VISION_ARCHS and size in SIZES:
+    if arch in VISION_ARCHS and arch not in _CONFIGS and size in SIZES:  # text names win
         config, build = demo_vlm_config(arch, size), build_vlm
     else:
         config, build = demo_config(arch, size), _build
