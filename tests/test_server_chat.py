@@ -63,7 +63,15 @@ def test_stream_matches_completion_and_reports_usage(client):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens >= 1
 
 
-def test_n_choices_share_the_prompt(client):
+def test_n_choices_share_the_prompt(client, url):
+    computed = metric(url, "forkv_tokens_computed_total")
+    forks = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Forks: " + LONG}], n=3,
+        max_tokens=2, temperature=1.0)
+    assert len(forks.choices) == 3
+    # The prompt is computed once: the other two forks restore its full blocks.
+    prompt = forks.usage.prompt_tokens
+    assert metric(url, "forkv_tokens_computed_total") - computed < 2 * prompt
     out = client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Three ideas?"}], n=3,
         max_tokens=8, temperature=1.0, seed=7)

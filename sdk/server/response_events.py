@@ -123,6 +123,9 @@ def stream_response(state, handle, body: dict, split: Splitter, finish, t0: floa
                          content_index=0, delta=text, **extra)
 
         finished, ids = False, []
+        if split.tag:  # the reasoning item comes first in the output, even if left empty
+            for e in open_item("reasoning"):
+                yield e
         try:
             async for ev in events(state, handle, t0):
                 ids += ev.token_ids
