@@ -176,7 +176,7 @@ async def _stream(state, handles, head, include_usage: bool, logprobs: bool, tok
             generated[i] += len(event.token_ids)
             choice = {"index": i, "delta": {"content": event.text} if event.text else {},
                       "logprobs": _logprobs(tok, event.token_ids, event.logprobs,
-                                            getattr(event, "top_logprobs", None) or [])
+                                            event.top_logprobs)
                       if logprobs else None, "finish_reason": None}
             if event.finish_reason is not None:
                 left -= 1

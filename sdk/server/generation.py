@@ -1,8 +1,8 @@
 """Running requests for the HTTP routes: submit off the event loop, iterate, cancel, collect.
 
 `start()` tokenizes and submits (n > 1: n requests of one prompt, which the engine runs as
-forks sharing its checkpoints), mapping engine refusals to HTTP
-errors: a full queue is 429, a prompt past the context 400 `context_length_exceeded`.
+forks: the later ones wait for the first one's prefill and restore it), mapping refusals to
+HTTP errors: a full queue is 429, a prompt past the context 400 `context_length_exceeded`.
 `events()` iterates one handle, records time to first token and generated tokens, and cancels
 the request if the consumer stops early (a client that went away). Knows no response format.
 """
@@ -45,7 +45,7 @@ def _prepare(state, prompt, params: SamplingParams, images, namespace: str):
 
 
 async def start(state, prompt, params: SamplingParams, namespace: str, images=None,
-                n: int = 1) :
+                n: int = 1) -> list:
     """Submit `n` completions of `prompt` for `namespace`; their handles."""
     def submit(index: int, tokens):
         # Choices of one prompt differ by seed (as OpenAI's n does) when a seed is given.
@@ -63,7 +63,6 @@ async def start(state, prompt, params: SamplingParams, namespace: str, images=No
     tokens = await asyncio.to_thread(_prepare, state, prompt, params, images, namespace)
     handles = []
     try:
-        # The engine shares the prompt's checkpoints among the n forks (issue 12).
         for i in range(n):
             handles.append(await asyncio.to_thread(submit, i, tokens))
     except BaseException:
@@ -114,7 +113,7 @@ async def collect(state, handle, t0: float) -> Collected:
         parts.append(event.text)
         out.token_ids += event.token_ids
         out.logprobs += event.logprobs
-        out.top_logprobs += getattr(event, "top_logprobs", None) or []
+        out.top_logprobs += event.top_logprobs
         if event.finish_reason is not None:
             out.finish_reason, out.timings = event.finish_reason, event.timings
     out.text = "".join(parts)
