@@ -19,7 +19,7 @@ from .demo_tokenizer import (EOS_TOKEN, PAD_TOKEN, SPECIAL_TOKENS, TOOL_FORMATS,
 from .demo_vlm_specs import FAMILIES, SPECS
 from .demo_weights import save_random_model
 
-DEMO_VLM_VERSION = 2
+DEMO_VLM_VERSION = 3
 VISION_ARCHS = tuple(SPECS)
 _IMAGE_PART = "{{- '<image>' -}}"
 
@@ -77,8 +77,15 @@ def build_vlm(config: dict, folder: Path, seed: int) -> None:
     model_config = update_module_configs(module.ModelConfig.from_dict(full), module, full,
                                          ["text", "vision"])
     mx.random.seed(seed)
+    model = module.Model(model_config)
+    if arch == "gemma3":
+        # mlx-vlm initialises Gemma 3's projection to ones, which sums the (zero-mean) tower
+        # output to ~0: image tokens would carry only rounding noise.
+        proj = model.multi_modal_projector
+        shape = proj.mm_input_projection_weight.shape
+        proj.mm_input_projection_weight = mx.random.normal(shape) * shape[0] ** -0.5
     # Damp only the tied text embeddings ("embed" alone would also hit the patch embedders).
-    save_random_model(module.Model(model_config), config, folder, damp="embed_tokens")
+    save_random_model(model, config, folder, damp="embed_tokens")
     (folder / "preprocessor_config.json").write_text(json.dumps(
         _processor_config(arch, config["forkv_processor"]), indent=2))
     (folder / "chat_template.json").write_text(json.dumps({"chat_template": chat_template(arch)}))

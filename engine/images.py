@@ -5,14 +5,16 @@ bytes. A prompt carries images either as chat messages whose content has
 `{"type": "image", "image": ...}` parts (or bare `{"type": "image"}` parts filled, in order,
 from an `images` list), as a list of content parts (one user message), as text plus `images`
 (one user message: images first), or as token ids with one image placeholder per image.
-`VisionPrompt` is the result: tokens with each placeholder expanded to the image's token count,
-each image's span, the block-key extras and the restore barriers. Knows nothing about models.
+`VisionPrompt` is the result: tokens with each placeholder expanded the model family's way
+(text around the image, then one image token per feature), each image's span, and the
+block-key extras (each image's digest and place in the block). Knows nothing about models.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -73,8 +75,8 @@ class ImageInput:
 @dataclass(slots=True, frozen=True)
 class ImageSlot:
     image: ImageInput
-    grid: tuple[int, int, int]  # (t, h, w) in patches, as the image processor gives it
-    start: int  # span of the image's placeholder tokens in the prompt
+    grid: tuple[int, int, int]  # (t, h, w), as the model family lays the image out
+    start: int  # span of the image's feature tokens in the prompt
     end: int
 
 
@@ -84,20 +86,21 @@ class VisionPrompt:
     images: list[ImageSlot]
     pixels: dict = field(default_factory=dict)  # digest -> preprocessed pixels, if computed
 
-    @property
-    def barriers(self) -> list[tuple[int, int]]:
-        return [(s.start, s.end) for s in self.images]
-
     def extras(self, block_size: int) -> dict[int, list[bytes]]:
-        """Per block, the digests of the images overlapping it (for block keys)."""
+        """Per block, what keys it besides its tokens: the digest of each image overlapping it
+        and where in the block that image's span lies (the same image elsewhere is another
+        key, even where the tokens alone could not tell)."""
         out: dict[int, list[bytes]] = {}
         for s in self.images:
             for b in range(s.start // block_size, (s.end - 1) // block_size + 1):
-                out.setdefault(b, []).append(s.image.digest)
+                place = struct.pack("<qq", s.start - b * block_size, s.end - b * block_size)
+                out.setdefault(b, []).append(s.image.digest + place)
         return out
 
-    def digests_in(self, start: int, end: int) -> list[bytes]:
-        return [s.image.digest for s in self.images if s.start < end and s.end > start]
+    def extras_in(self, start: int, end: int) -> list[bytes]:
+        """The same, for the tokens [start, end) (a partial block)."""
+        return [s.image.digest + struct.pack("<qq", s.start - start, s.end - start)
+                for s in self.images if s.start < end and s.end > start]
 
 
 def has_image_parts(prompt) -> bool:
@@ -113,10 +116,13 @@ def _parts(prompt) -> list[dict]:
     return list(prompt)
 
 
-def render_prompt(tokenizer, prompt, images: Sequence | None, image_token_id: int,
-                  image_tokens: Callable[[ImageInput], tuple[tuple[int, int, int], int]]
-                  ) -> VisionPrompt:
-    """Tokens and image spans for `prompt`; `image_tokens(image)` gives (grid, token count)."""
+def render_prompt(tokenizer, prompt, images: Sequence | None, placeholder_id: int,
+                  image_tokens: Callable[[ImageInput], tuple[tuple[int, int, int], int]],
+                  image_token_id: int | None = None,
+                  wrap: tuple[Sequence[int], Sequence[int]] = ((), ())) -> VisionPrompt:
+    """Tokens and image spans for `prompt`. Each `placeholder_id` (one per image, as the chat
+    template renders it) becomes wrap[0], then `image_tokens(image)` = (grid, n) gives n copies
+    of `image_token_id` (default: the placeholder itself), then wrap[1]."""
     extra = [ImageInput.of(i) for i in images or ()]
     if isinstance(prompt, str) and extra:  # text plus images: one user turn, images first
         parts = [{"type": "image"} for _ in extra] + [{"type": "text", "text": prompt}]
@@ -133,20 +139,23 @@ def render_prompt(tokenizer, prompt, images: Sequence | None, image_token_id: in
         ids, found = [int(t) for t in prompt], extra
     if not ids:
         raise GenerationError("The prompt is empty; give at least one token of text.")
-    n_slots = ids.count(image_token_id)
+    image_token_id = placeholder_id if image_token_id is None else image_token_id
+    n_slots = ids.count(placeholder_id)
     if n_slots != len(found):
         raise GenerationError(
             f"The prompt has {n_slots} image placeholder(s) but {len(found)} image(s) were "
             "given; give one image per image part.")
     tokens, slots = [], []
     for t in ids:
-        if t != image_token_id:
+        if t != placeholder_id:
             tokens.append(t)
             continue
         image = found[len(slots)]
         grid, n = image_tokens(image)
+        tokens.extend(wrap[0])
         slots.append(ImageSlot(image, grid, len(tokens), len(tokens) + n))
         tokens.extend([image_token_id] * n)
+        tokens.extend(wrap[1])
     return VisionPrompt(tokens, slots)
 
 

@@ -95,11 +95,11 @@ def load_model(name: str, dtype: str = "auto") -> LoadedModel:
 
     path = resolve_model_path(name)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from .vision_loader import is_vision_folder, load_vision_model
+    from .vision_loader import is_vision_folder
 
     read_config(path)  # a broken or incomplete config.json is named before mlx-lm reads it
     if is_vision_folder(path):
-        return load_vision_model(name, path, dtype)
+        return _load_vision_model(name, path, dtype)
     try:
         model, tokenizer, config = mlx_lm_load(str(path), return_config=True)
     except TypeError as e:  # ModelArgs(**config) missing a field its architecture needs
@@ -121,6 +121,29 @@ def load_model(name: str, dtype: str = "auto") -> LoadedModel:
         context_length=_context_length(config), eos_token_ids=frozenset(eos or ()),
     )
     return loaded
+
+
+def _load_vision_model(name: str, path: Path, dtype: str) -> LoadedModel:
+    """A vision-language model: mlx-vlm loads it (vision_loader, which never imports this
+    module), the rest is as for text; the fingerprint also covers the image preprocessing."""
+    import hashlib
+
+    import mlx.core as mx
+
+    from .vision_loader import load_vision_parts
+
+    parts = load_vision_parts(path)
+    native = _native_dtype(parts.model)
+    chosen = pick_dtype(dtype, native)
+    if chosen != native:
+        parts.model.set_dtype(getattr(mx, chosen))
+    return LoadedModel(
+        name=name, path=path, model=parts.model, tokenizer=parts.tokenizer, config=parts.config,
+        dtype=chosen, layout=cache_layout(_make_cache(parts.model.language_model)),
+        fingerprint=hashlib.sha256(fingerprint(path, parts.config, chosen)
+                                   + parts.processor_digest).digest(),
+        context_length=_context_length(parts.config), eos_token_ids=parts.eos_token_ids,
+        is_vision=True, processor=parts.processor, image_token_id=parts.image_token_id)
 
 
 def read_config(path: Path) -> dict:

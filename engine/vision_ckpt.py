@@ -1,18 +1,21 @@
 """Checkpoints of vision sequences: a position record at every boundary, checkpoints right
 after images, and the restore that uses both.
 
-Qwen-VL keeps one number outside its caches: the next text position (M-RoPE), which after an
-image runs ahead of the token count. Every recorded boundary gets an EXTRA record holding it;
-checkpoint.py treats a boundary without one as a miss. Boundaries strictly inside an image
-never get one, so no restore can end inside an image (the restore barriers say so too).
+A vision model may keep one number outside its caches: the position state (Qwen's M-RoPE runs
+ahead of the token count after an image; see vision_qwen.py). Every recorded boundary gets an
+EXTRA record holding it — inside images too, where it is the image's base position — and
+checkpoint.py treats a boundary without one as a miss. Block records (global, window, state)
+are taken by the Checkpointer's own recorder at every boundary, inside and after images, as for
+text; a restore may end inside an image, whose remaining tokens then take their features from
+the feature cache.
 
 An image usually ends mid-block and the question after it differs between requests, so the
-last common block boundary falls inside the image and a block-aligned restore would go back to
-before it, recomputing the whole image. So on models whose caches are all global K/V, the end of
-each image is checkpointed too: the K/V of the partial block up to the image end plus the
-position record, under a key chained from the previous block's key, the partial block's tokens
-and the digests of the images in it. Every vision run cuts its chunks at image ends (see
-`VisionSequence`), so restoring there is exact against a fresh run.
+last common block boundary falls before the image end and the image's tail is recomputed. On
+models whose caches are all global K/V, the end of each image is checkpointed too: the K/V of
+the partial block up to the image end plus the position state, under a key chained from the
+previous block's key, the partial block's tokens and the images in it. Every vision run cuts
+its chunks at image ends (see `VisionSequence`), so restoring there is exact against a fresh
+run. (Window and state caches cannot be cut mid-block this way: their records are per block.)
 """
 
 from __future__ import annotations
@@ -22,22 +25,25 @@ import hashlib
 from .blocks import tokens_bytes
 from .images import VisionPrompt
 from .layout import CacheKind
-from .recorder import SequenceRecorder
-from .records import Record, rebuild
+from .records import Record
 
-IMAGE_END_TAG = b"forkv-image-end-v1"
+IMAGE_END_TAG = b"forkv-image-end-v2"
 # Tests switch this off to show what restoring without the position state costs.
 RESTORE_POSITION_STATE = True
 
 
-def position_record(block: int, tokens: bytes, next_pos: int) -> Record:
+def position_record(block: int, tokens: bytes, state: int) -> Record:
     import mlx.core as mx
 
-    return Record(CacheKind.EXTRA, block, tokens, {"next_pos": mx.array([next_pos], mx.int64)})
+    return Record(CacheKind.EXTRA, block, tokens, {"next_pos": mx.array([state], mx.int64)})
 
 
 def supports_image_ends(ck) -> bool:
-    return ck.enabled and ck.kinds - {CacheKind.EXTRA} == {CacheKind.GLOBAL}
+    return ck.enabled and set(ck.kinds) - {CacheKind.EXTRA} == {CacheKind.GLOBAL}
+
+
+def _global_layers(ck) -> list[int]:
+    return [leaf.index for leaf in ck.layout.layers if leaf.kind == CacheKind.GLOBAL]
 
 
 def image_end_key(ck, keys: list[bytes], request: VisionPrompt, end: int) -> bytes:
@@ -46,17 +52,19 @@ def image_end_key(ck, keys: list[bytes], request: VisionPrompt, end: int) -> byt
     h = hashlib.sha256(IMAGE_END_TAG)
     h.update(keys[end // B - 1] if end >= B else ck.keyer.seed)
     h.update(tokens_bytes(request.tokens[lo:end]))
-    for digest in request.digests_in(lo, end):
-        h.update(b"\x01" + digest)
+    for extra in request.extras_in(lo, end):
+        h.update(b"\x01" + extra)
     return h.digest()
 
 
-class VisionRecorder(SequenceRecorder):
-    """The boundary hook of a vision sequence: block records, position records, image ends."""
+class VisionRecorder:
+    """The boundary hook of a vision sequence: the Checkpointer's block recorder (recomputing
+    decoded blocks through the sequence), plus position records and image ends."""
 
     def __init__(self, ck, keys: list[bytes], request: VisionPrompt, seq):
-        super().__init__(ck, keys, request.extras(ck.block_size))
-        self.model = seq  # decoded blocks are recomputed with the sequence's positions
+        self.ck = ck
+        self.blocks = ck.recorder(keys, request.extras(ck.block_size))
+        self.blocks.model = seq  # decoded blocks are recomputed with the sequence's positions
         self.seq = seq
         self.request = request
         if supports_image_ends(ck):
@@ -64,86 +72,84 @@ class VisionRecorder(SequenceRecorder):
 
     def __call__(self, pos, tokens, cache, in_decode: bool) -> bool:
         ck, B = self.ck, self.ck.block_size
-        if pos // B > len(self.keys):  # decode went past the prompt's blocks
-            self.keys.extend(ck.keyer.keys(tokens[:pos], self.extras, start=len(self.keys),
-                                           prev=self.keys[-1] if self.keys else None))
-        # Position state depends on tokens and images only, so it is recorded up front (if the
-        # block's cache records then fail to be made, it is simply never used).
-        next_pos, key = self.seq.next_pos_at(pos), self.keys[pos // B - 1]
-        if next_pos is not None and not ck.store.contains(key, CacheKind.EXTRA):
+        recomputed = self.blocks(pos, tokens, cache, in_decode)
+        # Position state depends on tokens and images only (if the block's cache records could
+        # not be made, it is simply never used).
+        key = self.blocks.keys[pos // B - 1]
+        if not ck.store.contains(key, CacheKind.EXTRA):
             ck.store.put(key, position_record(pos // B - 1, tokens_bytes(tokens[pos - B:pos]),
-                                              next_pos))
-        return super().__call__(pos, tokens, cache, in_decode)
+                                              self.seq.positions.state_at(pos)))
+        return recomputed
 
     def record_image_end(self, end: int, cache: list) -> None:
         import mlx.core as mx
 
         ck, B = self.ck, self.ck.block_size
-        key = image_end_key(ck, self.keys, self.request, end)
-        if ck.store.contains(key, CacheKind.GLOBAL) and ck.store.contains(key, CacheKind.EXTRA):
+        key = image_end_key(ck, self.blocks.keys, self.request, end)
+        if ck.store.contains(key, CacheKind.EXTRA):
             return
-        lo, arrays = end // B * B, {}
-        for i in ck.layout.indices(CacheKind.GLOBAL):
+        lo = end // B * B
+        arrays = {"next_pos": mx.array([self.seq.positions.state_at(end)], mx.int64)}
+        for i in _global_layers(ck):
             c = cache[i]
             assert c.offset == end, f"layer {i} holds {c.offset} tokens, expected {end}"
             arrays[f"{i}.k"] = mx.array(c.keys[..., lo:end, :])  # copies: caches update
             arrays[f"{i}.v"] = mx.array(c.values[..., lo:end, :])  # in place
         mx.eval(arrays)
-        tokens = tokens_bytes(self.request.tokens[lo:end])
-        ck.store.put(key, Record(CacheKind.GLOBAL, end // B, tokens, arrays))
-        ck.store.put(key, position_record(end // B, tokens, self.seq.next_pos_at(end)))
+        ck.store.put(key, Record(CacheKind.EXTRA, end // B, tokens_bytes(
+            self.request.tokens[lo:end]), arrays))
 
 
 def restore(ck, request: VisionPrompt, stats) -> tuple[list, int, list[bytes], int]:
-    """(cache, tokens it holds, block keys, next position) for the furthest restorable point:
-    a block boundary outside every image, or the end of an image."""
+    """(cache, tokens it holds, block keys, position state there) for the furthest restorable
+    point: a block boundary, or the end of an image past it."""
     B, tokens = ck.block_size, request.tokens
-    r = ck.restore(tokens, request.extras(B), request.barriers)
-    n, next_pos = r.position, _next_pos(r.extra, r.position)
+    r = ck.restore(tokens, request.extras(B))
+    n, state = r.position, _state(r.extra, r.position)
     if supports_image_ends(ck):
         for end in sorted({s.end for s in request.images}, reverse=True):
             if end <= n:
                 break
-            if end % B == 0 or end >= len(tokens):
-                continue  # a block boundary (restored above if it could be), or nothing left
-            got = _restore_image_end(ck, r.keys, request, end)
+            if end // B * B != n or end >= len(tokens):
+                continue  # the block before the image end is not restored, or nothing left
+            got = _restore_image_end(ck, r, request, end)
             if got is not None:
                 ck.stats.tokens_reused += end - n
                 ck.stats.tokens_computed -= end - n
                 stats.tail_restores += 1
-                return got[0], end, r.keys, _next_pos(got[1], end)
-    return r.cache, n, r.keys, next_pos
+                return r.cache, end, r.keys, _state(got, end)
+    return r.cache, n, r.keys, state
 
 
-def _next_pos(extra: dict, position: int) -> int:
+def _state(extra: dict, position: int) -> int:
     if position == 0:
         return 0
     if not RESTORE_POSITION_STATE:
-        return position  # what a model without the stored offset would assume
+        return position  # what a model without the stored state would assume
     return int(extra["next_pos"].item())
 
 
-def _restore_image_end(ck, keys, request: VisionPrompt, end: int):
-    B, tokens = ck.block_size, request.tokens
-    b = end // B
-    key = image_end_key(ck, keys, request, end)
-    if not ck.store.contains(key, CacheKind.GLOBAL):
+def _restore_image_end(ck, r, request: VisionPrompt, end: int) -> dict | None:
+    """Append the image end's K/V to the restored caches (which hold its block's start)."""
+    import mlx.core as mx
+
+    lo = end // ck.block_size * ck.block_size
+    key = image_end_key(ck, r.keys, request, end)
+    record = ck.store.get(key, CacheKind.EXTRA)
+    if record is None:
         return None
-    # Checkpointer._load verifies tokens and shapes, counts hits and drops bad records.
-    expect = tokens_bytes(tokens[b * B:end])
-    tail = ck._load(key, CacheKind.GLOBAL, expect)
-    position = ck._load(key, CacheKind.EXTRA, expect) if tail is not None else None
-    if position is None:
+    layers = _global_layers(ck)
+    names = {"next_pos"} | {f"{i}.{s}" for i in layers for s in "kv"}
+    if record.tokens != tokens_bytes(request.tokens[lo:end]) or set(record.arrays) != names:
+        ck.stats.rejected += 1  # same key, other content: never reuse
+        ck.store.discard(key, CacheKind.EXTRA)
         return None
-    records = []
-    for i in range(b):
-        record = ck._load(keys[i], CacheKind.GLOBAL, tokens_bytes(tokens[i * B:(i + 1) * B]))
-        if record is None:
-            return None
-        records.append(record)
-    try:
-        cache = rebuild(ck.lm.make_cache(), ck.layout, end, B, records + [tail], {}, None)
-    except (KeyError, ValueError, AssertionError):
-        ck.stats.rejected += 1
-        return None
-    return cache, position.arrays
+    for i in layers:
+        c = r.cache[i]
+        k, v = record.arrays[f"{i}.k"], record.arrays[f"{i}.v"]
+        if lo:
+            k = mx.concatenate([c.keys[..., :lo, :], k], axis=2)
+            v = mx.concatenate([c.values[..., :lo, :], v], axis=2)
+        c.keys, c.values, c.offset = k, v, end
+    mx.eval([c.state for c in r.cache])
+    return record.arrays
