@@ -18,7 +18,7 @@ from .nodes import GENERATED_KINDS, GenSettings, Node
 from .rules import check_placement
 
 if TYPE_CHECKING:
-    from .tree import NodeLike
+    from .nodes import NodeLike
 
 __all__ = ["FORK_TEMPERATURE", "BranchingMixin"]
 

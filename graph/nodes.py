@@ -29,6 +29,7 @@ __all__ = [
     "ImagePart",
     "Kind",
     "Node",
+    "NodeLike",
     "NodeResult",
     "NodeStats",
     "Status",
@@ -343,3 +344,8 @@ class Node(BaseModel):
     def fork(self, k: int | None = None, kind: str = "reasoning", **kw: Any) -> list[Node]:
         """Add k generated siblings under this node; see `Tree.fork`."""
         return self.tree.fork(self, k, kind=kind, **kw)
+
+
+# What tree operations take: a node, or its id. Declared beside Node so the Tree and its
+# mixins, the planner and the renderer all import it from here (one-way: nothing imports tree).
+NodeLike = Node | str

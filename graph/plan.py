@@ -19,7 +19,8 @@ from .toolformat import forced_call
 from .tools import visible_tools
 
 if TYPE_CHECKING:
-    from .tree import NodeLike, Tree
+    from .nodes import NodeLike
+    from .tree import Tree
 
 __all__ = ["Job", "plan"]
 

@@ -32,8 +32,8 @@ from .toolformat import ToolFormat, detect_format
 from .tools import visible_tools
 
 if TYPE_CHECKING:
-    from .nodes import Node
-    from .tree import NodeLike, Tree
+    from .nodes import Node, NodeLike
+    from .tree import Tree
 
 __all__ = ["ImageRef", "ReasoningFormat", "RenderedPath", "Tokenizer", "block_range", "render"]
 

@@ -15,7 +15,7 @@ from .nodes import BlockRef, Node, NodeResult, NodeStats
 
 if TYPE_CHECKING:
     from .render import RenderedPath
-    from .tree import NodeLike
+    from .nodes import NodeLike
 
 __all__ = ["ResultsMixin"]
 

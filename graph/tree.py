@@ -25,7 +25,7 @@ from .errors import (
     NodeNotFound,
     NodeRemoved,
 )
-from .nodes import GENERATED_KINDS, GenSettings, Node, make_image
+from .nodes import GENERATED_KINDS, GenSettings, Node, NodeLike, make_image
 from .results import ResultsMixin
 from .rules import check_placement, validate_tree
 from .tools import ToolCall, make_tools
@@ -37,7 +37,6 @@ __all__ = ["Tree"]
 
 _ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:\-]{0,63}$")
 _PREFIX = {"system": "s", "user": "u", "reasoning": "r", "final": "f", "tool": "t"}
-NodeLike = Node | str
 
 
 class Tree(BranchingMixin, ResultsMixin):
