@@ -13,7 +13,7 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from server_proc import running_server  # noqa: E402
+from server_proc import metric, running_server  # noqa: E402
 
 MODEL = "demo:qwen3:tiny"
 PROMPT = [{"role": "user", "content": "Tenant data: " + "secret plans " * 25}]
@@ -36,7 +36,8 @@ def _env() -> dict:
 @pytest.fixture(scope="module")
 def url():
     with running_server("--model", MODEL, "--api-key", "key-a", "--api-key", "key-b",
-                        "--max-queue", "2", "--reasoning", "on") as u:
+                        "--max-queue", "2", "--max-namespaces", "3", "--reasoning",
+                        "on") as u:
         yield u
 
 
@@ -70,6 +71,7 @@ def test_tenants_and_salts_never_share_checkpoints(url):
     with pytest.raises(openai.NotFoundError):
         b.responses.retrieve(resp.id)
     assert a.responses.retrieve(resp.id).id == resp.id
+    assert metric(url, "forkv_namespaces") <= 3  # idle ones were closed past --max-namespaces
 
 
 def test_full_queue_answers_429(url):

@@ -41,6 +41,7 @@ class ServerConfig:
     api_keys: tuple[str, ...] = ()
     max_queue: int = 64
     max_seqs: int = 8
+    max_namespaces: int = 8
     max_body: int = DEFAULT_MAX_BODY
     reasoning: str = "auto"  # auto | on | off: emit reasoning items for thinking formats
     aliases: tuple[str, ...] = field(default_factory=tuple)
@@ -50,7 +51,8 @@ class ServerState:
     def __init__(self, config: ServerConfig, lm, backend: Backend | None = None):
         self.config, self.lm = config, lm
         self.backend = backend or Backend(lm, max_queue=config.max_queue,
-                                          max_seqs=config.max_seqs)
+                                          max_seqs=config.max_seqs,
+                                          max_namespaces=config.max_namespaces)
         self.metrics = Metrics()
         self.tenants = Tenants(config.api_keys)
         self.model_ids = dict.fromkeys((config.model, lm.name, *config.aliases))

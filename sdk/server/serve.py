@@ -56,6 +56,10 @@ def serve(config) -> None:
 
 def run_serve(args) -> int:
     """The `forkv serve` subcommand (arguments from `forkv.cli`)."""
+    for name in ("port", "max_queue", "max_seqs", "max_namespaces", "max_body"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got "
+                             f"{getattr(args, name)}.")
     keys = tuple(args.api_key or ())
     if not keys and os.environ.get("FORKV_API_KEY"):
         keys = (os.environ["FORKV_API_KEY"],)
@@ -63,6 +67,7 @@ def run_serve(args) -> int:
 
     config = ServerConfig(model=args.model, host=args.host, port=args.port, api_keys=keys,
                           max_queue=args.max_queue, max_seqs=args.max_seqs,
+                          max_namespaces=args.max_namespaces,
                           max_body=args.max_body, reasoning=args.reasoning)
     serve(config)  # BindRefused is a ValueError: the CLI prints it and exits 2
     return 0
@@ -79,6 +84,9 @@ def add_arguments(p) -> None:
     p.add_argument("--max-queue", type=int, default=64,
                    help="requests in flight before new ones get 429")
     p.add_argument("--max-seqs", type=int, default=8, help="sequences decoded in one batch")
+    p.add_argument("--max-namespaces", type=int, default=8,
+                   help="tenant/cache_salt namespaces with a live engine (least recently used "
+                        "idle ones are closed past this)")
     p.add_argument("--max-body", type=int, default=32 << 20, help="largest request body, bytes")
     p.add_argument("--reasoning", choices=("auto", "on", "off"), default="auto",
                    help="Responses API: split thinking into reasoning items (auto: when the "
