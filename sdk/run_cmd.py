@@ -72,9 +72,12 @@ def _print_row(node, event, totals: list[int]) -> None:
     totals[0] += st.tokens_reused
     totals[1] += st.tokens_computed
     totals[2] += st.tokens_generated
-    print(f"  {node.id:<14} {node.kind:<9} reused {st.tokens_reused:>6}  computed "
-          f"{st.tokens_computed:>6}  generated {st.tokens_generated:>5}  "
-          f"{t.get('wall_s', 0.0):7.2f} s  finish={event.finish_reason}", flush=True)
+    # The request's own clock (submitted -> last token): nodes of a batched wave overlap.
+    first = t.get("first_token_s", 0.0)
+    total = first + t.get("decode_s", 0.0)
+    print(f"  {node.id:<10} {node.kind:<9} reused {st.tokens_reused:>5}  computed "
+          f"{st.tokens_computed:>5}  generated {st.tokens_generated:>4}  first token "
+          f"{first:.2f} s  total {total:.2f} s  {event.finish_reason}", flush=True)
 
 
 def save_private(tree, path: str | Path) -> Path:

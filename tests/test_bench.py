@@ -33,6 +33,7 @@ def report(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow  # `bench all --quick`: every benchmark end to end, ~30 s on 2 cores
 @pytest.mark.parametrize("name", available())
 def test_quick_benchmark_json_is_well_formed(report, name):
     data = json.loads((report / f"{name}.json").read_text())
@@ -45,6 +46,7 @@ def test_quick_benchmark_json_is_well_formed(report, name):
         assert set(target) == {"target", "met"}
 
 
+@pytest.mark.slow
 def test_report_has_summary_and_plots(report):
     summary = (report / "summary.md").read_text()
     assert "| benchmark |" in summary and "Machine:" in summary

@@ -13,8 +13,11 @@ from conftest import load_tiny
 
 CHROMIUM = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome")
                  if shutil.which(b)), None)
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed "
-                                "(apt-get install -y chromium); the page layout check needs it")
+pytestmark = [
+    pytest.mark.slow,  # a demo tree and three Chromium runs: ~15 s on 2 cores
+    pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed "
+                       "(apt-get install -y chromium); the page layout check needs it"),
+]
 
 # Measures the laid-out page and writes the result into the DOM for --dump-dom to print.
 PROBE = """<script>

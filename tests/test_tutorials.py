@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 TUTORIALS = Path(__file__).resolve().parent.parent / "tutorials"
 
 
@@ -33,6 +35,7 @@ def test_01_conversation_on_a_given_model():
     assert "flowchart TD" in out
 
 
+@pytest.mark.slow  # the same workflow as `forkv demo`, which test_cli_show runs by default
 def test_02_branch_and_prune_reuses_on_every_prune_and_rewind():
     out = run("02_branch_and_prune.py")
     lines = {line.split("  ")[0].strip(): line for line in out.splitlines() if "reused" in line}
@@ -43,6 +46,7 @@ def test_02_branch_and_prune_reuses_on_every_prune_and_rewind():
     assert "system:s1 -> user:u2 -> final:f5 -> user:u6 -> final:f7" in out
 
 
+@pytest.mark.slow  # forks and keep rules run by default in test_cli_run and the README test
 def test_03_tree_of_thought_computes_the_prompt_once():
     out = run("03_tree_of_thought.py")
     branches = [line for line in out.splitlines() if line.startswith("branch ")]
