@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .demo_tokenizer import (EOS_TOKEN, PAD_TOKEN, SPECIAL_TOKENS, TOOL_FORMATS,
                              chat_template as text_template, special_token_id)
-from .demo_vlm_specs import FAMILIES, SPECS
+from .demo_vlm_specs import FAMILIES, MODEL_TYPES, SPECS
 from .demo_weights import save_random_model
 
 DEMO_VLM_VERSION = 3
@@ -24,36 +24,44 @@ VISION_ARCHS = tuple(SPECS)
 _IMAGE_PART = "{{- '<image>' -}}"
 
 
+def _model_type(arch: str) -> str:
+    """mlx-vlm model type of a demo name (a model type passes through)."""
+    return MODEL_TYPES.get(arch, arch)
+
+
 def vision_token_id(arch: str, name: str) -> int:
     """Id of one of the family's vision tokens (numbered after the text demo's specials)."""
-    return 256 + len(SPECIAL_TOKENS) + FAMILIES[arch]["tokens"].index(name)
+    return 256 + len(SPECIAL_TOKENS) + FAMILIES[_model_type(arch)]["tokens"].index(name)
 
 
 def chat_template(arch: str) -> str:
-    text = text_template(TOOL_FORMATS.get(arch, "json_tools"))  # the family's tool format
-    template = text.replace(_IMAGE_PART, "{{- '%s' -}}" % FAMILIES[arch]["image_part"])
+    model_type = _model_type(arch)
+    text = text_template(TOOL_FORMATS.get(model_type, "json_tools"))  # the family's tools
+    template = text.replace(_IMAGE_PART, "{{- '%s' -}}" % FAMILIES[model_type]["image_part"])
     assert template != text, "the text template no longer renders image parts"
     return template
 
 
 def demo_vlm_config(arch: str, size: str) -> dict:
     """The full config.json of a demo VLM."""
-    spec, family = SPECS[arch][size], FAMILIES[arch]
+    model_type = _model_type(arch)
+    spec, family = SPECS[arch][size], FAMILIES[model_type]
     ids = {name: vision_token_id(arch, token) for name, token in family["ids"].items()}
     eos, pad = special_token_id(EOS_TOKEN), special_token_id(PAD_TOKEN)
     text = dict(spec["text"], rms_norm_eps=1e-6, max_position_embeddings=131072,
                 tie_word_embeddings=True, eos_token_id=eos)
     vision = dict(spec["vision"])
-    if arch == "qwen2_vl":  # Qwen2-VL's layout: text fields at the top level
-        config = dict(text, model_type=arch, rope_theta=1_000_000.0, bos_token_id=pad,
-                      vision_config=dict(vision, model_type=arch, hidden_size=text["hidden_size"]))
+    if model_type == "qwen2_vl":  # Qwen2-VL's layout: text fields at the top level
+        config = dict(text, model_type=model_type, rope_theta=1_000_000.0, bos_token_id=pad,
+                      vision_config=dict(vision, model_type=model_type,
+                                         hidden_size=text["hidden_size"]))
     else:
-        config = dict(model_type=arch, text_config=text, vision_config=vision,
+        config = dict(model_type=model_type, text_config=text, vision_config=vision,
                       eos_token_id=eos, tie_word_embeddings=True, pad_token_id=pad)
-    if arch == "gemma3":
+    if model_type == "gemma3":
         config.update(hidden_size=text["hidden_size"], vocab_size=text["vocab_size"],
                       mm_tokens_per_image=text["mm_tokens_per_image"])
-    if arch == "gemma4":
+    if model_type == "gemma4":
         config.update(hidden_size=text["hidden_size"], vocab_size=text["vocab_size"],
                       vision_soft_tokens_per_image=spec["processor"]["max_soft_tokens"])
     return dict(config, **ids, forkv_demo=f"{arch}:{size}:v{DEMO_VLM_VERSION}",

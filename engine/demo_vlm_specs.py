@@ -20,7 +20,7 @@ _QWEN_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_
 _QWEN_IDS = {"vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>",
              "image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>"}
 
-# Per family: its vision special tokens, what the chat template renders for an image part,
+# Per model type: its vision special tokens, what the chat template renders for an image part,
 # which config fields name which token, and the tokenizer attributes its processor reads.
 FAMILIES: dict[str, dict] = {
     "qwen2_vl": dict(tokens=_QWEN_TOKENS, ids=_QWEN_IDS,
@@ -48,6 +48,10 @@ FAMILIES: dict[str, dict] = {
                           "image_token": "<|image|>", "audio_token": "<|audio|>"}),
 }
 
+# Demo names (demo:<name>) -> mlx-vlm model type; the text demos own the plain family names.
+MODEL_TYPES = {"qwen2_vl": "qwen2_vl", "qwen3_5_vl": "qwen3_5", "gemma3_vl": "gemma3",
+               "gemma4_vl": "gemma4"}
+
 SPECS: dict[str, dict[str, dict]] = {
     "qwen2_vl": {
         "tiny": dict(
@@ -67,7 +71,7 @@ SPECS: dict[str, dict[str, dict]] = {
                         temporal_patch_size=2),
             processor=dict(_CLIP, patch_size=14, max_pixels=512 * 28 * 28)),
     },
-    "qwen3_5": {
+    "qwen3_5_vl": {
         "tiny": dict(
             text=dict(model_type="qwen3_5_text", hidden_size=64, num_hidden_layers=4,
                       intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
@@ -100,7 +104,7 @@ SPECS: dict[str, dict[str, dict]] = {
                         deepstack_visual_indexes=[]),
             processor=dict(_HALF, patch_size=16, max_pixels=512 * 32 * 32)),
     },
-    "gemma3": {
+    "gemma3_vl": {
         "tiny": dict(
             text=dict(model_type="gemma3_text", hidden_size=64, num_hidden_layers=6,
                       intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
@@ -120,7 +124,7 @@ SPECS: dict[str, dict[str, dict]] = {
                         patch_size=14, image_size=448),
             processor=dict(image_size=448, tokens=256)),
     },
-    "gemma4": {
+    "gemma4_vl": {
         "tiny": dict(
             text=dict(model_type="gemma4_text", hidden_size=64, num_hidden_layers=6,
                       intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,

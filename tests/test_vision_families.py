@@ -18,7 +18,7 @@ from forkv.engine.generate import prefill
 from forkv.engine.recordstore import RecordStore
 
 B = 32
-FAMILIES = ("qwen2_vl", "qwen3_5", "gemma3", "gemma4")
+FAMILIES = ("qwen2_vl", "qwen3_5_vl", "gemma3_vl", "gemma4_vl")  # demo names
 _models = {}
 
 
@@ -82,8 +82,8 @@ def arch(request):
 def test_demo_vlm_loads_with_its_cache_layout(arch):
     lm = vlm(arch)
     assert lm.is_vision and lm.processor is not None
-    kinds = {"qwen2_vl": {"global"}, "qwen3_5": {"state", "global"},
-             "gemma3": {"window", "global"}, "gemma4": {"window", "global"}}[arch]
+    kinds = {"qwen2_vl": {"global"}, "qwen3_5_vl": {"state", "global"},
+             "gemma3_vl": {"window", "global"}, "gemma4_vl": {"window", "global"}}[arch]
     assert set(lm.layout.kinds) == kinds and lm.layout.can_checkpoint
     assert load_model(str(lm.path)).fingerprint == lm.fingerprint
 
@@ -107,7 +107,7 @@ def test_logits_match_mlx_vlm(arch):
                 grid = mx.array([s.grid for s in request.images])
                 out = model(ids, pixel_values=mx.array(np.concatenate(pixels)),
                             image_grid_thw=grid, cache=lm.make_cache())
-            elif arch == "gemma3":
+            elif arch == "gemma3_vl":
                 # As mlx-vlm's generation runs it (its Model.__call__ would pass the 4-D mask
                 # that get_input_embeddings builds, all ones, to the language model).
                 embeds = model.get_input_embeddings(
@@ -195,20 +195,24 @@ def test_the_same_image_elsewhere_is_another_key(arch):
 @pytest.mark.slow
 def test_decoded_boundaries_restore_exactly(arch):
     lm = vlm(arch)
-    a = image(10)
-    prompt = [user("Tell me a story about ", img(a))]
+    a = image(11)
     with engine(lm) as eng:
-        out = eng.generate(prompt, max_tokens=40)
+        # Pad the prompt (one byte, one token) so decoding reaches a boundary within 4 tokens.
+        n = len(eng.run_on_thread(eng.vision.render, [user("Tell me about ", img(a))], None).tokens)
+        prompt = [user("Tell me about " + "." * ((B - 4 - n) % B), img(a))]
+        out = eng.generate(prompt, max_tokens=12)
         request = eng.run_on_thread(eng.vision.render, prompt, None)
+        family = eng.vision.family
+        # (Token ids carry images as placeholders: a generated one would be ambiguous.)
+        assert family.placeholder_id not in out.token_ids
         history = request.tokens + out.token_ids
         cut = (len(history) - 1) // B * B
         assert cut > len(request.tokens)  # a boundary reached while decoding
         s = request.images[0]
-        family = eng.vision.family
+        before, after = (len(w) for w in family.wrap(lm.tokenizer))
         # Continue the decoded history with other tokens, as token ids plus the image.
-        ids = (history[:s.start - len(family.wrap(lm.tokenizer)[0])]
-               + [family.placeholder_id]
-               + history[s.end + len(family.wrap(lm.tokenizer)[1]):cut] + [97, 98, 99])
+        ids = (history[:s.start - before] + [family.placeholder_id]
+               + history[s.end + after:cut] + [97, 98, 99])
         got, start, _ = logits_after(eng, ids, [a])
         assert start == cut
         assert same(got, fresh_logits(lm, ids, [a]))
