@@ -18,6 +18,7 @@ BENCHMARKS = {
     "image": ("image", "run_image_bench", ("demo:qwen2_vl:small",)),
     "store": ("store", "run_store_bench", ("demo:gemma3:small",)),
     "blas": ("blas", "run_blas_bench", ("demo:gemma3:small",)),
+    "constrained": ("constrained", "run_constrained_bench", ("demo:gemma3:small",)),
     "serve": ("serve", "run_serve_bench",
               ("demo:gemma3:small", "demo:qwen3_5:small", "demo:qwen3:small")),
 }
