@@ -1,8 +1,8 @@
 """A prefill progress bar for the command line (tqdm, on stderr).
 
 `PrefillBar` is the callback the engine calls after each prefill chunk,
-`bar(computed, total, restored)`: tokens of the prompt computed so far, the prompt's length,
-and how many of them were restored from checkpoints. It draws only when the prompt has enough
+`bar(computed, total, restored)`: tokens of the prompt computed so far (restored ones not
+counted), the prompt's length, and how many were restored from checkpoints. It draws only when the prompt has enough
 tokens left to compute to be worth a bar (`min_tokens`) and stderr is a terminal (or
 `force=True`), so short prompts and pipes stay quiet. Knows nothing about the engine: any
 caller that counts tokens can drive it.
@@ -41,14 +41,15 @@ class PrefillBar:
         with self._lock:
             if self._bar is not None and total != self._total:
                 self._close()
+            done = restored + computed
             if self._bar is None:
-                if total - restored < self.min_tokens or computed >= total:
+                if total - restored < self.min_tokens or done >= total:
                     return  # short (or already finished): no bar
                 self._open(total, restored)
-            self._bar.n = computed
+            self._bar.n = done
             self._bar.set_postfix_str(f"restored {restored:,}", refresh=False)
             self._bar.refresh()
-            if computed >= total:
+            if done >= total:
                 self._close()
 
     def node(self, node_id: str, computed: int, total: int, restored: int = 0) -> None:
