@@ -2,11 +2,13 @@
 
 `running_server(args)` starts it with the same Python, waits for GET /health and yields its
 base URL; the process is stopped (SIGINT, then kill) on exit and its stderr is shown if it
-failed to come up.
+failed to come up. `shared_server(args)` gives every test module that asks for the same
+arguments one server for the whole session (starting one costs seconds), stopped at exit.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -54,6 +56,22 @@ def running_server(*args: str, timeout: float = 180.0):
             proc.kill()
             proc.wait()
         log.close()
+
+
+_shared: dict[tuple[str, ...], str] = {}
+
+
+def shared_server(*args: str) -> str:
+    """The URL of the session's server started with `args` (started on first use)."""
+    if args not in _shared:
+        cm = running_server(*args)
+        _shared[args] = cm.__enter__()
+        atexit.register(cm.__exit__, None, None, None)
+    return _shared[args]
+
+
+# The tiny dense demo model, as most server tests use it.
+TINY = ("--model", "demo:qwen3:tiny", "--reasoning", "off", "--max-body", "200000")
 
 
 def http(method: str, url: str, body: bytes | dict | None = None,

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 openai = pytest.importorskip("openai")
 
-from server_proc import http, metric, running_server  # noqa: E402
+from server_proc import TINY, http, metric, shared_server  # noqa: E402
 
 MODEL = "demo:qwen3:tiny"
 LONG = "The quick brown fox jumps over the lazy dog. " * 14  # ~630 byte tokens: 2 full blocks
@@ -23,8 +23,7 @@ LONG = "The quick brown fox jumps over the lazy dog. " * 14  # ~630 byte tokens:
 
 @pytest.fixture(scope="module")
 def url():
-    with running_server("--model", MODEL, "--max-body", "200000") as u:
-        yield u
+    return shared_server(*TINY)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("openai")
 
-from server_proc import running_server  # noqa: E402
+from server_proc import TINY, shared_server  # noqa: E402
 
 MODEL = "demo:qwen3:tiny"
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -23,8 +23,7 @@ CURL = [b for b in re.findall(r"```bash\n(.*?)```", SECTION, flags=re.S) if "cur
 
 @pytest.fixture(scope="module")
 def url():
-    with running_server("--model", MODEL, "--reasoning", "off") as u:
-        yield u
+    return shared_server(*TINY)
 
 
 def _local(code: str, url: str) -> str:

@@ -9,7 +9,7 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from server_proc import http, running_server  # noqa: E402
+from server_proc import TINY, http, shared_server  # noqa: E402
 
 MODEL = "demo:qwen3:tiny"
 DOCUMENT = "Section 1. Foxes are quick and dogs are lazy. " * 12  # ~560 byte tokens
@@ -17,8 +17,7 @@ DOCUMENT = "Section 1. Foxes are quick and dogs are lazy. " * 12  # ~560 byte to
 
 @pytest.fixture(scope="module")
 def url():
-    with running_server("--model", MODEL, "--reasoning", "off") as u:
-        yield u
+    return shared_server(*TINY)
 
 
 @pytest.fixture(scope="module")
