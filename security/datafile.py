@@ -12,10 +12,10 @@ import os
 import threading
 from dataclasses import dataclass, field
 
-from .errors import ForkvError
 from .aead import RecordAuthError, Sealer, sealed_size
 from .alloc import Allocator
 from .blob import ThreadScratch
+from .errors import ForkvError
 from .fileio import DiskIO
 from .folder import PrivateFolder, make_private_folder, open_data_file, sweep_stale_folders
 from .index import Entry

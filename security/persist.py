@@ -178,7 +178,9 @@ def parse_index(
     here, so a bad index is a CorruptStoreError, never a crash or a wrong read later.
     """
     doc = json.loads(plain)
-    if not isinstance(doc, dict) or doc.get("version") != 1:
+    if not isinstance(doc, dict):
+        raise TypeError("index is not a JSON object")
+    if doc.get("version") != 1:
         raise ValueError("index is not a version-1 document")
     salts = doc["sessions"]
     if not isinstance(salts, list) or not 0 < len(salts) <= _MAX_SESSIONS:
@@ -191,7 +193,7 @@ def parse_index(
         raise ValueError("next_generation is out of range")
     rows = doc["entries"]
     if not isinstance(rows, list):
-        raise ValueError("entries is not a list")
+        raise TypeError("entries is not a list")
     index = Index.from_json(rows)
     extents = [(header.index_offset, header.index_length)]
     for (key, kind), e in index.items():

@@ -166,7 +166,7 @@ class StoreSettings:
         into process memory on first read, so child processes never inherit it; later calls in
         this process still see it.
         """
-        from_process = env is None
+        from_process = env is None or env is os.environ
         if from_process:
             take_passphrase_from_env()
         env = os.environ if env is None else env

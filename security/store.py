@@ -19,10 +19,10 @@ from .aead import make_aad, sealed_size
 from .alloc import Allocator
 from .blob import Blob, StoreStats, check_slot, hold_bytes
 from .datafile import DataFile, open_ephemeral
+from .errors import ModelMismatchError
 from .faults import FaultPolicy
 from .fileio import DiskIO
 from .index import Entry, Index, encode_meta
-from .errors import ModelMismatchError
 from .persist import bind_model, open_persistent, reset_space, save_index
 from .settings import StoreSettings
 from .writer import WriteItem, WriteQueue

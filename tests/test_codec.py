@@ -75,7 +75,7 @@ def test_payloads_of_the_old_encoder_still_decode():
             "block_size": str(B)}
     mx.save_safetensors(buf, arrays, metadata=meta)
     back = codec.decode(buf.getvalue(), B)
-    assert back.kind is CacheKind.STATE and back.block == 5 and back.tokens == record.tokens
+    assert back.kind == CacheKind.STATE and back.block == 5 and back.tokens == record.tokens
     for name, a in record.arrays.items():
         _same(back.arrays[name], a)
 

@@ -5,8 +5,8 @@ import os
 import tempfile
 
 import pytest
-from forkv.graph import Tree
 from forkv import sdk_demo
+from forkv.graph import Tree
 from forkv.sdk_demo import run_demo
 from forkv.security import UnsafePathError, write_private_file
 

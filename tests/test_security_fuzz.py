@@ -39,12 +39,30 @@ def tokens_entry(start=0):
     [
         payload(b"[" * 100_000),  # RecursionError before
         payload(b'{"a":' * 50_000 + b"1" + b"}" * 50_000),
-        payload({"x": {"dtype": "F32", "shape": [0, 2**64], "data_offsets": [0, 0]},
-                 "__tokens__": tokens_entry(), "__metadata__": META}, b"\0" * 4),
-        payload({"x": {"dtype": "F32", "shape": [1] * 65 + [0], "data_offsets": [0, 0]},
-                 "__tokens__": tokens_entry(), "__metadata__": META}, b"\0" * 4),
-        payload({"x": {"dtype": "F32", "shape": [2**40, 0], "data_offsets": [0, 0]},
-                 "__tokens__": tokens_entry(), "__metadata__": META}, b"\0" * 4),
+        payload(
+            {
+                "x": {"dtype": "F32", "shape": [0, 2**64], "data_offsets": [0, 0]},
+                "__tokens__": tokens_entry(),
+                "__metadata__": META,
+            },
+            b"\0" * 4,
+        ),
+        payload(
+            {
+                "x": {"dtype": "F32", "shape": [1] * 65 + [0], "data_offsets": [0, 0]},
+                "__tokens__": tokens_entry(),
+                "__metadata__": META,
+            },
+            b"\0" * 4,
+        ),
+        payload(
+            {
+                "x": {"dtype": "F32", "shape": [2**40, 0], "data_offsets": [0, 0]},
+                "__tokens__": tokens_entry(),
+                "__metadata__": META,
+            },
+            b"\0" * 4,
+        ),
     ],
     ids=["deep-list", "deep-object", "shape-2**64", "65-dims", "shape-2**40"],
 )
@@ -58,16 +76,19 @@ json_leaf = st.one_of(
 )
 json_value = st.recursive(
     json_leaf,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner,
-                                                                  max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4)
+    ),
     max_leaves=20,
 )
 dim = st.one_of(st.integers(0, 4), st.integers(-3, 2**70), st.sampled_from([2**31, 2**64]))
-tensor = st.fixed_dictionaries({
-    "dtype": st.sampled_from(["F32", "BF16", "I32", "BOOL", "U8", "F64", 3, None]),
-    "shape": st.lists(dim, max_size=70) | json_value,
-    "data_offsets": st.lists(st.integers(-4, 64), min_size=0, max_size=3) | json_value,
-})
+tensor = st.fixed_dictionaries(
+    {
+        "dtype": st.sampled_from(["F32", "BF16", "I32", "BOOL", "U8", "F64", 3, None]),
+        "shape": st.lists(dim, max_size=70) | json_value,
+        "data_offsets": st.lists(st.integers(-4, 64), min_size=0, max_size=3) | json_value,
+    }
+)
 
 
 @FAST
@@ -166,12 +187,15 @@ row = st.lists(json_value | st.integers(0, 1 << 20), min_size=9, max_size=9)
 
 @FAST
 @given(
-    doc=st.fixed_dictionaries({
-        "version": st.sampled_from([1, 2, "1"]),
-        "next_generation": st.integers(-2, 2**64) | json_value,
-        "sessions": st.lists(st.sampled_from(["00" * 32, "zz", "00"]), max_size=3) | json_value,
-        "entries": st.lists(row, max_size=3) | json_value,
-    }) | json_value
+    doc=st.fixed_dictionaries(
+        {
+            "version": st.sampled_from([1, 2, "1"]),
+            "next_generation": st.integers(-2, 2**64) | json_value,
+            "sessions": st.lists(st.sampled_from(["00" * 32, "zz", "00"]), max_size=3) | json_value,
+            "entries": st.lists(row, max_size=3) | json_value,
+        }
+    )
+    | json_value
 )
 def test_fuzzed_index_opens_or_is_corrupt(tmp_path_factory, base_store, doc):
     path = base_store.copy_to(tmp_path_factory.mktemp("f") / "s.fkv")
@@ -180,8 +204,7 @@ def test_fuzzed_index_opens_or_is_corrupt(tmp_path_factory, base_store, doc):
 
 
 @FAST
-@given(edits=st.lists(st.tuples(st.integers(0, 400), st.integers(0, 255)), min_size=1,
-                      max_size=6))
+@given(edits=st.lists(st.tuples(st.integers(0, 400), st.integers(0, 255)), min_size=1, max_size=6))
 def test_fuzzed_header_is_refused_or_opens(tmp_path_factory, base_store, edits):
     raw = bytearray(base_store.raw)
     for pos, value in edits:

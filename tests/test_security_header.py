@@ -46,13 +46,13 @@ def write_header(path, header: StoreHeader) -> None:
 @pytest.mark.parametrize(
     "costs",
     [
-        dict(n=1 << 22, r=32, p=16),  # 16 GiB of scrypt memory
-        dict(n=1 << 21),  # 2 GiB
-        dict(n=1 << 20, p=16),  # 1 GiB, 16 times over
-        dict(n=0),  # a bare ValueError from scrypt before
-        dict(n=3),
-        dict(n=1 << 10),  # below the minimum: a cheap guess per passphrase
-        dict(r=0),
+        {"n": 1 << 22, "r": 32, "p": 16},  # 16 GiB of scrypt memory
+        {"n": 1 << 21},  # 2 GiB
+        {"n": 1 << 20, "p": 16},  # 1 GiB, 16 times over
+        {"n": 0},  # a bare ValueError from scrypt before
+        {"n": 3},
+        {"n": 1 << 10},  # below the minimum: a cheap guess per passphrase
+        {"r": 0},
     ],
     ids=str,
 )
@@ -71,10 +71,10 @@ def test_index_pointer_is_bounded_by_the_file(tmp_path):
     make_store(path)
     good = read_header(path)
     for change in [
-        dict(index_length=60 << 30),  # sparse 60 GiB: MemoryError before
-        dict(index_offset=10),  # inside the header
-        dict(index_offset=good.index_offset + 1),  # off the grain
-        dict(index_length=0),  # non-zero offset, no length
+        {"index_length": 60 << 30},  # sparse 60 GiB: MemoryError before
+        {"index_offset": 10},  # inside the header
+        {"index_offset": good.index_offset + 1},  # off the grain
+        {"index_length": 0},  # non-zero offset, no length
     ]:
         write_header(path, dataclasses.replace(good, **change))
         with pytest.raises(CorruptStoreError):
@@ -87,7 +87,7 @@ def test_header_is_authenticated(tmp_path):
     path = tmp_path / "s.fkv"
     make_store(path)
     good = read_header(path)
-    for change in [dict(index_length=0, index_offset=0), dict(model=b"\1" * 32)]:
+    for change in [{"index_length": 0, "index_offset": 0}, {"model": b"\1" * 32}]:
         write_header(path, dataclasses.replace(good, **change))
         with pytest.raises(CorruptStoreError, match="header .* failed authentication"):
             BlobStore(settings_for(path))

@@ -18,11 +18,11 @@ PLAINTEXT = b"MY-PRIVATE-PROMPT-TEXT-0123456789"
 def test_queued_record_repr_holds_no_plaintext(tmp_path):
     item = WriteItem(b"k", "state", PLAINTEXT, b"{}", {})
     assert PLAINTEXT.decode() not in repr(item) and "33 bytes" in repr(item)
-    with BlobStore(StoreSettings.from_env({}, disk_dir=str(tmp_path))) as store:
-        with store._lock:  # the writer waits: the record stays queued while we look around
-            assert store.put(b"k", "state", PLAINTEXT)
-            for obj in (store._pending, store._queue._items, store._file, store):
-                assert PLAINTEXT.decode() not in repr(obj)
+    store = BlobStore(StoreSettings.from_env({}, disk_dir=str(tmp_path)))
+    with store, store._lock:  # the writer waits: the record stays queued while we look around
+        assert store.put(b"k", "state", PLAINTEXT)
+        for obj in (store._pending, store._queue._items, store._file, store):
+            assert PLAINTEXT.decode() not in repr(obj)
 
 
 def test_malformed_key_file_never_shows_in_a_traceback(tmp_path):
@@ -48,15 +48,16 @@ CHILD = textwrap.dedent(
     """
     import json, os, subprocess, sys
     from forkv.engine import blas
+    from forkv.engine.config import EngineConfig
     from forkv.security import StoreSettings
     blas.activate()  # what every forkv command does first; the BLAS shim may run `cc`
-    first = StoreSettings.from_env(persist_path=sys.argv[1])
-    again = StoreSettings.from_env(persist_path=sys.argv[1])
+    first = StoreSettings.from_env()
+    again = EngineConfig.from_env().settings  # reads os.environ itself, after the move
     child = subprocess.run(["env"], capture_output=True, text=True).stdout
     print(json.dumps({
         "in_environ": "FORKV_PASSPHRASE" in os.environ,
-        "in_proc": open("/proc/self/environ", "rb").read().count(sys.argv[2].encode()),
-        "in_child": sys.argv[2] in child,
+        "in_proc": open("/proc/self/environ", "rb").read().count(sys.argv[1].encode()),
+        "in_child": sys.argv[1] in child,
         "first": first.passphrase.reveal().decode(),
         "again": again.passphrase.reveal().decode(),
     }))
@@ -67,9 +68,9 @@ CHILD = textwrap.dedent(
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_passphrase_leaves_the_environment(tmp_path):
     marker = "pass-" + os.urandom(8).hex()
-    env = dict(os.environ, FORKV_PASSPHRASE=marker)
+    env = dict(os.environ, FORKV_PASSPHRASE=marker, FORKV_PERSIST_PATH=str(tmp_path / "s.fkv"))
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(tmp_path / "s.fkv"), marker],
+        [sys.executable, "-c", CHILD, marker],
         env=env, capture_output=True, text=True, timeout=120, check=True,
     ).stdout  # fmt: skip
     got = json.loads(out.strip().splitlines()[-1])
