@@ -24,6 +24,7 @@ from .errors import APIError
 from .generation import collect, events, start, watch_disconnect
 from .inputs import Sampling, decode_image, parse_body, read_json, sampling_params
 from .sse import sse_response
+from .tools import CallStream, history, plan_tools
 
 __all__ = ["chat_completions"]
 
@@ -101,31 +102,37 @@ def _logprobs(tokenizer, ids: list[int], lps: list[float], tops: list[dict]) -> 
 async def chat_completions(request: Request) -> Any:
     state = request.app.state.forkv
     tenant = state.tenants.tenant(request.headers.get("authorization"))
-    req = parse_body(ChatRequest, await read_json(request, state.config.max_body))
+    body = await read_json(request, state.config.max_body)
+    req = parse_body(ChatRequest, body)
     state.check_model(req.model)
+    plan = plan_tools(body, state.lm.tokenizer)  # tools, tool_choice, response_format
     namespace = namespace_of(tenant, req.cache_salt)
     top = req.top_logprobs or 0
     if top and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true.", "invalid_value",
                        "top_logprobs")
-    params = sampling_params(req, req.max_completion_tokens or req.max_tokens, top)
+    params = plan.apply(sampling_params(req, req.max_completion_tokens or req.max_tokens, top))
     messages, images = to_engine_messages(req.messages, state.can_see_images)
+    prompt = plan.prompt(state.lm.tokenizer, history(req.messages, messages),
+                         state.template_kwargs)
     t0 = time.perf_counter()
-    handles = await start(state, messages, params, namespace, images or None, req.n)
+    handles = await start(state, prompt, params, namespace, images or None, req.n)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": req.model, "system_fingerprint": state.fingerprint}
     tok = state.lm.tokenizer
     if req.stream:
         usage = bool((req.stream_options or {}).get("include_usage"))
-        return sse_response(_stream(state, handles, head, usage, req.logprobs, tok, t0))
+        return sse_response(_stream(state, handles, head, usage, req.logprobs, tok, t0, plan))
     watcher = asyncio.create_task(watch_disconnect(request, handles))
     try:
         results = await asyncio.gather(*(collect(state, h, t0) for h in handles))
     finally:
         watcher.cancel()
-    choices = [{"index": i, "message": {"role": "assistant", "content": r.text},
+    messages = [plan.message(r.text) for r in results]
+    choices = [{"index": i, "message": messages[i][0],
                 "logprobs": _logprobs(tok, r.token_ids, r.logprobs, r.top_logprobs)
-                if req.logprobs else None, "finish_reason": _finish(r.finish_reason)}
+                if req.logprobs else None,
+                "finish_reason": messages[i][1] or _finish(r.finish_reason)}
                for i, r in enumerate(results)]
     usage = _usage(handles, [r.timings.reused_tokens for r in results],
                    sum(len(r.token_ids) for r in results))
@@ -145,8 +152,9 @@ def _usage(handles, reused: list[int], completion: int) -> dict:
             "prompt_tokens_details": {"cached_tokens": reused[0] if reused else 0}}
 
 
-async def _stream(state, handles, head, include_usage: bool, logprobs: bool, tok, t0):
+async def _stream(state, handles, head, include_usage: bool, logprobs: bool, tok, t0, plan):
     queue: asyncio.Queue = asyncio.Queue()
+    calls = [CallStream(plan) for _ in handles]  # holds back text once a tool call starts
     reused, generated = [0] * len(handles), [0] * len(handles)
 
     async def pump(i, handle):
@@ -174,15 +182,22 @@ async def _stream(state, handles, head, include_usage: bool, logprobs: bool, tok
                                  "type": "server_error", "param": None, "code": None}}
                 return
             generated[i] += len(event.token_ids)
-            choice = {"index": i, "delta": {"content": event.text} if event.text else {},
+            text, deltas = calls[i].feed(event.text), []
+            if event.finish_reason is not None:
+                rest, deltas = calls[i].finish()
+                text += rest
+            delta = {"content": text} if text else {}
+            if deltas:
+                delta["tool_calls"] = deltas
+            choice = {"index": i, "delta": delta,
                       "logprobs": _logprobs(tok, event.token_ids, event.logprobs,
                                             event.top_logprobs)
                       if logprobs else None, "finish_reason": None}
             if event.finish_reason is not None:
                 left -= 1
                 reused[i] = event.timings.reused_tokens
-                choice["finish_reason"] = _finish(event.finish_reason)
-            if event.text or event.finish_reason is not None or logprobs:
+                choice["finish_reason"] = "tool_calls" if deltas else _finish(event.finish_reason)
+            if text or event.finish_reason is not None or logprobs:
                 yield chunk([choice])
         if include_usage:
             yield chunk([], _usage(handles, reused, sum(generated)))
