@@ -19,7 +19,7 @@ from .demo_tokenizer import (EOS_TOKEN, PAD_TOKEN, SPECIAL_TOKENS, TOOL_FORMATS,
 from .demo_vlm_specs import FAMILIES, MODEL_TYPES, SPECS
 from .demo_weights import save_random_model
 
-DEMO_VLM_VERSION = 3
+DEMO_VLM_VERSION = 4
 VISION_ARCHS = tuple(SPECS)
 _IMAGE_PART = "{{- '<image>' -}}"
 
@@ -97,6 +97,10 @@ def build_vlm(config: dict, folder: Path, seed: int) -> None:
     (folder / "preprocessor_config.json").write_text(json.dumps(
         _processor_config(arch, config["forkv_processor"]), indent=2))
     (folder / "chat_template.json").write_text(json.dumps({"chat_template": chat_template(arch)}))
+    if arch == "gemma3":  # Gemma3Processor's own settings: image tokens per image
+        (folder / "processor_config.json").write_text(json.dumps({
+            "processor_class": "Gemma3Processor",
+            "image_seq_length": config["forkv_processor"]["tokens"]}))
 
 
 def _processor_config(arch: str, p: dict) -> dict:
