@@ -1,15 +1,16 @@
 """The caches of the rows that decode together: join a row, drop rows, take one out, swap one.
 
 Rows are merged with mlx-lm's batch caches — `BatchKVCache` for global layers,
-`BatchRotatingKVCache` for sliding-window layers, a batched `ArraysCache` for recurrent state —
-which left-pad shorter rows and mask the padding, so one forward pass serves every row. A row
-joins at the end (`add`), leaves by `filter`, and is copied out as plain single-row caches
-(`extract`). `replace` (used after a decode-boundary recompute) drops a row and appends its new
-state, so row indices are not stable: the scheduler keeps its row list in the same order.
+`BatchRotatingKVCache` for sliding-window layers, a batched `ArraysCache` for recurrent state,
+a `CacheList` of those — which left-pad shorter rows and mask the padding, so one forward pass
+serves every row. A row joins at the end (`add`), leaves by `filter`, and is copied out as
+plain single-row caches (`extract`). `replace` (used after a decode-boundary recompute) drops a
+row and appends its new state, so row indices are not stable: the scheduler keeps its row list
+in the same order.
 
-Caches mlx-lm cannot merge exactly (quantized, chunked, rotating with `keep`, anything we do
-not know) make the batch hold one row, as its plain caches, and nothing is merged.
-Knows nothing about tokens, sampling or records.
+Caches whose record kind says mlx-lm cannot merge them exactly (chunked, other non-trimmable
+state, rotating with `keep`, anything no kind knows) make the batch hold one row, as its plain
+caches, and nothing is merged. Knows nothing about tokens, sampling or stores.
 """
 
 from __future__ import annotations
@@ -17,16 +18,12 @@ from __future__ import annotations
 
 def merge_blocker(caches: list) -> str | None:
     """Why these caches (from `make_cache()`) cannot be merged into a batch, or None if they can."""
-    from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
+    from .kinds import kind_of
 
     for cache in caches:
-        # Exact classes: a subclass may store tokens differently from what the batch cache
-        # assumes (the same reasoning as the checkpoint layout).
-        if type(cache) is KVCache or type(cache) is ArraysCache:
-            continue
-        if type(cache) is RotatingKVCache and cache.keep == 0:
-            continue
-        return type(cache).__name__
+        kind = kind_of(cache)  # by exact class, as for checkpoints: a subclass may differ
+        if kind is None or not kind.can_merge(cache):
+            return type(cache).__name__
     return None
 
 

@@ -1,8 +1,8 @@
 """Restore the longest checkpointed prefix of a token sequence, and record new boundaries.
 
-`restore(tokens)` finds the longest block-aligned prefix whose records are all there — global
-records for every block, window records covering the window, the state record at the last
-block — verifies each against the requested tokens, and rebuilds the caches. A missing,
+`restore(tokens)` finds the longest block-aligned prefix whose records are all there — each
+kind lists the blocks it reads (global: every block; window: those covering the window; state:
+the last one) — verifies each against the requested tokens, and rebuilds the caches. A missing,
 corrupt or mismatched record is a miss: it is dropped and a shorter prefix is tried, down to
 none. `recorder(tokens)` gives the boundary hook that snapshots every new block.
 """
@@ -13,10 +13,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from . import kinds as _kinds
 from .blocks import BlockKeyer, tokens_bytes
 from .generate import BoundaryHook
 from .layout import CacheKind
-from .records import Record, rebuild, window_blocks
+from .records import Record, rebuild
 from .recorder import SequenceRecorder
 from .recordstore import RecordStore
 
@@ -28,15 +29,13 @@ class CheckpointStats:
     tokens_computed: int = 0
     blocks_recorded: int = 0
     restore_s: float = 0.0
-    hits: dict = field(default_factory=lambda: {k.value: 0 for k in _KINDS})
-    misses: dict = field(default_factory=lambda: {k.value: 0 for k in _KINDS})
+    hits: dict = field(default_factory=lambda: dict.fromkeys(sorted(_kinds.record_names()), 0))
+    misses: dict = field(default_factory=lambda: dict.fromkeys(sorted(_kinds.record_names()), 0))
     rejected: int = 0  # records that failed verification or decoding
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__slots__}
 
-
-_KINDS = (CacheKind.GLOBAL, CacheKind.WINDOW, CacheKind.STATE, CacheKind.EXTRA)
 
 
 @dataclass(slots=True)
@@ -58,7 +57,7 @@ class Checkpointer:
         if hasattr(disk, "bind_model"):  # a persistent store holds one model's checkpoints
             disk.bind_model(lm.fingerprint)
         self.enabled = self.layout.can_checkpoint
-        self.kinds = set(self.layout.kinds) & set(_KINDS)
+        self.kinds = set(self.layout.kinds) - {CacheKind.UNKNOWN}
         if getattr(lm, "is_vision", False):
             # Vision models keep position state outside the caches (M-RoPE offsets): a
             # boundary is restorable only with its EXTRA record (see vision_ckpt.py).
@@ -101,58 +100,51 @@ class Checkpointer:
                 return k
         return n_max
 
-    def _load(self, key: bytes, kind: CacheKind, expect: bytes) -> Record | None:
+    def _load(self, key: bytes, kind: str, expect: bytes) -> Record | None:
         record = self.store.get(key, kind)
         if record is None:
-            self.stats.misses[kind.value] += 1
+            self.stats.misses[kind] += 1
             return None
-        if record.tokens != expect or not self._shapes_ok(record):
+        if record.tokens != expect or not self._names_ok(record):
             # Same key, other tokens (a hash collision or a tampered index): never reuse.
             self.stats.rejected += 1
             self.store.discard(key, kind)
             return None
-        self.stats.hits[kind.value] += 1
+        self.stats.hits[kind] += 1
         return record
 
-    def _shapes_ok(self, record: Record) -> bool:
-        names = {f"{i}.{s}" for i in self.layout.indices(record.kind) for s in ("k", "v")}
-        if record.kind is CacheKind.STATE:
-            return all(n.split(".")[0].isdigit() for n in record.arrays)
-        if record.kind is CacheKind.EXTRA:
+    def _names_ok(self, record: Record) -> bool:
+        """Every array belongs to a leaf of the record's kind (the kind checks the rest)."""
+        if record.kind == CacheKind.EXTRA:
             return bool(record.arrays)
-        return set(record.arrays) == names
+        labels = {leaf.label for leaf in self.layout.leaves(record.kind)}
+        return bool(labels) and all(any(name.startswith(label + ".") for label in labels)
+                                    for name in record.arrays)
 
     def _try(self, keys, tokens, k: int) -> tuple[list, Record | None] | None:
         B = self.block_size
         pos = k * B
-        blocks = lambda b: tokens_bytes(tokens[b * B:(b + 1) * B])  # noqa: E731
-        state = extra = None
-        if CacheKind.EXTRA in self.kinds:
-            extra = self._load(keys[k - 1], CacheKind.EXTRA, blocks(k - 1))
-            if extra is None:
-                return None
-        if CacheKind.STATE in self.kinds:
-            state = self._load(keys[k - 1], CacheKind.STATE, tokens_bytes(tokens[:pos]))
-            if state is None:
-                return None
-        windows = {}
-        if CacheKind.WINDOW in self.kinds:
-            for b in window_blocks(self.layout, pos, B):
-                windows[b] = self._load(keys[b], CacheKind.WINDOW, blocks(b))
-                if windows[b] is None:
+        records: dict[str, dict[int, Record]] = {}
+        # Cheapest first: the extra and state records at block k-1, then the window, the
+        # global chain last.
+        order = lambda n: (n != CacheKind.EXTRA, not _kinds.whole_prefix(n),  # noqa: E731
+                           n == CacheKind.GLOBAL, n)
+        for kind in sorted(self.kinds, key=order):
+            blocks = range(k - 1, k) if kind == CacheKind.EXTRA else self.layout.blocks(kind, pos, B)
+            got = records[kind] = {}
+            for b in blocks:
+                end = (b + 1) * B
+                expect = tokens_bytes(tokens[:end] if _kinds.whole_prefix(kind)
+                                      else tokens[end - B:end])
+                got[b] = self._load(keys[b], kind, expect)
+                if got[b] is None:
                     return None
-        globals_ = []
-        if CacheKind.GLOBAL in self.kinds:
-            for b in range(k):
-                record = self._load(keys[b], CacheKind.GLOBAL, blocks(b))
-                if record is None:
-                    return None
-                globals_.append(record)
+        extra = records.pop(CacheKind.EXTRA, {}).get(k - 1)
         try:
-            cache = rebuild(self.lm.make_cache(), self.layout, pos, B, globals_, windows, state)
+            cache = rebuild(self.lm.make_cache(), self.layout, pos, B, records)
             return cache, extra
-        except (KeyError, ValueError, AssertionError):
-            # Arrays that do not fit this model (shape, dtype): treat as a miss.
+        except (KeyError, ValueError, AssertionError, TypeError):
+            # Arrays that do not fit this model (shape, dtype, names): treat as a miss.
             self.stats.rejected += 1
             return None
 
@@ -162,7 +154,7 @@ class Checkpointer:
         again); returns how many records were dropped."""
         dropped = 0
         for key in keys:
-            for kind in _KINDS:
+            for kind in sorted(_kinds.record_names()):
                 if self.store.contains(key, kind):
                     self.store.discard(key, kind)
                     dropped += 1

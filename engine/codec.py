@@ -14,7 +14,7 @@ import math
 
 from forkv.errors import ForkvError
 
-from .layout import CacheKind
+from .kinds import record_names
 from .records import RECORD_VERSION, Record
 
 _TOKENS = "__tokens__"
@@ -61,7 +61,7 @@ def encode(record: Record, block_size: int) -> bytes:
     tokens = record.tokens
     entries[_TOKENS] = {"dtype": "I32", "shape": [len(record.tokens) // 4],
                         "data_offsets": [offset, offset + len(tokens)]}
-    entries["__metadata__"] = {"forkv_record": str(RECORD_VERSION), "kind": record.kind.value,
+    entries["__metadata__"] = {"forkv_record": str(RECORD_VERSION), "kind": str(record.kind),
                                "block": str(record.block), "block_size": str(block_size)}
     header = json.dumps(entries, separators=(",", ":")).encode()
     header += b" " * (-len(header) % 8)  # safetensors pads the header to 8 bytes
@@ -100,10 +100,13 @@ def _decode(data, block_size: int) -> Record:
     tensors, meta, start = _parse_header(view)
     if meta.get("forkv_record") != str(RECORD_VERSION) or meta.get("block_size") != str(block_size):
         raise CodecError("record version or block size differs")
+    kind = meta.get("kind")
     try:
-        kind, block = CacheKind(meta.get("kind")), int(meta.get("block", ""))
+        block = int(meta.get("block", ""))
     except ValueError:
         raise CodecError("record kind or block is malformed") from None
+    if kind not in record_names():
+        raise CodecError("record kind or block is malformed")
     tok = tensors.pop(_TOKENS, None)
     if tok is None or tok[0] != "I32" or len(tok[1]) != 1:
         raise CodecError("record has no tokens")

@@ -1,9 +1,10 @@
-"""Which kind of checkpoint record each layer's cache needs, read off the model's own caches.
+"""Which record kind each of a model's caches needs, read off the model's own caches.
 
-Kinds: `global` (a `KVCache`: keep every block's K/V), `window` (a `RotatingKVCache`: keep the
-blocks covering the window), `state` (an `ArraysCache` such as a gated-delta or SSM state: keep
-the whole state at the boundary). Anything else is `unknown`: the model still runs, but without
-checkpoints. Knows nothing about blocks, keys or stores.
+A layout lists the leaves of `model.make_cache()`: each cache, or each child of a composite
+cache (`CacheList`), at its path ((layer,) or (layer, child)), with the name of its record
+kind (`global`, `window`, `state`, ... see engine/kinds) and its size parameter (window,
+chunk). A cache no kind accepts is `unknown`: the model still runs, but without checkpoints.
+Knows nothing about blocks, keys or stores.
 """
 
 from __future__ import annotations
@@ -12,34 +13,55 @@ import warnings
 from dataclasses import dataclass
 from enum import Enum
 
+from . import kinds as _kinds
 from .errors import ForkvWarning
 
 
 class CacheKind(str, Enum):
+    """The record kinds every build knows by name. A kind added later is named by its own
+    class (engine/kinds); members compare and hash as their names, so either works as a key."""
+
     GLOBAL = "global"
     WINDOW = "window"
     STATE = "state"
     UNKNOWN = "unknown"
     # Not a layer's cache: a record of model state kept outside the caches at a boundary
     # (vision models' M-RoPE position offset). Never a layer's kind.
-    EXTRA = "extra"
+    EXTRA = _kinds.EXTRA
+
+    __hash__ = str.__hash__
+
+    def __str__(self) -> str:
+        return self.value
+
+
+Path = tuple[int, ...]
 
 
 @dataclass(slots=True, frozen=True)
 class LayerCache:
-    index: int
-    kind: CacheKind
+    path: Path  # (layer,) or (layer, child) inside a CacheList
+    kind: str  # record kind name, or "unknown"
     cache_class: str
-    window: int = 0  # max_size of a rotating cache, 0 otherwise
+    window: int = 0  # the kind's size parameter (sliding window, chunk), 0 if none
+
+    @property
+    def index(self) -> int:
+        return self.path[0]
+
+    @property
+    def label(self) -> str:
+        """The prefix of this leaf's array names in a record."""
+        return ".".join(map(str, self.path))
 
 
 @dataclass(slots=True, frozen=True)
 class CacheLayout:
-    layers: tuple[LayerCache, ...]
+    layers: tuple[LayerCache, ...]  # leaves, in cache order
 
     @property
-    def kinds(self) -> frozenset[CacheKind]:
-        return frozenset(layer.kind for layer in self.layers)
+    def kinds(self) -> frozenset[str]:
+        return frozenset(l.kind for l in self.layers)
 
     @property
     def can_checkpoint(self) -> bool:
@@ -47,42 +69,77 @@ class CacheLayout:
 
     @property
     def max_window(self) -> int:
-        return max((layer.window for layer in self.layers), default=0)
+        return max((l.window for l in self.layers if l.kind == CacheKind.WINDOW), default=0)
 
-    def indices(self, kind: CacheKind) -> list[int]:
-        return [layer.index for layer in self.layers if layer.kind is kind]
+    def leaves(self, kind: str) -> list[LayerCache]:
+        return [l for l in self.layers if l.kind == kind]
+
+    def indices(self, kind: str) -> list[int]:
+        """Layer indices of the top-level caches of this kind (not children of a CacheList)."""
+        return [l.index for l in self.leaves(kind) if len(l.path) == 1]
+
+    def blocks(self, kind: str, n: int, block_size: int) -> range:
+        """Blocks whose records of `kind` a restore at boundary n reads (all its leaves)."""
+        if n <= 0:
+            return range(0)
+        k = _kinds.named(kind)
+        starts = [k.blocks(l.window, n, block_size).start for l in self.leaves(kind)]
+        return range(min(starts), n // block_size) if starts else range(0)
 
     def describe(self) -> str:
-        counts = {k.value: len(self.indices(k)) for k in CacheKind if self.indices(k)}
+        counts: dict[str, int] = {}
+        for l in self.layers:
+            counts[l.kind] = counts.get(l.kind, 0) + 1
         text = ", ".join(f"{n} {k}" for k, n in counts.items())
-        if self.max_window:
-            text += f" (window {self.max_window})"
+        sizes = sorted({(l.kind, l.window) for l in self.layers if l.window})
+        if sizes:
+            text += " (" + ", ".join(f"{k} {w}" for k, w in sizes) + ")"
         return text
 
 
-def classify_cache(cache) -> CacheKind:
-    from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
+def get_leaf(caches: list, path: Path):
+    cache = caches[path[0]]
+    for j in path[1:]:
+        cache = cache.caches[j]
+    return cache
 
-    # Exact classes for the K/V kinds: a subclass may change how it stores or trims tokens
-    # (quantized, chunked, concatenating), and a wrong guess would give wrong logits.
-    if type(cache) is KVCache:
-        return CacheKind.GLOBAL
-    if type(cache) is RotatingKVCache:
-        return CacheKind.WINDOW if cache.keep == 0 else CacheKind.UNKNOWN
-    if isinstance(cache, ArraysCache):  # MambaCache and friends hold plain state arrays
-        return CacheKind.STATE
-    return CacheKind.UNKNOWN
+
+def set_leaf(caches: list, path: Path, leaf) -> None:
+    if len(path) == 1:
+        caches[path[0]] = leaf
+        return
+    parent = get_leaf(caches, path[:-1])
+    children = list(parent.caches)
+    children[path[-1]] = leaf
+    parent.caches = type(parent.caches)(children)  # a tuple from __init__, a list from state
+
+
+def classify_cache(cache) -> str:
+    """The record kind name of a leaf cache, or "unknown"."""
+    kind = _kinds.kind_of(cache)
+    return kind.name if kind is not None and kind.name else CacheKind.UNKNOWN
+
+
+def _class_label(cache) -> str:
+    children = getattr(cache, "caches", None)  # a CacheList: name what it holds
+    if isinstance(children, (list, tuple)):
+        return f"{type(cache).__name__}({', '.join(type(c).__name__ for c in children)})"
+    return type(cache).__name__
 
 
 def cache_layout(caches: list) -> CacheLayout:
-    """Classify each cache of `model.make_cache()`; warn once about kinds we cannot restore."""
+    """The leaves of `model.make_cache()`; warn once about caches we cannot restore."""
     layers = []
     for i, cache in enumerate(caches):
-        kind = classify_cache(cache)
-        window = cache.max_size if kind is CacheKind.WINDOW else 0
-        layers.append(LayerCache(i, kind, type(cache).__name__, window))
+        kind = _kinds.kind_of(cache)
+        if kind is None:
+            layers.append(LayerCache((i,), CacheKind.UNKNOWN, _class_label(cache)))
+            continue
+        for path, leaf in kind.leaves(cache, (i,)):
+            k = _kinds.kind_of(leaf)
+            layers.append(LayerCache(path, k.name, type(leaf).__name__, k.size(leaf)))
     layout = CacheLayout(tuple(layers))
-    unknown = sorted({l.cache_class for l in layers if l.kind is CacheKind.UNKNOWN})
+    unknown = sorted({l.cache_class for l in layers if l.kind == CacheKind.UNKNOWN})
     if unknown:
         warnings.warn(
             f"forkv cannot checkpoint cache class {', '.join(unknown)}; this model will run "

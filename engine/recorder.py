@@ -6,19 +6,17 @@ so a state reached by decoding would restore to slightly different logits. At a 
 boundary n the recorder therefore recomputes the block [n-B, n) as one chunk from the records
 of boundary n-B, records that, and swaps it into the live cache — one block of prefill per
 block decoded, and every checkpoint (and all decoding after it) matches a fresh prefill bit
-for bit. If the records of n-B are gone, the boundary is simply not recorded.
+for bit. Caches whose kind `trims_exactly` (global K/V) just drop the decoded block instead.
+If the records of n-B are gone, the boundary is simply not recorded.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .blocks import tokens_bytes
-from .layout import CacheKind
-from .records import Record, rebuild, snapshot, window_blocks
-
-
-_RECOMPUTE_KINDS = (CacheKind.WINDOW, CacheKind.STATE)
+from . import kinds as _kinds
+from .layout import get_leaf, set_leaf
+from .records import Record, rebuild, record_tokens, snapshot
 
 
 class SequenceRecorder:
@@ -26,9 +24,12 @@ class SequenceRecorder:
         self.ck = checkpointer
         self.keys = list(keys)
         self.extras = extras
-        # The records the next decode boundary recomputes from (window and state kinds of the
-        # newest blocks), so a decoding sequence need not read them back from disk.
-        self.recent: dict[tuple[int, CacheKind], Record] = {}
+        # The kinds a decode boundary rebuilds from records (the rest are trimmed in place).
+        self.rebuilt = frozenset(k for k in checkpointer.layout.kinds
+                                 if k in checkpointer.kinds and not _kinds.named(k).trims_exactly)
+        # The records the next decode boundary recomputes from (rebuilt kinds of the newest
+        # blocks), so a decoding sequence need not read them back from disk.
+        self.recent: dict[tuple[int, str], Record] = {}
         # What recomputes a decoded block; a vision sequence puts its own forward here.
         self.model = checkpointer.lm.model
 
@@ -47,14 +48,13 @@ class SequenceRecorder:
         kinds = {k for k in ck.kinds if not ck.store.contains(key, k)}
         for record in snapshot(cache, ck.layout, pos, B, tokens, kinds):
             ck.store.put(key, record)
-            if record.kind in _RECOMPUTE_KINDS:
+            if record.kind in self.rebuilt:
                 self.recent[(record.block, record.kind)] = record
         if kinds:
             ck.stats.blocks_recorded += 1
-        # Boundary pos + B rebuilds from the state of this block and the window records a
-        # restore at pos needs.
-        reach = window_blocks(ck.layout, pos, B)
-        self._forget_before(reach.start if reach else block)
+        # Boundary pos + B rebuilds from the records a restore at pos reads.
+        reach = [ck.layout.blocks(k, pos, B).start for k in self.rebuilt]
+        self._forget_before(min(reach, default=block))
         return in_decode
 
     def _recompute_block(self, pos: int, tokens: Sequence[int], cache: list) -> bool:
@@ -63,33 +63,29 @@ class SequenceRecorder:
 
         ck, B = self.ck, self.ck.block_size
         start = pos - B
-        windows, state = {}, None
-        if start > 0 and CacheKind.STATE in ck.kinds:
-            state = self._record(start // B - 1, CacheKind.STATE, tokens[:start])
-            if state is None:
-                return False
-        if start > 0 and CacheKind.WINDOW in ck.kinds:
-            for b in window_blocks(ck.layout, start, B):
-                windows[b] = self._record(b, CacheKind.WINDOW, tokens[b * B:(b + 1) * B])
-                if windows[b] is None:
+        records: dict[str, dict[int, Record]] = {}
+        for kind in self.rebuilt if start > 0 else ():
+            got = records[kind] = {}
+            for b in ck.layout.blocks(kind, start, B):
+                got[b] = self._record(b, kind, record_tokens(kind, tokens, (b + 1) * B, B))
+                if got[b] is None:
                     return False
-        base = rebuild(ck.lm.make_cache(), ck.layout, start, B, [], windows, state,
-                       kinds=frozenset({CacheKind.WINDOW, CacheKind.STATE}))
-        for layer in ck.layout.layers:
-            if layer.kind is CacheKind.GLOBAL:
-                # K/V before `start` are already canonical; drop the decoded block's.
-                cache[layer.index].trim(B)
+        base = rebuild(ck.lm.make_cache(), ck.layout, start, B, records, kinds=self.rebuilt)
+        for leaf in ck.layout.layers:
+            if leaf.kind in self.rebuilt:
+                set_leaf(cache, leaf.path, get_leaf(base, leaf.path))
             else:
-                cache[layer.index] = base[layer.index]
+                # K/V before `start` are already canonical; drop the decoded block's.
+                get_leaf(cache, leaf.path).trim(B)
         self.model(mx.array(tokens[start:pos])[None], cache=cache)
         mx.eval([c.state for c in cache])
         return True
 
-    def _record(self, block: int, kind: CacheKind, expect: Sequence[int]) -> Record | None:
+    def _record(self, block: int, kind: str, expect: bytes) -> Record | None:
         record = self.recent.get((block, kind))
         if record is None:
             record = self.ck.store.get(self.keys[block], kind)
-        if record is None or record.tokens != tokens_bytes(expect):
+        if record is None or record.tokens != expect:
             return None
         return record
 

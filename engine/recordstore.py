@@ -1,28 +1,28 @@
-"""Where checkpoint records live: a RAM tier (byte budget, LRU) over an optional disk tier.
+"""Where checkpoint records live: an ordered list of tiers (engine/tiers.py), fastest first.
 
-The disk tier is anything with the blob-store interface (`forkv.security.BlobStore`: put / get
-/ contains / delete / set_eviction_order / flush / stats), which seals records before they touch
-the disk. Window and state records go to disk as soon as they are made and leave RAM, so RAM
-grows with live sequences, not with history; global records stay hot and spill under the RAM
-budget. Eviction takes later blocks before earlier ones, and within a block window records
-before state before global, so what survives is a restorable prefix as long as the budget
+By default a RAM tier (byte budget, LRU) over an optional disk tier (the encrypted
+`forkv.security.BlobStore`, which seals records before they touch the disk). Records whose
+kind does not stay hot (window, state, ...: each is read only around its own block) go
+straight to the first byte tier and leave RAM, so RAM grows with live sequences, not with
+history; global records stay in RAM and spill to the next tier under the RAM budget. Every
+tier evicts later blocks before earlier ones, and within a block by the kind's rank (window
+before state before global), so what survives is a restorable prefix as long as the budget
 allows (a restore at block k needs every global record before it). Knows nothing about models.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from forkv.security.blob import ThreadScratch
 
 from . import codec
-from .layout import CacheKind
+from . import kinds as _kinds
 from .records import Record
+from .tiers import RamTier, Tier
 
 _SCRATCH_KEEP = 64 << 20  # keep a read buffer up to this size per thread
-_KIND_ORDER = {CacheKind.WINDOW: 0, CacheKind.STATE: 1, CacheKind.EXTRA: 1, CacheKind.GLOBAL: 2}
 
 
 @dataclass(slots=True)
@@ -30,9 +30,9 @@ class TierStats:
     ram_bytes: int = 0
     ram_records: int = 0
     ram_evictions: int = 0
-    spilled: int = 0  # records moved from RAM to disk
+    spilled: int = 0  # records moved from RAM to the next tier
     bytes_put: int = 0  # array bytes of every record put, wherever it went
-    disk_puts: int = 0
+    disk_puts: int = 0  # records a byte tier accepted
     disk_reads: int = 0
     disk_misses: int = 0
     decode_errors: int = 0
@@ -40,130 +40,135 @@ class TierStats:
 
 
 class RecordStore:
-    def __init__(self, ram_budget: int = 2 << 30, disk=None, block_size: int = 256,
-                 write_through: bool = True):
-        self.ram_budget = ram_budget
-        self.disk = disk
+    def __init__(self, ram_budget: int = 2 << 30, disk: Tier | None = None,
+                 block_size: int = 256, write_through: bool = True,
+                 tiers: list[Tier] | None = None):
+        """A RAM tier of `ram_budget` bytes, then `disk` (if any), then `tiers` (if any)."""
         self.block_size = block_size
-        # With a disk tier, window/state records go straight to it (see module docstring).
-        self.write_through = write_through and disk is not None
-        self._ram: OrderedDict[tuple[bytes, CacheKind], Record] = OrderedDict()
-        self._blocks: dict[bytes, int] = {}  # key -> block index, to steer disk eviction
-        self._lock = threading.RLock()
+        self.write_through = write_through
+        self.ram = RamTier(ram_budget, spill=self._spill)
+        self.tiers: list[Tier] = [self.ram] + ([disk] if disk is not None else []) + list(tiers or ())
+        for tier in self.tiers:
+            assert isinstance(tier, Tier), f"{type(tier).__name__} does not implement Tier"
+            tier.set_eviction_order(self._disk_order)
+        self._blocks: dict[bytes, int] = {}  # key -> block index, to steer eviction
+        self._lock = threading.Lock()  # guards the counters
         self._scratch = ThreadScratch(_SCRATCH_KEEP)  # decode copies out of it at once
-        self.stats = TierStats()
-        if disk is not None:
-            disk.set_eviction_order(self._disk_order)
+        self._counts = TierStats()
 
     # -- the interface the checkpointer uses -----------------------------------------------
     def put(self, key: bytes, record: Record) -> None:
         with self._lock:
-            self.stats.bytes_put += record.nbytes
-            self._blocks[key] = record.block
-            if self.write_through and record.kind is not CacheKind.GLOBAL:
-                if self._to_disk(key, record):
+            self._counts.bytes_put += record.nbytes
+        self._blocks[key] = record.block
+        if self.write_through and not _kinds.stays_hot(record.kind):
+            for tier in self._byte_tiers():
+                if self._put_bytes(tier, key, record):
+                    self._discard_in(self.tiers[:self.tiers.index(tier)], key, record.kind)
                     return
-            slot = (key, record.kind)
-            if slot in self._ram:
-                self._drop(slot)
-            self._ram[slot] = record
-            self._account(record, +1)
-            self._enforce_budget()
+        self.ram.put(key, record.kind, record)
 
-    def get(self, key: bytes, kind: CacheKind) -> Record | None:
-        with self._lock:
-            record = self._ram.get((key, kind))
-            if record is not None:
-                self._ram.move_to_end((key, kind))
+    def get(self, key: bytes, kind: str) -> Record | None:
+        record = self.ram.get_into(key, kind)
+        if record is not None:
+            return record
+        byte_tiers = self._byte_tiers()
+        for tier in byte_tiers:
+            blob = tier.get_into(key, kind, self._scratch)  # decrypted into our scratch
+            if blob is None:
+                continue
+            self._count("disk_reads")
+            try:
+                record = codec.decode(blob.data, self.block_size)
+            except codec.CodecError:
+                self._count("decode_errors")
+                tier.discard(key, kind)
+                continue
+            if record.kind == kind:
                 return record
-        if self.disk is None:
-            return None
-        if hasattr(self.disk, "get_into"):  # decrypt into our scratch: no plaintext bytes
-            blob = self.disk.get_into(key, kind.value, self._scratch)
-        else:
-            blob = self.disk.get(key, kind.value)
-        if blob is None:
-            self.stats.disk_misses += 1
-            return None
-        self.stats.disk_reads += 1
-        try:
-            record = codec.decode(blob.data, self.block_size)
-        except codec.CodecError:
-            self.stats.decode_errors += 1
-            self.disk.delete(key, kind.value)
-            return None
-        return record if record.kind is kind else None
+        if byte_tiers:
+            self._count("disk_misses")
+        return None
 
-    def contains(self, key: bytes, kind: CacheKind) -> bool:
-        with self._lock:
-            if (key, kind) in self._ram:
-                return True
-        return self.disk is not None and self.disk.contains(key, kind.value)
+    def contains(self, key: bytes, kind: str) -> bool:
+        return any(tier.contains(key, kind) for tier in self.tiers)
 
-    def discard(self, key: bytes, kind: CacheKind) -> None:
+    def discard(self, key: bytes, kind: str) -> None:
         """Forget a record everywhere (it failed verification or its owner is gone)."""
-        with self._lock:
-            if (key, kind) in self._ram:
-                self._drop((key, kind))
-        if self.disk is not None:
-            self.disk.delete(key, kind.value)
+        self._discard_in(self.tiers, key, kind)
 
     def flush(self) -> None:
-        if self.disk is not None:
-            self.disk.flush()
+        for tier in self.tiers:
+            tier.flush()
 
     def close(self) -> None:
-        """Flush and close the disk tier. A persistent store first receives the RAM tier's
-        records too, so a restart can restore everything this process checkpointed."""
-        if self.disk is None:
-            return
-        if self.disk.stats().mode == "persistent":
-            with self._lock:
-                for slot in list(self._ram):
-                    self._to_disk(slot[0], self._drop(slot))
-        self.disk.flush()
-        self.disk.close()
+        """Flush and close every tier. A persistent tier first receives the RAM tier's records
+        too, so a restart can restore everything this process checkpointed."""
+        keeper = next((t for t in self._byte_tiers()
+                       if getattr(t.stats(), "mode", "") == "persistent"), None)
+        if keeper is not None:
+            for key, record in self.ram.take_all():
+                self._put_bytes(keeper, key, record)
+        for tier in self.tiers:
+            tier.flush()
+            tier.close()
+
+    @property
+    def stats(self) -> TierStats:
+        ram = self.ram.stats()
+        with self._lock:
+            c = self._counts
+            return TierStats(ram.bytes, ram.num_records, ram.num_evictions, c.spilled,
+                             c.bytes_put, c.disk_puts, c.disk_reads, c.disk_misses,
+                             c.decode_errors, ram.by_kind)
 
     @property
     def ram_bytes(self) -> int:
-        return self.stats.ram_bytes
+        return self.ram.stats().bytes
+
+    @property
+    def ram_budget(self) -> int:
+        return self.ram.budget
+
+    @property
+    def disk(self) -> Tier | None:
+        """The first tier after RAM (the encrypted disk tier by default), or None."""
+        return self.tiers[1] if len(self.tiers) > 1 else None
+
+    @disk.setter
+    def disk(self, tier: Tier | None) -> None:
+        rest = self.tiers[2:] if len(self.tiers) > 1 else []
+        self.tiers = [self.ram] + ([tier] if tier is not None else []) + rest
 
     # -- internals ---------------------------------------------------------------------------
-    def _to_disk(self, key: bytes, record: Record) -> bool:
-        ok = self.disk.put(key, record.kind.value, codec.encode(record, self.block_size),
-                           {"block": str(record.block)})
+    def _byte_tiers(self) -> list[Tier]:
+        return [t for t in self.tiers if not t.holds_arrays]
+
+    def _put_bytes(self, tier: Tier, key: bytes, record: Record) -> bool:
+        ok = tier.put(key, record.kind, codec.encode(record, self.block_size),
+                      {"block": str(record.block)})
         if ok:
-            self.stats.disk_puts += 1
+            self._count("disk_puts")
         return ok
 
-    def _account(self, record: Record, sign: int) -> None:
-        n = record.nbytes * sign
-        self.stats.ram_bytes += n
-        self.stats.ram_records += sign
-        k = record.kind.value
-        self.stats.by_kind[k] = self.stats.by_kind.get(k, 0) + n
+    def _spill(self, key: bytes, record: Record) -> None:
+        """The RAM tier evicted a record: the next tier that takes it keeps it."""
+        for tier in self.tiers[1:]:
+            if tier.holds_arrays:
+                if tier.put(key, record.kind, record):
+                    self._count("spilled")
+                    return
+            elif self._put_bytes(tier, key, record):
+                self._count("spilled")
+                return
 
-    def _drop(self, slot) -> Record:
-        record = self._ram.pop(slot)
-        self._account(record, -1)
-        return record
+    def _discard_in(self, tiers, key: bytes, kind: str) -> None:
+        for tier in tiers:
+            tier.discard(key, kind)
 
-    def _victim_order(self, slot) -> tuple:
-        key, kind = slot
-        return (-self._blocks.get(key, 0), _KIND_ORDER[kind])
-
-    def _enforce_budget(self) -> None:
-        if self.stats.ram_bytes <= self.ram_budget:
-            return
-        # Least valuable first; among equals, least recently used (OrderedDict order).
-        order = sorted(self._ram, key=self._victim_order)
-        for slot in order:
-            if self.stats.ram_bytes <= self.ram_budget:
-                break
-            record = self._drop(slot)
-            self.stats.ram_evictions += 1
-            if self.disk is not None and self._to_disk(slot[0], record):
-                self.stats.spilled += 1
+    def _count(self, name: str) -> None:
+        with self._lock:
+            setattr(self._counts, name, getattr(self._counts, name) + 1)
 
     def _disk_order(self, key: bytes, kind: str) -> tuple:
-        return (-self._blocks.get(key, 0), _KIND_ORDER.get(CacheKind(kind), 3))
+        return (-self._blocks.get(key, 0), _kinds.evict_rank(kind))

@@ -2,43 +2,54 @@
 
 import hashlib
 import random
+from types import SimpleNamespace
 
 from forkv.engine.generate import prefill
 
 
 class MemoryDisk:
-    """The blob-store interface in a dict. Like the real store it authenticates what it
-    returns (a digest here, AES-GCM there): bytes changed in `blobs` read back as a miss."""
+    """A tier of bytes (the engine's `Tier` protocol) in a dict. Like the real store it
+    authenticates what it returns (a digest here, AES-GCM there): bytes changed in `blobs`
+    read back as a miss."""
+
+    holds_arrays = False
 
     def __init__(self):
         self.blobs = {}
         self.digests = {}
         self.order = None
+        self.reads = 0  # get_into calls that found a record
 
     def put(self, key, kind, data, meta=None):
         self.blobs[(key, kind)] = bytes(data)
         self.digests[(key, kind)] = hashlib.sha256(data).digest()
         return True
 
-    def get(self, key, kind):
+    def get_into(self, key, kind, alloc):
         from forkv.security import Blob
 
         data = self.blobs.get((key, kind))
         if data is None or hashlib.sha256(data).digest() != self.digests[(key, kind)]:
             return None
-        return Blob(data, {})
+        self.reads += 1
+        out = memoryview(alloc(len(data))).cast("B")[:len(data)]
+        out[:] = data
+        return Blob(out, {})
 
     def contains(self, key, kind):
         return (key, kind) in self.blobs
 
-    def delete(self, key, kind):
+    def discard(self, key, kind):
         self.blobs.pop((key, kind), None)
+
+    def flush(self, timeout=None):
+        return True
+
+    def stats(self):
+        return SimpleNamespace(mode="test", num_records=len(self.blobs))
 
     def set_eviction_order(self, fn):
         self.order = fn
-
-    def flush(self):
-        pass
 
     def close(self):
         pass

@@ -2,14 +2,16 @@ import pytest
 
 from conftest import load_tiny
 from forkv.engine.generate import prefill
-from forkv.engine.layout import CacheKind
+from forkv.engine.layout import CacheKind, cache_layout
 from forkv.engine.records import rebuild, snapshot, window_blocks, window_tail
 from helpers import fresh_logits, random_tokens
 
 
 def test_window_tail_and_blocks():
+    from mlx_lm.models.cache import KVCache, RotatingKVCache
+
     assert window_tail(128, 256) == 127 and window_tail(512, 256) == 256
-    layout = load_tiny("gemma3").layout  # window 128
+    layout = cache_layout([RotatingKVCache(128), KVCache()])
     assert list(window_blocks(layout, 1024, 256)) == [3]
     assert list(window_blocks(layout, 1024, 64)) == [14, 15]
 
@@ -33,13 +35,9 @@ def test_rebuild_gives_identical_logits(arch, B):
     tokens = random_tokens(4 * 256 + 20, seed=3)
     records = _records_at(lm, tokens, B)
     for n in (B, 3 * B, 4 * 256):
-        k = n // B
-        cache = rebuild(lm.make_cache(), lm.layout, n, B,
-                        [records[(b, CacheKind.GLOBAL)] for b in range(k)
-                         if (b, CacheKind.GLOBAL) in records],
-                        {b: records[(b, CacheKind.WINDOW)]
-                         for b in window_blocks(lm.layout, n, B)},
-                        records.get((k - 1, CacheKind.STATE)))
+        need = {kind: {b: records[(b, kind)] for b in lm.layout.blocks(kind, n, B)}
+                for kind in lm.layout.kinds}
+        cache = rebuild(lm.make_cache(), lm.layout, n, B, need)
         got = prefill(lm.model, cache, tokens, n, B)
         assert mx.array_equal(got, fresh_logits(lm, tokens, B)).item(), (arch, B, n)
 
@@ -66,6 +64,6 @@ def test_record_kinds_per_layout():
     records = _records_at(lm, random_tokens(300), 256)
     assert {kind for _, kind in records} == {CacheKind.GLOBAL, CacheKind.WINDOW}
     w = records[(0, CacheKind.WINDOW)]
-    assert all(a.shape[2] == 127 for a in w.arrays.values())
+    assert all(a.shape[2] == lm.layout.max_window - 1 for a in w.arrays.values())
     g = records[(0, CacheKind.GLOBAL)]
     assert all(a.shape[2] == 256 for a in g.arrays.values())

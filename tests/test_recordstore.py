@@ -49,7 +49,7 @@ def test_window_and_state_go_to_disk_and_leave_ram():
     assert store.stats.by_kind == {"global": 1004}
     assert set(disk.blobs) == {(_key(0), "state"), (_key(0), "window")}
     back = store.get(_key(0), CacheKind.STATE)
-    assert back.kind is CacheKind.STATE and back.block == 0 and back.arrays["0.k"].size == 250
+    assert back.kind == CacheKind.STATE and back.block == 0 and back.arrays["0.k"].size == 250
 
 
 def test_global_spills_to_disk_over_budget():
@@ -81,27 +81,10 @@ def test_wrong_block_size_is_a_miss():
     assert RecordStore(1 << 30, disk, block_size=8).get(_key(0), CacheKind.STATE) is None
 
 
-class IntoDisk(MemoryDisk):
-    """A disk tier that offers get_into, like the BlobStore."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls = 0
-
-    def get_into(self, key, kind, alloc):
-        blob = self.get(key, kind)
-        if blob is None:
-            return None
-        self.calls += 1
-        out = memoryview(alloc(len(blob.data)))
-        out[:] = blob.data
-        return type(blob)(out, blob.meta)
-
-
 def test_disk_reads_go_through_get_into_and_the_scratch_is_reused():
     import mlx.core as mx
 
-    disk = IntoDisk()
+    disk = MemoryDisk()
     store = RecordStore(ram_budget=1 << 30, disk=disk, block_size=4)
     a, b = _rec(CacheKind.STATE, 0), _rec(CacheKind.STATE, 1)
     a.arrays["0.k"] = mx.arange(250, dtype=mx.float32)
@@ -109,6 +92,36 @@ def test_disk_reads_go_through_get_into_and_the_scratch_is_reused():
     store.put(_key(1), b)
     first = store.get(_key(0), CacheKind.STATE)
     second = store.get(_key(1), CacheKind.STATE)  # decoded from the same scratch buffer
-    assert disk.calls == 2 and second.block == 1
+    assert disk.reads == 2 and second.block == 1
     assert mx.array_equal(first.arrays["0.k"], a.arrays["0.k"]).item()  # not overwritten
     assert store.get(_key(2), CacheKind.STATE) is None and store.stats.disk_misses == 1
+
+
+def test_every_tier_implements_the_protocol():
+    from forkv.engine.tiers import RamTier, Tier
+    from forkv.security import BlobStore, StoreSettings
+    from forkv.bench.store import _PlainFileDisk
+
+    plain = _PlainFileDisk()
+    with BlobStore(StoreSettings(ram_budget=0, disk_budget=1 << 20)) as blob:
+        for tier in (RamTier(0), blob, MemoryDisk(), plain):
+            assert isinstance(tier, Tier), type(tier).__name__
+    plain.close()
+
+
+def test_tiers_are_an_ordered_list():
+    """Records spill from RAM to the first byte tier; a get finds a record in any tier, and
+    a corrupt copy in one tier is dropped before the next is read."""
+    first, second = MemoryDisk(), MemoryDisk()
+    store = RecordStore(ram_budget=1500, disk=first, block_size=4, tiers=[second])
+    assert store.disk is first and len(store.tiers) == 3
+    for b in range(2):
+        store.put(_key(b), _rec(CacheKind.GLOBAL, b))
+    assert (_key(1), "global") in first.blobs and not second.blobs  # spilled to the next tier
+    second.put(_key(1), "global", first.blobs[(_key(1), "global")])
+    first.blobs[(_key(1), "global")] = b"garbage"
+    first.digests[(_key(1), "global")] = __import__("hashlib").sha256(b"garbage").digest()
+    assert store.get(_key(1), CacheKind.GLOBAL).block == 1  # from the second tier
+    assert store.stats.decode_errors == 1 and (_key(1), "global") not in first.blobs
+    store.discard(_key(1), CacheKind.GLOBAL)
+    assert not store.contains(_key(1), CacheKind.GLOBAL)

@@ -26,7 +26,10 @@ def _memfd(name: str) -> int | None:
 
 class _PlainFileDisk:
     """The disk tier without encryption: records appended to one unencrypted in-memory file,
-    read back with pread straight into the caller's buffer (as the encrypted tier does)."""
+    read back with pread straight into the caller's buffer (as the encrypted tier does).
+    A tier of bytes of the engine's `Tier` protocol."""
+
+    holds_arrays = False
 
     def __init__(self):
         from forkv.security import DiskIO
@@ -63,21 +66,23 @@ class _PlainFileDisk:
         self.bytes_read += n
         return Blob(out, {}) if self.io.pread_into(self.fd, out, offset) == n else None
 
-    def get(self, key, kind):
-        return self.get_into(key, kind, bytearray)
-
     def contains(self, key, kind):
         return (key, kind) in self.slots or (key, kind) in self.blobs
 
-    def delete(self, key, kind):
+    def discard(self, key, kind):
         self.slots.pop((key, kind), None)
         self.blobs.pop((key, kind), None)
 
     def set_eviction_order(self, fn):
-        pass
+        pass  # never full: it holds what the benchmark puts
 
-    def flush(self):
-        pass
+    def flush(self, timeout=None):
+        return True
+
+    def stats(self):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(mode="plaintext", num_records=len(self.slots) + len(self.blobs))
 
     def close(self):
         if self.fd is not None:
@@ -153,7 +158,7 @@ def run_store_bench(model: str = "demo:gemma3:small", quick: bool = False, reps:
     files = _PlainFilesStore(live.block_size)
     tiers = {"ram": live, "plaintext": RecordStore(0, plain), "plain_files": files,
              "encrypted": RecordStore(0, blob)}
-    for (key, _kind), record in list(live._ram.items()):
+    for (key, _kind), record in list(live.ram.items()):
         for name in ("plaintext", "plain_files", "encrypted"):
             tiers[name].put(key, record)
     tiers["encrypted"].flush()
@@ -169,7 +174,7 @@ def run_store_bench(model: str = "demo:gemma3:small", quick: bool = False, reps:
             t, restored = timed(partial(e.checkpointer.restore, prompt))
             assert restored.position == prefix, (name, restored.position)
             times[name].append(t)
-    record_bytes = sum(r.nbytes for r in live._ram.values())
+    record_bytes = live.ram_bytes
     cases = [{"tier": name, "restore_s": summary(v)} for name, v in times.items()]
     med = {name: summary(v)["median"] for name, v in times.items()}
     seal = [r["seal_gbps"] for r in aead["results"]]
