@@ -5,6 +5,10 @@ streaming events, and the 404s of ids that are gone."""
 
 from __future__ import annotations
 
+import http.client as httpclient
+import json
+import time
+
 import pytest
 
 openai = pytest.importorskip("openai")
@@ -61,6 +65,30 @@ def test_delete_removes_the_subtree(client, url):
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model=MODEL, previous_response_id=root.id, input="more")
     assert client.responses.retrieve(other.id).id == other.id
+
+
+def test_a_subtree_still_generating_cannot_be_deleted(client, url):
+    root = client.responses.create(model=MODEL, input="root", max_output_tokens=2)
+    conn = httpclient.HTTPConnection("127.0.0.1", int(url.rsplit(":", 1)[1]), timeout=60)
+    conn.request("POST", "/v1/responses", json.dumps(
+        {"model": MODEL, "input": "go on", "previous_response_id": root.id,
+         "max_output_tokens": 4000, "stream": True}), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    try:
+        assert resp.status == 200 and resp.read(6) == b"event:"
+        status, body = http("DELETE", f"{url}/v1/responses/{root.id}")
+        assert status == 400 and body["error"]["code"] == "response_in_progress"
+    finally:
+        conn.sock.close()
+        conn.close()
+    # The cancelled child leaves nothing behind; the root can go now.
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        status, body = http("DELETE", f"{url}/v1/responses/{root.id}")
+        if status == 200:
+            break
+        time.sleep(0.2)
+    assert status == 200 and body["deleted_responses"] == [root.id]
 
 
 def test_store_false_keeps_nothing(client):

@@ -11,7 +11,7 @@ id is found only by the tenant (and salt) that made it. Knows nothing about HTTP
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from forkv.graph import GraphError, Tree
@@ -28,6 +28,9 @@ class Turn:
     kind: str
     text: str
     images: list[bytes] = field(default_factory=list)
+    tool_calls: list = field(default_factory=list)  # a function_call item's ToolCall
+    tool_call_id: str | None = None  # a function_call_output item's call
+    name: str | None = None  # ... and the tool's name
 
 
 @dataclass(slots=True)
@@ -90,7 +93,9 @@ class Conversations:
         added: list[str] = []
         try:
             for turn in turns:
-                node = tree.add(parent, turn.kind, turn.text, images=turn.images)
+                node = tree.add(parent, turn.kind, turn.text, images=turn.images,
+                                tool_calls=turn.tool_calls, tool_call_id=turn.tool_call_id,
+                                name=turn.name)
                 added.append(node.id)
                 parent = node.id
             gen_ids = []
@@ -108,6 +113,13 @@ class Conversations:
 
     def keep(self, stored: Stored) -> None:
         self._responses[stored.namespace][stored.id] = stored
+
+    def busy_under(self, namespace: str, first: str) -> list[str]:
+        """Ids of responses in the subtree at `first` that are still generating."""
+        tree = self.tree(namespace)
+        inside = {first} | {n.id for n in tree.descendants(first)}
+        return [rid for rid, s in self._responses[namespace].items()
+                if s.first in inside and not s.done]
 
     def remove(self, namespace: str, first: str) -> tuple[list[str], set[str]]:
         """Remove the subtree at `first` and every response in it; (response ids, keys only
@@ -128,6 +140,8 @@ def _merged(turns: list[Turn]) -> list[Turn]:
         if out and out[-1].kind == turn.kind and turn.kind == "user":
             out[-1] = Turn("user", out[-1].text + "\n\n" + turn.text,
                            out[-1].images + turn.images)
+        elif out and out[-1].kind == turn.kind == "final" and turn.tool_calls and not turn.text:
+            out[-1] = replace(out[-1], tool_calls=out[-1].tool_calls + turn.tool_calls)
         else:
-            out.append(Turn(turn.kind, turn.text, list(turn.images)))
+            out.append(replace(turn, images=list(turn.images)))
     return out

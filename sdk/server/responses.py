@@ -12,6 +12,7 @@ built in `response_events`. Knows the wire format; the engine work is in `genera
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from typing import Any
@@ -28,9 +29,11 @@ from .errors import APIError
 from .generation import collect, start, watch_disconnect
 from .inputs import DEFAULT_MAX_TOKENS, Sampling, decode_image, parse_body, read_json, sampling_params
 from .response_events import Splitter, output_items, stream_response
+from .tools import TOOL_ITEMS, attach_calls, name_tool_results, plan_tools, tool_turn
 
 __all__ = ["create_response", "delete_response", "get_response"]
 
+_log = logging.getLogger(__name__)
 _KINDS = {"user": "user", "assistant": "final", "system": "system", "developer": "system"}
 
 
@@ -53,6 +56,9 @@ def to_turns(items: str | list[dict], can_see: bool) -> list[Turn]:
     turns = []
     for i, item in enumerate(items):
         where = f"input[{i}]"
+        if item.get("type") in TOOL_ITEMS:
+            turns.append(tool_turn(item, where))
+            continue
         kind = _KINDS.get(item.get("role"))
         if item.get("type", "message") != "message" or kind is None:
             raise APIError(400, f"{where} must be a message with role user, assistant, system "
@@ -90,15 +96,14 @@ def to_turns(items: str | list[dict], can_see: bool) -> list[Turn]:
 async def create_response(request: Request) -> Any:
     state = request.app.state.forkv
     tenant = state.tenants.tenant(request.headers.get("authorization"))
-    req = parse_body(ResponsesRequest, await read_json(request, state.config.max_body))
+    raw = await read_json(request, state.config.max_body)
+    req = parse_body(ResponsesRequest, raw)
     state.check_model(req.model)
-    if req.tools:
-        raise APIError(400, "tools are not supported by this server yet; send the request "
-                            "without tools.", "unsupported_parameter", "tools")
+    plan = plan_tools(raw, state.lm.tokenizer)  # tools, tool_choice, text.format
     ns = namespace_of(tenant, req.cache_salt)
     conv = state.conversations
     previous = conv.get(ns, req.previous_response_id) if req.previous_response_id else None
-    params = sampling_params(req, req.max_output_tokens)
+    params = plan.apply(sampling_params(req, req.max_output_tokens))
     gen = {"max_tokens": params.max_tokens, "temperature": params.temperature,
            "top_p": params.top_p, "top_k": params.top_k, "seed": params.seed,
            "stop": params.stop}
@@ -106,6 +111,9 @@ async def create_response(request: Request) -> Any:
     turns = to_turns(req.input, state.can_see_images)
     first, gen_ids = conv.add_turns(ns, previous, req.instructions, turns, fmt is not None, gen)
     tree = conv.tree(ns)
+    if plan.specs:  # declared on this request's first node: seen by what it generates
+        tree[first].tools = plan.specs
+    name_tool_results(tree, [n.id for n in tree.path(gen_ids[0])])
     stored = Stored(f"resp_{uuid.uuid4().hex}", ns, first, gen_ids[-1])
     body = {"id": stored.id, "object": "response", "created_at": int(time.time()),
             "status": "in_progress", "model": req.model, "output": [],
@@ -113,9 +121,10 @@ async def create_response(request: Request) -> Any:
             "instructions": req.instructions, "store": req.store,
             "temperature": params.temperature, "top_p": params.top_p,
             "max_output_tokens": req.max_output_tokens or DEFAULT_MAX_TOKENS,
-            "parallel_tool_calls": False, "tool_choice": "none", "tools": [], "error": None,
+            "parallel_tool_calls": plan.parallel, "tool_choice": raw.get("tool_choice", plan.choice),
+            "tools": req.tools or [], "error": None,
             "incomplete_details": None, "metadata": req.metadata or {}, "usage": None,
-            "text": {"format": {"type": "text"}}, "reasoning": None}
+            "text": {"format": plan.format_info}, "reasoning": None}
     stored.body = body
     try:
         prompt = render(tree, gen_ids[0], state.lm.tokenizer, fmt or state.plain_format,
@@ -127,8 +136,9 @@ async def create_response(request: Request) -> Any:
         conv.remove(ns, first)
         raise
     conv.keep(stored)  # visible (in progress) so a fork cannot race ahead of it
-    finish = _Finisher(state, stored, req.store, gen_ids, fmt)
+    finish = _Finisher(state, stored, req.store, gen_ids, fmt, plan)
     if req.stream:
+        finish.streaming = True
         return stream_response(state, handles[0], body, Splitter(fmt), finish, t0)
     watcher = asyncio.create_task(watch_disconnect(request, handles))
     try:
@@ -152,9 +162,10 @@ async def create_response(request: Request) -> Any:
 class _Finisher:
     """Writes a finished generation into the tree and the response body (or drops both)."""
 
-    def __init__(self, state, stored: Stored, keep: bool, gen_ids: list[str], fmt):
+    def __init__(self, state, stored: Stored, keep: bool, gen_ids: list[str], fmt, plan):
         self.state, self.stored, self.keep, self.gen_ids, self.fmt = state, stored, keep, \
             gen_ids, fmt
+        self.plan, self.streaming = plan, False
 
     def __call__(self, split: Splitter, ids: list[int], finish: str, timings,
                  prompt_tokens: int) -> dict:
@@ -165,8 +176,16 @@ class _Finisher:
         if self.fmt is not None:
             tree.attach(self.gen_ids[0], split.reasoning, ids[:n_reason], finish, stats=None)
         tree.attach(self.gen_ids[-1], split.text, ids[n_reason:], finish)
+        content, calls = attach_calls(self.plan, tree[self.gen_ids[-1]], split.text)
         body = stored.body
         body["output"] = output_items(stored.id, split, self.fmt is not None)
+        if calls:  # function_call items follow the message (kept if it has text or streamed)
+            body["output"] = [i for i in body["output"] if i["type"] != "message" or content
+                              or self.streaming]
+            for item in body["output"]:
+                if item["type"] == "message":
+                    item["content"][0]["text"] = content
+            body["output"] += calls
         body["status"] = "incomplete" if reason else "completed"
         body["incomplete_details"] = {"reason": reason} if reason else None
         body["usage"] = {"input_tokens": prompt_tokens,
@@ -176,7 +195,10 @@ class _Finisher:
                          "total_tokens": prompt_tokens + len(ids)}
         stored.done = True
         if self.keep:
-            _record_keys(state, tree, stored)
+            try:
+                _record_keys(state, tree, stored)
+            except Exception:  # noqa: BLE001 - bookkeeping for DELETE only; the answer stands
+                _log.warning("could not record the block keys of %s", stored.id, exc_info=True)
         else:
             self.abandon()
         return body
@@ -215,9 +237,10 @@ async def delete_response(request: Request) -> Any:
     tenant = state.tenants.tenant(request.headers.get("authorization"))
     ns = namespace_of(tenant, request.query_params.get("cache_salt"))
     stored = state.conversations.get(ns, request.path_params["response_id"])
-    if not stored.done:
-        raise APIError(400, f"Response {stored.id!r} is still generating; delete it once it "
-                            "has finished.", "response_in_progress")
+    busy = state.conversations.busy_under(ns, stored.first)
+    if busy:
+        raise APIError(400, f"Response {busy[0]!r} in this subtree is still generating; delete "
+                            "once it has finished.", "response_in_progress")
     gone, keys = state.conversations.remove(ns, stored.first)
     released = state.backend.release(keys, ns)
     return JSONResponse({"id": stored.id, "object": "response", "deleted": True,
