@@ -25,8 +25,9 @@ RECORD_VERSION = 1
 class Record:
     kind: str  # record kind name (a CacheKind member or a kind's own name)
     block: int  # block index; the record describes the state at boundary (block+1)*B
-    tokens: bytes  # int32 LE: the block's tokens, or the whole prefix (whole-state kinds)
-    arrays: dict = field(default_factory=dict)  # name -> mx.array
+    # The tokens and arrays are the conversation in another form: never in a repr or a log.
+    tokens: bytes = field(repr=False)  # int32 LE: the block's tokens, or the whole prefix
+    arrays: dict = field(default_factory=dict, repr=False)  # name -> mx.array
 
     @property
     def nbytes(self) -> int:

@@ -25,6 +25,13 @@ def test_queued_record_repr_holds_no_plaintext(tmp_path):
             assert PLAINTEXT.decode() not in repr(obj)
 
 
+def test_checkpoint_record_repr_holds_no_tokens_or_arrays():
+    from forkv.engine.records import Record
+
+    record = Record("state", 3, PLAINTEXT, {"0.k": PLAINTEXT})
+    assert PLAINTEXT.decode() not in repr(record) and "block=3" in repr(record)
+
+
 def test_malformed_key_file_never_shows_in_a_traceback(tmp_path):
     path = tmp_path / "key"
     secret = "hunter2-" * 5  # a password pasted where a key belongs
