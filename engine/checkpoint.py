@@ -53,9 +53,9 @@ class Checkpointer:
         self.store = store
         self.block_size = block_size
         self.keyer = BlockKeyer(lm.fingerprint, block_size, namespace)
-        disk = getattr(store, "disk", None)
-        if hasattr(disk, "bind_model"):  # a persistent store holds one model's checkpoints
-            disk.bind_model(lm.fingerprint)
+        for tier in getattr(store, "tiers", None) or [getattr(store, "disk", None)]:
+            if hasattr(tier, "bind_model"):  # a persistent store holds one model's checkpoints
+                tier.bind_model(lm.fingerprint)
         self.enabled = self.layout.can_checkpoint
         self.kinds = set(self.layout.kinds) - {CacheKind.UNKNOWN}
         if getattr(lm, "is_vision", False):
