@@ -22,7 +22,7 @@ def run(name, *args, **env_vars):
 def test_every_tutorial_is_tested_and_documented():
     names = sorted(p.name for p in TUTORIALS.glob("*.py"))
     assert names == ["01_conversation.py", "02_branch_and_prune.py", "03_tree_of_thought.py",
-                     "04_private_assistant.py"]
+                     "04_private_assistant.py", "05_visual_branch_and_prune.py"]
     for name in names:
         text = (TUTORIALS / name).read_text()
         assert text.startswith('"""Tutorial ') and "Run:" in text
@@ -64,3 +64,15 @@ def test_04_private_assistant_resumes_from_the_encrypted_store():
         assert reused >= 1024, steps[step]  # restored from the encrypted file
     assert "2. wrong passphrase refused" in out
     assert "checkpoints.fkv, tree.json" in out
+
+
+def test_05_visual_branch_and_prune_reuses_the_image():
+    pytest.importorskip("mlx_vlm", reason="mlx-vlm is not installed (pip install 'forkv[vision]')")
+    out = run("05_visual_branch_and_prune.py")
+    lines = {line.split("  ")[0].strip(): line for line in out.splitlines() if "reused" in line}
+    assert "reused     0" in lines["reasoning about the photo"]
+    for step in ("follow-up on the pruned path", "second photo in a later turn",
+                 "second reasoning (rewind)"):
+        assert "reused   256" in lines[step], lines[step]
+    assert "vision tower runs: 2 (2 photos)" in out
+    assert "system:s1 -> user:u2 -> final:f5 -> user:u6 -> final:f7 -> user:u8 -> final:f9" in out
