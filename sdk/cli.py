@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "tokens reused and computed at each step.")
     p.add_argument("--model", default="demo:gemma3:tiny", help="demo:<arch>[:<size>] or a folder")
     p.add_argument("--max-tokens", type=int, default=48, help="tokens per answer (default 48)")
+    p.add_argument("--reasoning-tokens", type=int, default=320,
+                   help="tokens of the first reasoning step (default 320)")
     p.add_argument("--save", metavar="PATH", default=None,
                    help="write the conversation tree here (mode 0600) for `forkv show`")
 
@@ -150,7 +152,7 @@ def setup_logging(verbose: int = 0) -> None:
 def _demo(args) -> int:
     from forkv.sdk_demo import run_demo
 
-    return run_demo(args.model, args.max_tokens, save=args.save)
+    return run_demo(args.model, args.max_tokens, args.reasoning_tokens, save=args.save)
 
 
 def _doctor(args) -> int:

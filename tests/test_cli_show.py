@@ -35,7 +35,7 @@ def test_show_reports_bad_input(tmp_path, capsys):
 
 
 def test_demo_prints_reuse_at_each_step(capsys):
-    assert main(["demo", "--max-tokens", "4"]) == 0
+    assert main(["demo", "--max-tokens", "4", "--reasoning-tokens", "24"]) == 0
     out = capsys.readouterr().out
     assert "demo:gemma3:tiny" in out and "prune the reasoning" in out
     steps = [line for line in out.splitlines() if line.startswith("  ") and "reused" in line]
