@@ -27,7 +27,8 @@ from .auth import namespace_of
 from .conversations import Stored, Turn
 from .errors import APIError
 from .generation import collect, start, watch_disconnect
-from .inputs import DEFAULT_MAX_TOKENS, Sampling, decode_image, parse_body, read_json, sampling_params
+from .inputs import (DEFAULT_MAX_TOKENS, Sampling, decode_image, parse_body, read_json,
+                     sampling_params)
 from .response_events import Splitter, output_items, stream_response
 from .tools import TOOL_ITEMS, attach_calls, name_tool_results, plan_tools, tool_turn
 
