@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import random
 import statistics
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
@@ -143,6 +144,8 @@ def _run_side(server, sz: Sizes, tokenizer, seed: int) -> dict:
         t0 = time.perf_counter()
         out[name] = fn(*args)
         out[name]["case_wall_s"] = round(time.perf_counter() - t0, 2)
+        print(f"  {server.name}: {name} {out[name]['case_wall_s']} s", file=sys.stderr,
+              flush=True)  # a full run takes many minutes: show where it is
     out["peak_rss_mib"] = server.peak_rss_mib()
     return out
 
