@@ -149,6 +149,15 @@ def stream_response(state, handle, body: dict, split: Splitter, finish, t0: floa
                             for e in open_item(key):
                                 yield e
                     for index, item in enumerate(done["output"]):
+                        if item["type"] == "function_call":  # forkv.server.tools
+                            yield event("response.output_item.added", output_index=index,
+                                        item={**item, "arguments": "", "status": "in_progress"})
+                            yield event("response.function_call_arguments.done",
+                                        item_id=item["id"], output_index=index,
+                                        arguments=item["arguments"])
+                            yield event("response.output_item.done", output_index=index,
+                                        item=item)
+                            continue
                         part = item["content"][0]
                         name = part["type"]
                         yield event(f"response.{name}.done", item_id=item["id"],

@@ -24,9 +24,11 @@ from forkv.graph.toolformat import ToolFormat, forced_call
 from forkv.graph.tools import Constraint, ToolCall, ToolSpec, make_tools
 from forkv.tools import parse_tool_calls, tool_format
 
+from .conversations import Turn
 from .errors import APIError
 
-__all__ = ["CallStream", "ToolPlan", "history", "plan_tools", "response_call_items"]
+__all__ = ["TOOL_ITEMS", "CallStream", "ToolPlan", "attach_calls", "history", "name_tool_results",
+           "plan_tools", "response_call_items", "tool_turn"]
 
 
 @dataclass(slots=True)
@@ -213,3 +215,38 @@ def response_call_items(calls: list[ToolCall]) -> list[dict]:
     return [{"type": "function_call", "id": f"fc_{uuid.uuid4().hex}", "call_id": c.id,
              "name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False),
              "status": "completed"} for c in calls]
+
+
+TOOL_ITEMS = ("function_call", "function_call_output")
+
+
+def tool_turn(item: dict, where: str) -> Turn:
+    """The turn of a Responses API `function_call` or `function_call_output` input item."""
+    if item["type"] == "function_call":
+        call = _history_call({"id": item.get("call_id"), "function": item}, where)
+        return Turn("final", "", tool_calls=[ToolCall(id=call["id"], name=call["function"]["name"],
+                                                      arguments=call["function"]["arguments"])])
+    output = item.get("output")
+    if not isinstance(output, str):
+        output = json.dumps(output)
+    return Turn("tool", output, tool_call_id=item.get("call_id"))
+
+
+def name_tool_results(tree: Any, node_ids: list[str]) -> None:
+    """Give tool nodes the name of the call they answer (templates like Gemma's write it)."""
+    for node_id in node_ids:
+        node = tree[node_id]
+        if node.kind != "tool" or node.name or not node.tool_call_id:
+            continue
+        for above in reversed(tree.path(node)):
+            match = [c.name for c in above.tool_calls if c.id == node.tool_call_id]
+            if match:
+                node.name = match[0]
+                break
+
+
+def attach_calls(plan: ToolPlan, node: Any, text: str) -> tuple[str, list[dict]]:
+    """Parse a generated Responses node's calls into it; (content, function_call items)."""
+    content, calls = plan.split(text, f"call_{node.id}_{uuid.uuid4().hex[:6]}")
+    node.tool_calls = calls
+    return content, response_call_items(calls)
