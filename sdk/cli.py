@@ -24,6 +24,7 @@ _COMMANDS = {
     "generate": "forkv.generate_cmd:run_generate",
     "run": "forkv.run_cmd:run_spec",
     "show": "forkv.cli:_show",
+    "check-archs": "forkv.check_archs:run_cli",
     "bench": "forkv.bench.cli:run_cli",
     "doctor": "forkv.cli:_doctor",
 }
@@ -89,6 +90,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("doctor", help="report BLAS, dtype, device and versions")
     p.add_argument("--model", default=None, help="also load this model and report its layout")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    p = sub.add_parser("check-archs", help="check exact checkpoint reuse on every mlx-lm "
+                       "architecture with non-plain caches (tiny random models)",
+                       description="Build a tiny random model of every architecture of the "
+                                   "installed mlx-lm whose caches are not all plain KVCache, "
+                                   "and check that restored prefixes give logprobs "
+                                   "bit-identical to plain mlx-lm.")
+    p.add_argument("--arch", action="append", default=None, metavar="NAME",
+                   help="check only this architecture (repeatable)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return parser
 

@@ -1,0 +1,50 @@
+"""The breadth suite: every mlx-lm architecture whose caches are not all plain KVCache is
+checkpointed, with reuse, bit-exactly (forkv.check_archs). One architecture per cache shape
+runs by default; the rest are marked slow (CI runs them too)."""
+
+import pytest
+
+from forkv.arch_configs import CONFIGS, QUANTIZED
+from forkv.check_archs import BLOCK, CUTS, PROMPT, check, installed_architectures
+
+# window, state + MoE, CacheList(state, global), other non-trimmable state, pure state
+DEFAULT = {"gemma3_text", "qwen3_next", "falcon_h1", "deepseek_v41", "mamba"}
+DEFAULT_QUANTIZED = {"qwen3_next"}
+
+
+def _cases():
+    for arch in sorted(CONFIGS):
+        for quantize in (False, True) if arch in QUANTIZED else (False,):
+            fast = arch in (DEFAULT_QUANTIZED if quantize else DEFAULT)
+            yield pytest.param(arch, quantize, id=f"{arch}-{'4bit' if quantize else 'fp32'}",
+                               marks=() if fast else pytest.mark.slow)
+
+
+@pytest.mark.parametrize("arch, quantize", _cases())
+def test_architecture_is_exact_with_reuse(arch, quantize):
+    result = check(arch, quantize)
+    if result.status == "skipped":  # plain mlx-lm needs Metal for it (muse_spark off a Mac)
+        assert arch == "muse_spark" and "Metal" in result.reason
+        pytest.skip(result.reason)
+    assert result.status == "exact", result.reason
+    assert result.reused == list(CUTS)  # boundaries 256 and 512 from prefill, 768 from decode
+    for size in result.windows:  # windows and chunks wrap inside the prompt, off the grid
+        assert size % BLOCK and size < PROMPT, (arch, size)
+
+
+def test_every_installed_architecture_is_configured():
+    installed = set(installed_architectures())
+    # the source scan finds each kind of make_cache: own classes, CacheList, wrappers,
+    # subclasses of another module's Model
+    assert {"gemma3_text", "qwen3_next", "falcon_h1", "llama4", "deepseek_v41", "gemma3",
+            "glm_moe_dsa", "prism_hadamard_qwen35"} <= installed
+    assert installed <= set(CONFIGS), installed - set(CONFIGS)
+
+
+def test_configurations_are_tiny():
+    assert len(QUANTIZED) >= 2 and QUANTIZED <= set(CONFIGS)
+    for arch, config in CONFIGS.items():
+        text = config.get("text_config", config)
+        assert text.get("hidden_size", 64) <= 64, arch
+        assert text.get("num_hidden_layers", 4) <= 4, arch
+        assert (config.get("vocab_size") or text["vocab_size"]) <= 256, arch
