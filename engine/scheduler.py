@@ -26,6 +26,7 @@ handles, or what kind of model runs the rows (the runner does).
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -49,6 +50,22 @@ class StepReport:
         return sum(self.prefilled.values())
 
 
+@dataclass(slots=True)
+class StepTotals:
+    """Running totals over every step: where the engine's time went (for stats and benches)."""
+
+    steps: int = 0
+    prefill_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_steps: int = 0
+    decoded_tokens: int = 0
+    decode_s: float = 0.0  # batched decode steps, boundary recomputes included
+    recomputed_tokens: int = 0
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
 class Scheduler:
     def __init__(self, runner, block_size: int, max_seqs: int, max_prefill_tokens: int,
                  mergeable: bool = True):
@@ -61,6 +78,7 @@ class Scheduler:
         self.prefilling: deque[Sequence] = deque()  # round-robin order
         self.rows: list[Sequence] = []  # in the batch's row order
         self.batch = BatchCache(mergeable)
+        self.totals = StepTotals()
 
     @property
     def has_work(self) -> bool:
@@ -91,11 +109,20 @@ class Scheduler:
         return seq.finish("cancelled")
 
     def step(self) -> StepReport:
-        report = StepReport()
+        report, totals = StepReport(), self.totals
+        t0 = time.perf_counter()
         self._admit()
         self._prefill(report)
+        t1 = time.perf_counter()
         if self.rows:
             self._decode(report)
+            totals.decode_steps += 1
+            totals.decoded_tokens += report.decoded
+            totals.decode_s += time.perf_counter() - t1
+        totals.steps += 1
+        totals.prefill_tokens += report.prefill_tokens
+        totals.prefill_s += t1 - t0
+        totals.recomputed_tokens += report.recomputed
         return report
 
     # -- the phases ---------------------------------------------------------------------------

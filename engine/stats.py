@@ -11,7 +11,7 @@ from __future__ import annotations
 def engine_stats(engine) -> dict:
     sched = engine.scheduler
     out: dict = {"queue": {"waiting": len(sched.waiting), "prefilling": len(sched.prefilling),
-                           "running": len(sched.rows)}}
+                           "running": len(sched.rows)}, "steps": sched.totals.as_dict()}
     ck = engine.checkpointer
     if ck is None:
         return {"checkpoints": False, **out}

@@ -137,15 +137,22 @@ def _plot_rewind(plt, res, path):
 def _plot_parallel(plt, res, path):
     fig, ax = plt.subplots(figsize=(6, 4))
     for run in _runs(res):
-        points = sorted((c["concurrency"], c["ours_tps"]["median"]) for c in run["cases"]
-                        if c.get("case") == "concurrency")
-        if points:
-            ax.plot([x for x, _ in points], [y for _, y in points], "o-",
-                    label=f"forkv batched ({run['model']})")
-        base = run["headline"].get("baseline_tps")
-        if base:
-            ax.axhline(base, linestyle="--", color="gray", label="mlx-lm, one after another")
-    ax.set(xlabel="concurrent conversations", ylabel="generated tokens/s",
+        curve = sorted((c["concurrency"], c) for c in run["cases"]
+                       if c.get("case") == "concurrency")
+        if curve:
+            xs = [x for x, _ in curve]
+            ax.plot(xs, [c["ours_tps"]["median"] for _, c in curve], "o-",
+                    label=f"forkv, whole run ({run['model']})")
+            if "decode_tps" in curve[0][1]:
+                ax.plot(xs, [c["decode_tps"] for _, c in curve], "s-",
+                        label="forkv, decode steps only")
+                ax.plot(xs, [c["roofline_tps"] for _, c in curve], "k:",
+                        label="decode roofline (bandwidth, FLOP/s)")
+        for key, style, label in (("baseline_tps", "--", "mlx-lm, one after another"),
+                                  ("mlx_lm_batched_tps", "-.", "mlx-lm batch_generate (8)")):
+            if run["headline"].get(key):
+                ax.axhline(run["headline"][key], linestyle=style, color="gray", label=label)
+    ax.set(xlabel="concurrent conversations", ylabel="generated tokens/s", yscale="log",
            title="Parallel decoding")
     ax.legend(fontsize=7)
     fig.tight_layout()

@@ -1,0 +1,61 @@
+"""The engine thread owns every mlx call: asyncio front ends with forks never abort at exit.
+
+Before the engine had its own thread, `await session.arun(...)` / `session.astream(...)` with a
+fork ran mlx on asyncio's executor threads and aborted at interpreter exit in about 1 of 12
+runs ("terminate called without an active exception", status 134). The child below does what
+a user's asyncio program does and exits without closing anything by hand; every run must
+exit 0 with its output complete.
+"""
+
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+CHILD = r"""
+import asyncio, sys
+import forkv
+
+async def main():
+    session = forkv.Session("demo:gemma3:tiny")  # closed by nobody: exit must still be clean
+    user = session.system("You are terse.").user("Name three colours. " * 40)
+    branches = user.fork(3, kind="final", gen={"max_tokens": 6})
+    await session.arun(branches)
+    more = user.fork(2, kind="final", gen={"max_tokens": 6})
+    seen = 0
+    async for event in session.astream(more):
+        seen += event.is_last
+    stream = session.engine.submit("hello " * 30, max_tokens=4)
+    tokens = [t async for e in stream for t in e.token_ids]
+    print("ok", seen, len(tokens), flush=True)
+
+asyncio.run(main())
+"""
+
+
+def _run_child(_):
+    env = dict(os.environ, PYTHONFAULTHANDLER="1")
+    r = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
+                       timeout=300, env=env)
+    return r.returncode, r.stdout, r.stderr[-2000:]
+
+
+def _exits(n: int) -> list[tuple[int, str, str]]:
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return list(pool.map(_run_child, range(n)))
+
+
+def _assert_clean(results):
+    bad = [(rc, err) for rc, out, err in results if rc != 0 or out.strip() != "ok 2 4"]
+    assert not bad, f"{len(bad)} of {len(results)} runs did not exit cleanly: {bad[:2]}"
+
+
+def test_async_forks_exit_cleanly():
+    _assert_clean(_exits(2))
+
+
+@pytest.mark.slow
+def test_async_forks_exit_cleanly_in_50_fresh_processes():
+    _assert_clean(_exits(50))
