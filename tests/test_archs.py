@@ -7,8 +7,8 @@ import pytest
 from forkv.arch_configs import CONFIGS, QUANTIZED
 from forkv.check_archs import BLOCK, CUTS, PROMPT, check, installed_architectures
 
-# window, state + MoE, CacheList(state, global), other non-trimmable state, pure state
-DEFAULT = {"gemma3_text", "qwen3_next", "falcon_h1", "deepseek_v41", "mamba"}
+# window, state + MoE, CacheList(state, global), other non-trimmable state, pure state, chunked
+DEFAULT = {"gemma3_text", "qwen3_next", "falcon_h1", "deepseek_v41", "mamba", "llama4"}
 DEFAULT_QUANTIZED = {"qwen3_next"}
 
 

@@ -88,3 +88,13 @@ def test_known_layout_does_not_warn():
         layout = cache_layout([KVCache(), RotatingKVCache(64), ArraysCache(2)])
     assert [l.kind for l in layout.layers] == [CacheKind.GLOBAL, CacheKind.WINDOW,
                                                CacheKind.STATE]
+
+
+def test_chunked_caches_read_the_blocks_covering_their_chunk():
+    from mlx_lm.models.cache import ChunkedKVCache, KVCache
+
+    layout = cache_layout([ChunkedKVCache(100), KVCache()])
+    assert [l.kind for l in layout.layers] == ["chunked", "global"] and layout.can_checkpoint
+    # a fresh prefill to 768 keeps tokens [412, 768): blocks 1 and 2
+    assert list(layout.blocks("chunked", 768, 256)) == [1, 2]
+    assert list(layout.blocks("chunked", 256, 256)) == [0]
