@@ -8,6 +8,7 @@ the engine. Building never triggers inference.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -344,7 +345,13 @@ class Tree(BranchingMixin, ResultsMixin):
         return tree
 
     def save(self, path: str | Path, indent: int | None = 1) -> None:
-        Path(path).write_text(self.to_json(indent), encoding="utf-8")
+        """Write the tree as JSON to a file only its owner can read (0600): it holds the
+        conversation's text. A symlink at `path` is refused."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+        fd = os.open(path, flags, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(fd, 0o600)  # an existing file may have been readable by others
+            f.write(self.to_json(indent))
 
     @classmethod
     def load(cls, path: str | Path, model_id: str | None = None) -> Tree:

@@ -114,8 +114,11 @@ class Session:
         return removed
 
     def save(self, path: str | Path) -> None:
-        """Save the tree as JSON (results, stats and spans included)."""
-        self.tree.save(path)
+        """Save the tree as JSON (results, stats and spans included) to a private file
+        (0600, yours, not a symlink, in a folder other users cannot rewrite)."""
+        from forkv.security import write_private_file
+
+        write_private_file(path, self.tree.to_json(1).encode("utf-8"))
 
     def load(self, path: str | Path) -> Tree:
         """Load a saved tree into this session; it must have been made with this model."""

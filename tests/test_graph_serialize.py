@@ -95,3 +95,24 @@ def test_structure_errors_on_load():
                 ]
             )
         )
+
+
+def test_saved_trees_are_private(tmp_path):
+    import os
+    import stat
+
+    from forkv.graph import Tree
+
+    tree = Tree()
+    tree.user("a secret question")
+    path = tmp_path / "t.json"
+    path.write_text("{}")
+    os.chmod(path, 0o644)  # an existing, readable file is made private too
+    tree.save(path)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert Tree.load(path).roots()[0].text == "a secret question"
+    link = tmp_path / "link.json"
+    link.symlink_to(tmp_path / "elsewhere.json")
+    with pytest.raises(OSError):
+        tree.save(link)
+    assert not (tmp_path / "elsewhere.json").exists()
