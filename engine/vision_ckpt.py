@@ -144,12 +144,22 @@ def _restore_image_end(ck, r, request: VisionPrompt, end: int) -> dict | None:
         ck.stats.rejected += 1  # same key, other content: never reuse
         ck.store.discard(key, CacheKind.EXTRA)
         return None
-    for i in layers:
+    try:
+        parts = {}
+        for i in layers:
+            c, k, v = r.cache[i], record.arrays[f"{i}.k"], record.arrays[f"{i}.v"]
+            if lo:
+                k = mx.concatenate([c.keys[..., :lo, :], k], axis=2)
+                v = mx.concatenate([c.values[..., :lo, :], v], axis=2)
+            if k.shape[2] != end or v.shape[2] != end:
+                raise ValueError(f"layer {i}: the record does not continue this cache")
+            parts[i] = (k, v)
+    except ValueError:  # arrays that do not fit this model (shapes): a miss
+        ck.stats.rejected += 1
+        return None
+    for i, (k, v) in parts.items():
         c = r.cache[i]
-        k, v = record.arrays[f"{i}.k"], record.arrays[f"{i}.v"]
-        if lo:
-            k = mx.concatenate([c.keys[..., :lo, :], k], axis=2)
-            v = mx.concatenate([c.values[..., :lo, :], v], axis=2)
         c.keys, c.values, c.offset = k, v, end
     mx.eval([c.state for c in r.cache])
     return record.arrays
+

@@ -296,3 +296,17 @@ def test_feature_cache_is_lru_under_a_byte_budget():
     assert cache.stats.bytes <= cache.budget
 
 
+
+
+def test_gemma4_with_bidirectional_image_attention_is_refused():
+    from types import SimpleNamespace
+
+    from forkv.engine import ModelLoadError
+    from forkv.engine.vision_gemma import Gemma4Family
+
+    config = {"model_type": "gemma4", "image_token_id": 9,
+              "text_config": {"use_bidirectional_attention": "vision"}}
+    lm = SimpleNamespace(name="g4", config=config, image_token_id=9, processor=None,
+                         model=SimpleNamespace(language_model=None))
+    with pytest.raises(ModelLoadError, match="bidirectional attention inside images"):
+        Gemma4Family(lm)
