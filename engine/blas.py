@@ -20,6 +20,7 @@ import hashlib
 import importlib.util
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -224,10 +225,20 @@ def _build_shim(ilp64: bool) -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     cache = Path(os.environ.get("FORKV_CACHE_DIR") or Path(xdg) / "forkv") / "blas"
     out = cache / f"shim-{hashlib.sha256(source.encode()).hexdigest()[:16]}.so"
+    try:
+        cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _Unavailable(f"cannot make the BLAS shim folder {cache}: {exc}") from None
+    # We dlopen what is here: another user who owns, or can write, the folder or the file could
+    # make this process run their code. Refuse rather than load it.
+    for path in (cache, out):
+        if path.exists() and not _is_private(path):
+            raise _Unavailable(
+                f"{path} is not private to you (another owner, or writable by others); remove "
+                "it, or set FORKV_CACHE_DIR to a folder only you can write")
     if out.exists():
         return out
     try:
-        cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache) as tmp:
             (Path(tmp) / "shim.c").write_text(source)
             cmd = [cc, "-O2", "-shared", "-fPIC", "-o", "shim.so", "shim.c", "-ldl"]
@@ -239,6 +250,12 @@ def _build_shim(ilp64: bool) -> Path:
     except (OSError, subprocess.SubprocessError) as exc:
         raise _Unavailable(f"cannot build the BLAS shim in {cache}: {exc}") from None
     return out
+
+
+def _is_private(path: Path) -> bool:
+    info = path.lstat()
+    return (info.st_uid == os.geteuid() and not info.st_mode & 0o022
+            and not stat.S_ISLNK(info.st_mode))
 
 
 def _shim_source(ilp64: bool) -> str:

@@ -126,3 +126,23 @@ def test_shim_source_shapes():
     lp64, ilp64 = blas._shim_source(ilp64=False), blas._shim_source(ilp64=True)
     assert "void sgetrf_(" in lp64 and "void sgetrf_(" not in ilp64  # ILP64 leaves LAPACK stock
     assert "long long m" in ilp64 and "long long" not in lp64
+
+
+@pytest.mark.parametrize("what", ["folder", "file"])
+def test_a_shim_another_user_could_plant_is_never_loaded(tmp_path, what):
+    """The shim folder (or a shim in it) owned by someone else, or writable by others: forkv
+    refuses to dlopen it and keeps stock BLAS, saying why."""
+    lib = blas._find_scipy_openblas32()
+    if lib is None or os.geteuid() != 0:
+        pytest.skip("needs the scipy OpenBLAS wheel, and root to hand files to another user")
+    first = _check(tmp_path, str(lib))  # builds the shim into tmp_path/blas
+    shim = Path(first["provider"])
+    target = shim.parent if what == "folder" else shim
+    os.chown(target, 4242, 4242)
+    result = _check(tmp_path, str(lib))
+    assert not result["is_optimized"] and "not private to you" in result["reason"], result
+    os.chown(target, os.geteuid(), os.getegid())
+    os.chmod(target, 0o777 if what == "folder" else 0o666)
+    result = _check(tmp_path, str(lib))
+    assert not result["is_optimized"] and "not private to you" in result["reason"], result
+    _assert_correct(result)
