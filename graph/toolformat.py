@@ -101,8 +101,21 @@ def _lit(text: str) -> str:
     return json.dumps(text)  # a Lark string literal: the same escapes as JSON
 
 
+def _closed(schema: Any) -> Any:
+    """`schema` with objects that do not say otherwise closed to undeclared properties: a
+    forced call names only the arguments its tool declares."""
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: ({p: _closed(v) for p, v in schema[k].items()} if k == "properties"
+               and isinstance(schema[k], dict) else _closed(v) if k == "items" else v)
+           for k, v in schema.items()}
+    if out.get("type") == "object" and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
 def _call_rule(fmt: ToolFormat, tool: ToolSpec, rules: list[str]) -> str:
-    params = tool.parameters or {"type": "object", "properties": {}}
+    params = _closed(tool.parameters or {"type": "object", "properties": {}})
     if fmt.quote is None:
         name = f"args_{len(rules)}"
         rules.append(f"{name}: %json " + json.dumps({**params, "x-guidance": _JSON_STYLE}))
