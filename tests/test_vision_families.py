@@ -131,7 +131,8 @@ def _load(data):
     return ImageInput.of(data).load()
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+# bfloat16 on every family is slow (CI runs it); test_vision.py checks Qwen2-VL's by default.
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.slow)])
 def test_restore_with_images_is_exact(arch, dtype):
     """A second turn with a new image and the first image again: the restored prefix holds
     the first image; logits equal a fresh prefill's bit for bit, and the tower ran once per
