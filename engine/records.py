@@ -62,11 +62,17 @@ def window_blocks(layout: CacheLayout, n: int, block_size: int) -> range:
     return layout.blocks("window", n, block_size)
 
 
-def leaf_arrays(records: dict[int, Record], label: str) -> dict[int, dict]:
-    """Per block, the arrays of one leaf (names without the leaf's prefix)."""
-    prefix = label + "."
-    return {b: {name[len(prefix):]: a for name, a in r.arrays.items() if name.startswith(prefix)}
-            for b, r in records.items()}
+def by_leaf(records: dict[int, Record]) -> dict[str, dict[int, dict]]:
+    """leaf label -> block -> that leaf's arrays (names without the label), in one pass."""
+    out: dict[str, dict[int, dict]] = {}
+    for block, record in records.items():
+        for name, a in record.arrays.items():
+            parts = name.split(".")
+            cut = next((i for i, p in enumerate(parts) if not p.isdigit()), len(parts))
+            # the label is the leading integers (a kind's own names never start with a digit)
+            label, sub = ".".join(parts[:cut]), ".".join(parts[cut:])
+            out.setdefault(label, {}).setdefault(block, {})[sub] = a
+    return out
 
 
 def rebuild(fresh: list, layout: CacheLayout, n: int, block_size: int,
@@ -77,11 +83,12 @@ def rebuild(fresh: list, layout: CacheLayout, n: int, block_size: int,
 
     if n == 0:
         return fresh
+    split = {kind: by_leaf(got) for kind, got in records.items()}
     for leaf in layout.layers:
         if kinds is not None and leaf.kind not in kinds:
             continue
         cache = get_leaf(fresh, leaf.path)
-        arrays = leaf_arrays(records[leaf.kind], leaf.label)
+        arrays = split[leaf.kind].get(leaf.label, {})
         set_leaf(fresh, leaf.path, _kinds.kind_of(cache).rebuild(cache, n, block_size, arrays))
     mx.eval([c.state for c in fresh])
     return fresh

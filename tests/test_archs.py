@@ -48,3 +48,29 @@ def test_configurations_are_tiny():
         assert text.get("hidden_size", 64) <= 64, arch
         assert text.get("num_hidden_layers", 4) <= 4, arch
         assert (config.get("vocab_size") or text["vocab_size"]) <= 256, arch
+
+
+def test_rewind_baseline_trims_only_where_the_trim_lands():
+    """`forkv bench rewind`'s baseline trims mlx-lm's cache only when every layer (each
+    CacheList child too) gives back exactly the tokens asked; otherwise it recomputes."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import ArraysCache, CacheList, ChunkedKVCache, KVCache
+
+    from forkv.bench.rewind import _trim_back
+
+    def filled(cache):
+        for c in [leaf for x in cache for leaf in (getattr(x, "caches", None) or [x])]:
+            for _ in range(3):  # 300 tokens in three passes, as a prefill would
+                if isinstance(c, ChunkedKVCache):
+                    c.maybe_trim_front()
+                if isinstance(c, ArraysCache):
+                    c[0] = mx.zeros((1, 4))
+                else:
+                    c.update_and_fetch(mx.zeros((1, 1, 100, 8)), mx.zeros((1, 1, 100, 8)))
+        return cache
+
+    assert _trim_back(filled([KVCache(), CacheList(KVCache(), KVCache())]), 120)
+    assert not _trim_back(filled([KVCache(), ChunkedKVCache(64)]), 120)  # past its chunk
+    assert not _trim_back(filled([KVCache(), ArraysCache(1)]), 120)
+    kept = filled([KVCache(), CacheList(KVCache())])
+    assert _trim_back(kept, 250) and kept[1].caches[0].offset == 250

@@ -75,7 +75,8 @@ class RecordKind:
 
     @classmethod
     def snapshot(cls, cache, pos: int, block_size: int) -> dict:
-        """Copies of the arrays that describe this cache at boundary `pos` (it holds pos tokens)."""
+        """Copies of the arrays that describe this cache at boundary `pos` (it holds pos tokens),
+        by name (a name never starts with a digit: records prefix it with the cache's path)."""
         raise NotImplementedError
 
     @classmethod

@@ -2,9 +2,11 @@
 
 A conversation of N+300 tokens is computed once. Then, for each N, a new 64-token message is
 appended to the first N tokens: forkv restores the prefix from its block checkpoints; the
-baseline is plain mlx-lm generation with mlx-lm's own prompt-cache reuse where it applies
-(`trim_prompt_cache` back to N for trimmable caches; a full recompute for sliding-window and
-hybrid caches, which cannot be trimmed back). Ours and the baseline alternate, rep by rep.
+baseline is plain mlx-lm generation with mlx-lm's own prompt-cache reuse where it really
+applies: its cache of the conversation is trimmed back to N when every layer's cache (each
+child of a `CacheList` too) trims exactly that many tokens; otherwise (state caches, a wrapped
+sliding window, a chunked cache asked to go back past its chunk) the rewind is a full
+recompute. Ours and the baseline alternate, rep by rep.
 """
 
 from __future__ import annotations
@@ -26,13 +28,29 @@ def _baseline(model, tokenizer, prompt: list[int], cache) -> float:
     return time.perf_counter() - t0
 
 
+def _leaves(cache: list) -> list:
+    """The caches that hold tokens: each layer's, or each child of a CacheList."""
+    return [leaf for c in cache for leaf in (getattr(c, "caches", None) or [c])]
+
+
+def _trim_back(cache: list, n: int) -> bool:
+    """Trim mlx-lm's cache back to its first n tokens if every layer's trim lands there;
+    False (the cache is then unusable) when one cannot, so the caller recomputes."""
+    leaves = _leaves(cache)
+    if not all(c.is_trimmable() for c in leaves):
+        return False
+    excess = max(c.offset for c in leaves) - n
+    trimmed = [c.trim(excess) for c in leaves]  # every layer, even after one falls short
+    return all(t == excess for t in trimmed) and all(c.offset == n for c in leaves)
+
+
 def run_rewind_bench(model: str = "demo:gemma3:small", quick: bool = False, reps: int = 3,
                      sizes: tuple[int, ...] | None = None, baseline_reps: int = 1) -> dict:
     """`reps` restores per prefix length; the baseline (a full recompute of up to 8K tokens,
     a minute or more on a 2-core CPU, and steady to a few percent) runs in the first
     `baseline_reps` of them, interleaved with ours."""
     import mlx.core as mx
-    from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+    from mlx_lm.models.cache import make_prompt_cache
 
     from forkv.engine import Engine, load_model
 
@@ -44,20 +62,21 @@ def run_rewind_bench(model: str = "demo:gemma3:small", quick: bool = False, reps
     history = random_tokens(sizes[0] + 300, seed=1)
     t_history, _ = timed(lambda: engine.generate(history, max_tokens=1))
     engine.store.flush()
-    # The baseline's own cache of the whole conversation, trimmed back per rewind if it can be.
-    # A rotating (sliding-window) cache stops being trimmable once it wraps, as it has after
-    # 8K tokens: such a baseline recomputes every rewind (before, it was fed the prompt on top
-    # of the untrimmed conversation, which overstated its time).
+    # The baseline's own cache of the whole conversation, trimmed back per rewind where the
+    # trim lands. A rotating (sliding-window) cache stops being trimmable once it wraps, as it
+    # has after 8K tokens, and state caches never are: such a baseline recomputes every rewind
+    # (and is not filled with the conversation for nothing).
     base_cache = make_prompt_cache(lm.model)
-    wraps = any(len(history) >= getattr(c, "max_size", len(history) + 1) for c in base_cache)
-    if can_trim_prompt_cache(base_cache) and not wraps:
+    leaves = _leaves(base_cache)
+    wraps = any(len(history) >= getattr(c, "max_size", len(history) + 1) for c in leaves)
+    if all(c.is_trimmable() for c in leaves) and not wraps:
         _baseline(lm.model, lm.tokenizer, history, base_cache)
-    trimmable = can_trim_prompt_cache(base_cache) and base_cache[0].offset > 0
-    if not trimmable:
+    else:
         base_cache = None  # every rewind is a full recompute
-    cases = []
+    cases, modes = [], []
     for n in sizes:
         ours, base, restore_s, reused = [], [], [], []
+        mode = "recompute"
         for r in range(reps):
             prompt = history[:n] + random_tokens(MESSAGE, seed=1000 * n + r)
             t, out = timed(lambda: engine.generate(prompt, max_tokens=1))
@@ -66,12 +85,14 @@ def run_rewind_bench(model: str = "demo:gemma3:small", quick: bool = False, reps
             reused.append(out.timings.reused_tokens)
             if r >= baseline_reps:
                 continue
-            if trimmable:
-                trimmed = trim_prompt_cache(base_cache, base_cache[0].offset - n)
-                assert base_cache[0].offset == n, (trimmed, base_cache[0].offset, n)
+            if base_cache is not None and not _trim_back(base_cache, n):
+                base_cache = None  # this trim would not land: recompute from here on
+            mode = "trim" if base_cache is not None else "recompute"
             base.append(_baseline(lm.model, lm.tokenizer, prompt, base_cache))  # None: recompute
             mx.clear_cache()
-        cases.append({"prefix_tokens": n, "message_tokens": MESSAGE, "ours_ttft_s": summary(ours),
+        modes.append(mode)
+        cases.append({"prefix_tokens": n, "message_tokens": MESSAGE, "baseline_mode": mode,
+                      "ours_ttft_s": summary(ours),
                       "baseline_ttft_s": summary(base), "restore_s": summary(restore_s),
                       "reused_tokens": reused[0],
                       "speedup": summary([b / o for b, o in zip(base, ours)])})
@@ -90,8 +111,9 @@ def run_rewind_bench(model: str = "demo:gemma3:small", quick: bool = False, reps
         {"sizes": list(sizes), "reps": reps, "baseline_reps": baseline_reps,
          "block_size": engine.block_size,
          "baseline": "mlx-lm stream_generate, " + (
-             "prompt cache trimmed back to the prefix" if trimmable
-             else "full recompute (cache not trimmable)"),
+             "prompt cache trimmed back to the prefix" if set(modes) == {"trim"}
+             else "full recompute (the cache's trim does not land)" if set(modes) == {"recompute"}
+             else "prompt cache trimmed back where the trim lands, else a full recompute"),
          "history_prefill_s": round(t_history, 2), "layout": lm.layout.describe()},
         cases, headline, {"speedup_8k": ">= 20", "exact": "== true", "restore_over_read": "<= 2"},
         notes=[f"exactness: {exact}", f"record read: {read}"], dtype=lm.dtype)
@@ -102,7 +124,6 @@ def _exactness(engine, lm, history, n) -> tuple[dict, dict]:
     restored records' bytes (through the tiers, decrypting) without rebuilding caches."""
     from forkv.engine import Engine
     from forkv.engine.layout import CacheKind
-    from forkv.engine.records import window_blocks
 
     prompt = history[:n] + random_tokens(MESSAGE, seed=7)
     restored = engine.generate(prompt, max_tokens=8)
@@ -110,10 +131,8 @@ def _exactness(engine, lm, history, n) -> tuple[dict, dict]:
     ck, B = engine.checkpointer, engine.block_size
     keys = ck.keyer.keys(prompt)
     k = restored.timings.reused_tokens // B
-    wanted = [(keys[b], CacheKind.GLOBAL) for b in range(k) if CacheKind.GLOBAL in ck.kinds]
-    wanted += [(keys[b], CacheKind.WINDOW) for b in window_blocks(lm.layout, k * B, B)]
-    if CacheKind.STATE in ck.kinds and k:
-        wanted.append((keys[k - 1], CacheKind.STATE))
+    wanted = [(keys[b], kind) for kind in sorted(ck.kinds - {CacheKind.EXTRA})
+              for b in lm.layout.blocks(kind, k * B, B)]
     t, records = timed(lambda: [engine.store.get(key, kind) for key, kind in wanted])
     nbytes = sum(r.nbytes for r in records if r is not None)
     return ({"exact": restored.token_ids == fresh.token_ids,
