@@ -8,12 +8,24 @@ Does not plan, render prompts or choose what runs together: `Session` does.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from forkv.engine import Engine, SamplingParams
-from forkv.graph import GenSettings, Job, NodeFailed, NodeStats, ReasoningFormat, RenderedPath, Tree, render
+from forkv.graph import (
+    GenSettings,
+    Job,
+    NodeFailed,
+    NodeStats,
+    ReasoningFormat,
+    RenderedPath,
+    Tree,
+    render,
+)
+
+from .tools import attach_tool_calls
 
 
 __all__ = ["NodeEvent", "record_render", "run_job", "sampling_params", "submit_job"]
@@ -42,9 +54,14 @@ class NodeEvent:
         return self.finish_reason is not None
 
 
+_SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
+
+
 def sampling_params(gen: GenSettings) -> SamplingParams:
-    return SamplingParams(max_tokens=gen.max_tokens, temperature=gen.temperature,
-                          top_p=gen.top_p, top_k=gen.top_k, seed=gen.seed, stop=tuple(gen.stop))
+    """The engine's settings for a node: every GenSettings field the sampler knows (max_tokens,
+    temperature, top-p/k, min-p, penalties, logit bias, seed, stop, constraint)."""
+    known = type(gen).model_fields
+    return SamplingParams(**{k: getattr(gen, k) for k in _SAMPLING_FIELDS if k in known})
 
 
 def record_render(engine: Engine, tree: Tree, rendered: RenderedPath) -> None:
@@ -114,6 +131,7 @@ def run_job(engine: Engine, tree: Tree, job: Job, prompt: RenderedPath, fmt: Rea
         stats = NodeStats(tokens_reused=t.reused_tokens, tokens_computed=t.computed_tokens,
                           tokens_generated=t.generated_tokens)
         tree.attach(node_id, text, ids, last.finish_reason, timings, stats)
+        attach_tool_calls(engine.lm.tokenizer, tree, node_id)  # a final node's tool calls
         # Spans of the whole path now that the node has text (for `forkv show` and release).
         record_render(engine, tree, render(tree, node_id, engine.lm.tokenizer, fmt,
                                            template_kwargs=template_kwargs))
