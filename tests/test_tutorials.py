@@ -22,7 +22,8 @@ def run(name, *args, **env_vars):
 def test_every_tutorial_is_tested_and_documented():
     names = sorted(p.name for p in TUTORIALS.glob("*.py"))
     assert names == ["01_conversation.py", "02_branch_and_prune.py", "03_tree_of_thought.py",
-                     "04_private_assistant.py", "05_visual_branch_and_prune.py"]
+                     "04_private_assistant.py", "05_visual_branch_and_prune.py",
+                     "06_tool_agent.py"]
     for name in names:
         text = (TUTORIALS / name).read_text()
         assert text.startswith('"""Tutorial ') and "Run:" in text
@@ -76,3 +77,15 @@ def test_05_visual_branch_and_prune_reuses_the_image():
         assert "reused   256" in lines[step], lines[step]
     assert "vision tower runs: 2 (2 photos)" in out
     assert "system:s1 -> user:u2 -> final:f5 -> user:u6 -> final:f7 -> user:u8 -> final:f9" in out
+
+
+@pytest.mark.slow  # 4 forked plans x 2 constrained tool calls, then an answer
+def test_06_tool_agent_forks_calls_tools_and_keeps_one_plan():
+    out = run("06_tool_agent.py")
+    assert "'<start_function_call>call:" in out  # Gemma's call format, written by the model
+    steps = [line for line in out.splitlines() if line.startswith("plan ")]
+    assert len(steps) == 8 and all(" -> " in line for line in steps)
+    assert "reused     0" in steps[0]
+    assert all("reused     0" not in line for line in steps[1:])  # every later turn restores
+    assert "removed the other 3" in out
+    assert out.strip().splitlines()[-1].count("tool:") == 2
