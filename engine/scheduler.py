@@ -4,9 +4,9 @@ A sequence waits until a slot is free (`max_seqs` caps prefilling + decoding seq
 restored from its checkpoints (the runner's `prepare`), prefills on its own cache in
 block-aligned chunks, then joins the batch of decoding rows. Each `step()`:
 
-1. admits waiting sequences into free slots (FIFO), except one whose first block another
-   sequence is prefilling right now: it waits for that prefill and then restores what it
-   recorded, so forks and `n > 1` compute a shared prefix once;
+1. admits waiting sequences into free slots (FIFO), except one that starts with blocks another
+   sequence is prefilling right now: it waits until those blocks are recorded and then
+   restores them, so forks and `n > 1` compute a shared prefix once;
 2. prefills whole chunks, round-robin over the prefilling sequences, until the step has spent
    `max_prefill_tokens` (at least one chunk, so prefill always progresses); a chunk is never
    split, since other chunk edges would change the arithmetic and make records non-canonical;
@@ -139,9 +139,13 @@ class Scheduler:
         self.waiting.extendleft(reversed(held))
 
     def _awaits_shared_prefill(self, seq: Sequence) -> bool:
-        """Whether a sequence that starts with the same block is prefilling now."""
-        return bool(seq.keys) and any(p.keys and p.keys[0] == seq.keys[0]
-                                      for p in self.prefilling)
+        """Whether a prefilling sequence has yet to record blocks this one starts with."""
+        for p in self.prefilling if seq.keys else ():
+            shared = next((i for i, (a, b) in enumerate(zip(seq.keys, p.keys)) if a != b),
+                          min(len(seq.keys), len(p.keys)))
+            if shared and p.pos < shared * self.block_size:
+                return True
+        return False
 
     def _prefill(self, report: StepReport) -> None:
         spent = 0

@@ -360,3 +360,23 @@ def test_async_handles_and_progress():
 
     with pytest.raises(EngineClosed, match="closed"):
         engine.submit(prompt, max_tokens=1)
+
+
+def test_a_request_waits_only_for_the_blocks_it_shares():
+    """A request that shares the first block of a long prompt being prefilled is admitted as
+    soon as that block is recorded, not after the whole prefill."""
+    lm = load_tiny("qwen3")
+    engine = _engine(lm, max_prefill_tokens=B)
+    long = random_tokens(6 * B, seed=190)
+    short = long[:B] + random_tokens(20, seed=191)
+    with engine.paused():
+        a = engine.submit(long, max_tokens=2)
+        b = engine.submit(short, max_tokens=2)
+        first = engine.step_once()  # a prefills block 0; b waits for it
+        assert list(first.prefilled) == [a.id] and _queue(engine)["waiting"] == 1
+        engine.step_once()  # b is admitted and restores block 0; a's next chunk comes first
+        third = engine.step_once()  # round robin: b prefills its tail while a is mid-prompt
+        assert list(third.prefilled) == [b.id]
+        assert b.done and not a.done  # b decoded its two tokens in that same step
+    assert b.result().timings.reused_tokens == B
+    assert a.result().timings.reused_tokens == 0
