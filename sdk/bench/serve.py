@@ -126,7 +126,10 @@ def _concurrent(client, model, sz, texts, system) -> dict:
             "tokens_per_s": round(tokens / wall, 3), "ttft_s": [r.ttft_s for r in out]}
 
 
-def _run_side(server, sz: Sizes, tokenizer, seed: int) -> dict:
+CASES = ("extend", "reasoning", "fork", "rewind", "concurrent")
+
+
+def _run_side(server, sz: Sizes, tokenizer, seed: int, cases: tuple[str, ...]) -> dict:
     import openai
 
     client = openai.OpenAI(base_url=server.base_url, api_key="bench", max_retries=0,
@@ -134,9 +137,9 @@ def _run_side(server, sz: Sizes, tokenizer, seed: int) -> dict:
     model = server.model
     timed_chat(client, model, [{"role": "user", "content": "warm up"}], 2)  # kernels compile
     out = {}
-    for i, (name, fn) in enumerate((("extend", _extend), ("reasoning", _extend),
-                                    ("fork", _fork), ("rewind", _rewind),
-                                    ("concurrent", _concurrent))):
+    for i, (name, fn) in enumerate(zip(CASES, (_extend, _extend, _fork, _rewind, _concurrent))):
+        if name not in cases:
+            continue
         texts = _Texts(tokenizer, seed * 100 + i)  # each case its own texts: no cross-reuse
         system = {"role": "system", "content": f"Case {name}. " + texts(sz.system_tokens)}
         args = (client, model, sz, texts, system) + ((name == "reasoning",)
@@ -151,9 +154,11 @@ def _run_side(server, sz: Sizes, tokenizer, seed: int) -> dict:
 
 
 def run_serve_bench(model: str = "demo:gemma3:small", quick: bool = False, reps: int = 1,
-                    sizes: Sizes | None = None, **size: int) -> dict:
+                    cases: tuple[str, ...] = CASES, sizes: Sizes | None = None,
+                    **size: int) -> dict:
     """Each case on `forkv serve` then on `mlx_lm.server` (same folder, same BLAS, same
-    dtype). `size` overrides fields of `sizes` (doc_tokens=2048, questions=4, ...)."""
+    dtype). `cases` picks some (cases=fork,rewind); `size` overrides fields of `sizes`
+    (doc_tokens=2048, questions=4, ...)."""
     from forkv.engine import blas
 
     blas.activate()
@@ -165,6 +170,10 @@ def run_serve_bench(model: str = "demo:gemma3:small", quick: bool = False, reps:
     if unknown:
         raise ValueError(f"Unknown serve size {', '.join(sorted(unknown))}; choose from "
                          f"{', '.join(Sizes.__dataclass_fields__)}.")
+    unknown = set(cases) - set(CASES)
+    if unknown or not cases:
+        raise ValueError(f"Unknown serve case {', '.join(sorted(unknown)) or '(none)'}; choose "
+                         f"from {', '.join(CASES)}.")
     sz = replace(sizes or (QUICK if quick else FULL), **size)
     folder = resolve_model_path(model)
     tokenizer = load_tokenizer(folder)
@@ -175,35 +184,34 @@ def run_serve_bench(model: str = "demo:gemma3:small", quick: bool = False, reps:
         server = start()
         try:
             server.wait_ready()
-            sides[name] = [_run_side(server, sz, tokenizer, seed=rep) for rep in range(reps)]
+            sides[name] = [_run_side(server, sz, tokenizer, rep, cases) for rep in range(reps)]
         finally:
             server.stop()
-    return _result(model, sz, reps, dtype, sides)
+    return _result(model, sz, reps, dtype, sides, cases)
 
 
-def _result(model: str, sz: Sizes, reps: int, dtype: str, sides: dict) -> dict:
+# headline figure -> (case, field, whose median is the numerator: "peer" or "forkv")
+_FIGURES = {"extend_ttft_ratio": ("extend", "later_ttft_s", "forkv"),
+            "reasoning_ttft_speedup": ("reasoning", "later_ttft_s", "peer"),
+            "ttft_speedup_fork": ("fork", "later_ttft_s", "peer"),
+            "ttft_speedup_rewind": ("rewind", "rewind_ttft_s", "peer"),
+            "concurrent_throughput_ratio": ("concurrent", "tokens_per_s", "forkv")}
+
+
+def _result(model: str, sz: Sizes, reps: int, dtype: str, sides: dict,
+            ran: tuple[str, ...]) -> dict:
     f, p = sides["forkv"], sides["peer"]
-
-    def ratio(num: list[float], den: list[float]) -> float:
-        d = statistics.median(den)
-        return round(statistics.median(num) / d, 3) if d else 0.0
-
-    headline = {
-        "extend_ttft_ratio": ratio([r["extend"]["later_ttft_s"] for r in f],
-                                   [r["extend"]["later_ttft_s"] for r in p]),
-        "reasoning_ttft_speedup": ratio([r["reasoning"]["later_ttft_s"] for r in p],
-                                        [r["reasoning"]["later_ttft_s"] for r in f]),
-        "ttft_speedup_fork": ratio([r["fork"]["later_ttft_s"] for r in p],
-                                   [r["fork"]["later_ttft_s"] for r in f]),
-        "ttft_speedup_rewind": ratio([r["rewind"]["rewind_ttft_s"] for r in p],
-                                     [r["rewind"]["rewind_ttft_s"] for r in f]),
-        "concurrent_throughput_ratio": ratio([r["concurrent"]["tokens_per_s"] for r in f],
-                                             [r["concurrent"]["tokens_per_s"] for r in p]),
-        "forkv_peak_rss_mib": max(r["peak_rss_mib"] or 0 for r in f),
-        "peer_peak_rss_mib": max(r["peak_rss_mib"] or 0 for r in p),
-    }
+    headline = {}
+    for figure, (case, key, top) in _FIGURES.items():
+        if case in ran:
+            num, den = (p, f) if top == "peer" else (f, p)
+            d = statistics.median(r[case][key] for r in den)
+            headline[figure] = round(statistics.median(r[case][key] for r in num) / d, 3) \
+                if d else 0.0
+    headline["forkv_peak_rss_mib"] = max(r["peak_rss_mib"] or 0 for r in f)
+    headline["peer_peak_rss_mib"] = max(r["peak_rss_mib"] or 0 for r in p)
     cases = [{"case": case, "forkv": [r[case] for r in f], "mlx_lm_server": [r[case] for r in p]}
-             for case in ("extend", "reasoning", "fork", "rewind", "concurrent")]
+             for case in CASES if case in ran]
     notes = [
         "Both servers are separate processes on loopback, driven by the openai client with "
         "streaming (TTFT = first streamed token); mlx_lm.server runs with forkv's BLAS "
@@ -216,5 +224,6 @@ def _result(model: str, sz: Sizes, reps: int, dtype: str, sides: dict) -> dict:
         "Targets hold on the sliding-window and hybrid models (gemma3, qwen3_5); the dense "
         "model is a reference, where mlx-lm can trim its cache back.",
     ]
-    return result("serve", model, {"sizes": asdict(sz), "reps": reps}, cases, headline,
-                  TARGETS, notes, dtype=dtype)
+    return result("serve", model, {"sizes": asdict(sz), "reps": reps, "cases": list(ran)},
+                  cases, headline, {k: t for k, t in TARGETS.items() if k in headline}, notes,
+                  dtype=dtype)
