@@ -54,22 +54,22 @@ _LOOP = (
     "{%- if tools and loop.first and m['role'] == 'system' -%}"
 )
 
-_QWEN = dict(
-    declare=(
+_QWEN = {
+    "declare": (
         "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
         "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' -}}"
         "{%- for tool in tools -%}{{- '\\n' -}}{{- tool | tojson -}}{%- endfor -%}"
         "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name "
         "and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\"name\": "
         "<function-name>, \"arguments\": <args-json-object>}\\n</tool_call>' -}}"),
-    tool_turn=(
+    "tool_turn": (
         "{%- elif m['role'] == 'tool' -%}"
         "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' -%}"
         "{{- '<|im_start|>user' -}}{%- endif -%}"
         "{{- '\\n<tool_response>\\n' + m['content'] + '\\n</tool_response>' -}}"
         "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' -%}"
         "{{- '<|im_end|>\\n' -}}{%- endif -%}"),
-    calls=(
+    "calls": (
         "{%- for tool_call in m.get('tool_calls') or [] -%}"
         "{%- if tool_call.function -%}{%- set tool_call = tool_call.function -%}{%- endif -%}"
         "{%- if (loop.first and m['content']) or not loop.first -%}{{- '\\n' -}}{%- endif -%}"
@@ -78,7 +78,7 @@ _QWEN = dict(
         "{%- else -%}{{- tool_call.arguments | tojson -}}{%- endif -%}"
         "{{- '}\\n</tool_call>' -}}"
         "{%- endfor -%}"),
-)
+}
 
 
 def _gemma(quote: str, call: tuple[str, str], declare: tuple[str, str],
@@ -94,23 +94,23 @@ def _gemma(quote: str, call: tuple[str, str], declare: tuple[str, str],
         "{%- if not loop.last -%}{{- ',' -}}{%- endif -%}{%- endfor -%}{{- ']' -}}"
         "{%- else -%}{{- v | tojson -}}{%- endif -%}"
         "{%- endmacro -%}")
-    return dict(
-        macro=value,
-        declare=(
+    return {
+        "macro": value,
+        "declare": (
             "{%- for tool in tools -%}{%- set f = tool['function'] if tool.get('function') "
             "else tool -%}"
             f"{{{{- '{declare[0]}declaration:' + f['name'] -}}}}"
             "{{- gv({'description': f.get('description') or '', "
             "'parameters': f.get('parameters') or {}}) -}}"
             f"{{{{- '{declare[1]}' -}}}}{{%- endfor -%}}"),
-        tool_turn=(
+        "tool_turn": (
             "{%- elif m['role'] == 'tool' -%}"
             "{{- '<|im_start|>tool\\n' -}}"
             f"{{{{- '{response[0]}response:' + (m.get('name') or 'tool') -}}}}"
             "{{- gv({'value': m['content']}) -}}"
             f"{{{{- '{response[1]}' -}}}}"
             "{{- '<|im_end|>\\n' -}}"),
-        calls=(
+        "calls": (
             "{%- for tc in m.get('tool_calls') or [] -%}"
             "{%- set tc = tc['function'] if tc.get('function') else tc -%}"
             f"{{{{- '{call[0]}call:' + tc['name'] -}}}}"
@@ -118,7 +118,7 @@ def _gemma(quote: str, call: tuple[str, str], declare: tuple[str, str],
             "{%- else -%}{{- gv(tc['arguments']) -}}{%- endif -%}"
             f"{{{{- '{call[1]}' -}}}}"
             "{%- endfor -%}"),
-    )
+    }
 
 
 _FORMATS = {

@@ -106,8 +106,8 @@ def _closed(schema: Any) -> Any:
     forced call names only the arguments its tool declares."""
     if not isinstance(schema, dict):
         return schema
-    out = {k: ({p: _closed(v) for p, v in schema[k].items()} if k == "properties"
-               and isinstance(schema[k], dict) else _closed(v) if k == "items" else v)
+    out = {k: ({p: _closed(v) for p, v in v.items()} if k == "properties"
+               and isinstance(v, dict) else _closed(v) if k == "items" else v)
            for k, v in schema.items()}
     if out.get("type") == "object" and "additionalProperties" not in out:
         out["additionalProperties"] = False

@@ -14,13 +14,19 @@ from __future__ import annotations
 
 import importlib
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from forkv.graph import GraphError, Node, Tree
 from forkv.graph.toolformat import ToolFormat, detect_format
-from forkv.graph.tools import Constraint, ToolCall, ToolSpec, check_arguments, make_tool, \
-    visible_tools
+from forkv.graph.tools import (
+    Constraint,
+    ToolCall,
+    ToolSpec,
+    check_arguments,
+    make_tool,
+    visible_tools,
+)
 
 __all__ = ["Constraint", "ToolCall", "ToolSpec", "attach_tool_calls", "make_tool",
            "parse_tool_calls", "run", "run_tools", "tool_format"]

@@ -107,7 +107,7 @@ def _path(tok, args):
 
 
 def test_templates_write_tools_and_calls_in_their_family_format(tok):
-    t, u, f, res = _path(tok, {"city": "Rome", "days": 2})
+    t, u, _, res = _path(tok, {"city": "Rome", "days": 2})
     text = render(t, res.final(), tok).prompt_text
     assert detect_format(tok.chat_template) is tok.fmt
     assert "get_weather" in text.split("<|im_start|>user")[0]  # declared in the system turn

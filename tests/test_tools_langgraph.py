@@ -9,11 +9,11 @@ import pytest
 pytest.importorskip("langgraph")
 pytest.importorskip("langchain_openai")
 
-from langchain_core.messages import AIMessage, ToolMessage  # noqa: E402
-from langchain_core.tools import tool  # noqa: E402
-from langchain_openai import ChatOpenAI  # noqa: E402
-from langgraph.prebuilt import create_react_agent  # noqa: E402
-from server_proc import TINY, shared_server  # noqa: E402
+from langchain_core.messages import AIMessage, ToolMessage
+from langchain_core.tools import tool
+from langchain_openai import ChatOpenAI
+from langgraph.prebuilt import create_react_agent
+from server_proc import TINY, shared_server
 
 CALLS: list[tuple[str, int, int]] = []
 

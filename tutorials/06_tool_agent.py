@@ -15,10 +15,9 @@ Run:  python tutorials/06_tool_agent.py [MODEL]     (default: demo:gemma3:tiny)
 import sys
 from typing import Annotated, Literal
 
-from pydantic import Field
-
 import forkv
 from forkv.agent import fork_agents
+from pydantic import Field
 
 DOCS = {"rope": "RoPE rotates query/key pairs by position.", "kv": "The KV cache grows per token."}
 

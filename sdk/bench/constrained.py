@@ -109,6 +109,7 @@ def run_constrained_bench(model: str = "demo:gemma3:small", quick: bool = False,
          "max_tokens": max_tokens, "reps": reps, "library": "llguidance",
          "schema": "array of objects (string maxLength 12, integer 0..9999, enum, boolean)"},
         cases, headline, {"overhead_percent": "<= 5", "schema_held": "== true"},
-        notes=[f"one mask (advance over the last token + compute) takes ~{mask_us:.0f} us on this "
-               f"tokenizer's {len(lm.tokenizer.vocab)} tokens; free rows pay it once a step"],
+        notes=[(f"one mask (advance over the last token + compute) takes ~{mask_us:.0f} us on "
+                f"this tokenizer's {len(lm.tokenizer.vocab)} tokens; free rows pay it once a "
+                "step")],
         dtype=lm.dtype)
