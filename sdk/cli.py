@@ -27,6 +27,7 @@ _COMMANDS = {
     "check-archs": "forkv.check_archs:run_cli",
     "bench": "forkv.bench.cli:run_cli",
     "doctor": "forkv.cli:_doctor",
+    "serve": "forkv.server.serve:run_serve",
 }
 
 _EPILOG = """examples:
@@ -35,6 +36,7 @@ _EPILOG = """examples:
   forkv run workflow.yaml --save tree.json   run a declarative workflow, per-node stats
   forkv show tree.json                       draw a saved tree as an HTML page
   forkv bench rewind --quick                 one benchmark, as a table (--json PATH)
+  forkv serve --model demo:gemma3            OpenAI-compatible server on 127.0.0.1:8000
   forkv doctor                               BLAS, dtype, device and versions
 
 models: demo:<arch>[:<size>] (built locally, no download) or a local model folder."""
@@ -87,6 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
         "bench", help="run a benchmark, forkv against plain mlx-lm",
         description="Run one benchmark (or all) and print its figures against their "
                     "targets.", formatter_class=argparse.RawDescriptionHelpFormatter))
+
+    from .server.serve import add_arguments as add_serve
+
+    add_serve(sub.add_parser(
+        "serve", help="serve a model over the OpenAI API (chat completions, responses)",
+        description="Serve /v1/chat/completions, /v1/responses, /v1/models, /health and "
+                    "/metrics on loopback (another --host needs --api-key)."))
 
     p = sub.add_parser("doctor", help="report BLAS, dtype, device and versions")
     p.add_argument("--model", default=None, help="also load this model and report its layout")
