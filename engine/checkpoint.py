@@ -17,8 +17,8 @@ from . import kinds as _kinds
 from .blocks import BlockKeyer, tokens_bytes
 from .generate import BoundaryHook
 from .layout import CacheKind
-from .records import Record, rebuild
 from .recorder import SequenceRecorder
+from .records import Record, rebuild
 from .recordstore import RecordStore
 
 
@@ -127,7 +127,7 @@ class Checkpointer:
         records: dict[str, dict[int, Record]] = {}
         # Cheapest first: the extra and state records at block k-1, then the window, the
         # global chain last.
-        order = lambda n: (n != CacheKind.EXTRA, not _kinds.whole_prefix(n),  # noqa: E731
+        order = lambda n: (n != CacheKind.EXTRA, not _kinds.whole_prefix(n),
                            n == CacheKind.GLOBAL, n)
         for kind in sorted(self.kinds, key=order):
             blocks = range(k - 1, k) if kind == CacheKind.EXTRA else self.layout.blocks(kind, pos, B)

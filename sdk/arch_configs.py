@@ -11,12 +11,12 @@ skipped. Knows configurations only.
 from __future__ import annotations
 
 _V = 256  # vocabulary
-_ATTN = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-             intermediate_size=64, vocab_size=_V, rms_norm_eps=1e-5, rope_theta=10000.0,
-             max_position_embeddings=4096, tie_word_embeddings=False)
-_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
-_LINEAR = dict(linear_num_value_heads=2, linear_num_key_heads=2, linear_key_head_dim=16,
-               linear_value_head_dim=16, linear_conv_kernel_dim=3)
+_ATTN = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+         "intermediate_size": 64, "vocab_size": _V, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+         "max_position_embeddings": 4096, "tie_word_embeddings": False}
+_MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+_LINEAR = {"linear_num_value_heads": 2, "linear_num_key_heads": 2, "linear_key_head_dim": 16,
+           "linear_value_head_dim": 16, "linear_conv_kernel_dim": 3}
 
 
 def _c(model_type: str, *parts: dict, **kw) -> dict:

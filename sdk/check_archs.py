@@ -56,7 +56,7 @@ def installed_architectures() -> list[str]:
     found, wraps = set(), {}
     for name, text in sources.items():
         bodies = re.findall(r"^([ \t]*)(def make_cache\(.*?)(?=\n\1(?:def |@)|\n\S|\Z)",
-                            text, re.S | re.M)
+                            text, re.DOTALL | re.MULTILINE)
         for _, body in bodies:
             if set(re.findall(r"\b(\w*Cache\w*)\(", body)) - {"KVCache"}:
                 found.add(name)
@@ -65,8 +65,8 @@ def installed_architectures() -> list[str]:
                 m.strip() for group in re.findall(r"from \. import ([\w, ]+)", text)
                 for m in group.split(",")}
         elif not bodies:  # a Model subclassing another module's Model inherits its caches
-            parents = re.findall(r"^class Model\((\w+)\.Model\)", text, re.M)
-            for alias in re.findall(r"^class Model\((\w+)\)", text, re.M):
+            parents = re.findall(r"^class Model\((\w+)\.Model\)", text, re.MULTILINE)
+            for alias in re.findall(r"^class Model\((\w+)\)", text, re.MULTILINE):
                 parents += re.findall(rf"from \.(\w+) import Model as {alias}\b", text)
             wraps[name] = set(parents)
     while True:
@@ -93,12 +93,11 @@ def build(arch: str, quantize: bool = False):
     import importlib
 
     import mlx.core as mx
-    import mlx.nn as nn
-    from mlx.utils import tree_map
-    from mlx_lm.models.cache import make_prompt_cache
-
     from forkv.engine.layout import cache_layout
     from forkv.engine.loader import LoadedModel
+    from mlx import nn
+    from mlx.utils import tree_map
+    from mlx_lm.models.cache import make_prompt_cache
 
     config = CONFIGS[arch]
     module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
@@ -167,7 +166,6 @@ def _record_history(lm, ck, prompt: list[int]) -> list[int]:
 def check(arch: str, quantize: bool = False) -> ArchResult:
     """Build `arch` tiny and check reuse and exactness (see the module docstring)."""
     import mlx.core as mx
-
     from forkv.engine.checkpoint import Checkpointer
     from forkv.engine.recordstore import RecordStore
 

@@ -3,7 +3,6 @@ checkpointed, with reuse, bit-exactly (forkv.check_archs). One architecture per 
 runs by default; the rest are marked slow (CI runs them too)."""
 
 import pytest
-
 from forkv.arch_configs import CONFIGS, QUANTIZED
 from forkv.check_archs import BLOCK, CUTS, PROMPT, check, installed_architectures
 
@@ -54,9 +53,8 @@ def test_rewind_baseline_trims_only_where_the_trim_lands():
     """`forkv bench rewind`'s baseline trims mlx-lm's cache only when every layer (each
     CacheList child too) gives back exactly the tokens asked; otherwise it recomputes."""
     import mlx.core as mx
-    from mlx_lm.models.cache import ArraysCache, CacheList, ChunkedKVCache, KVCache
-
     from forkv.bench.rewind import _trim_back
+    from mlx_lm.models.cache import ArraysCache, CacheList, ChunkedKVCache, KVCache
 
     def filled(cache):
         for c in [leaf for x in cache for leaf in (getattr(x, "caches", None) or [x])]:
@@ -74,3 +72,27 @@ def test_rewind_baseline_trims_only_where_the_trim_lands():
     assert not _trim_back(filled([KVCache(), ArraysCache(1)]), 120)
     kept = filled([KVCache(), CacheList(KVCache())])
     assert _trim_back(kept, 250) and kept[1].caches[0].offset == 250
+
+
+def test_cache_list_rows_merge_into_a_batch():
+    """A CacheList's kind lets mlx-lm merge its rows (left-padded): a batched step gives each
+    row the logits it gets alone."""
+    import mlx.core as mx
+
+    from forkv.check_archs import build
+    from forkv.engine.batchcache import BatchCache, merge_blocker
+
+    lm = build("falcon_h1")  # CacheList(ArraysCache, KVCache) layers
+    assert merge_blocker(lm.make_cache()) is None
+    batch, alone = BatchCache(True), []
+    for n in (50, 80):
+        tokens = mx.array([(7 * i + n) % 256 for i in range(n)])[None]
+        for target in (batch, alone):
+            cache = lm.make_cache()
+            lm.model(tokens, cache=cache)
+            mx.eval([c.state for c in cache])
+            target.add(cache) if target is batch else alone.append(cache)
+    both = lm.model(mx.array([[5], [9]]), cache=batch.caches)[:, -1]
+    for row, (cache, token) in enumerate(zip(alone, (5, 9))):
+        one = lm.model(mx.array([[token]]), cache=cache)[0, -1]
+        assert mx.allclose(both[row], one, atol=1e-5).item(), row

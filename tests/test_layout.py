@@ -1,7 +1,6 @@
 import warnings
 
 import pytest
-
 from conftest import load_tiny
 from forkv.engine import CacheKind, ForkvWarning
 from forkv.engine.layout import cache_layout, classify_cache

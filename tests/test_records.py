@@ -1,5 +1,4 @@
 import pytest
-
 from conftest import load_tiny
 from forkv.engine.generate import prefill
 from forkv.engine.layout import CacheKind, cache_layout

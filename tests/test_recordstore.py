@@ -98,9 +98,9 @@ def test_disk_reads_go_through_get_into_and_the_scratch_is_reused():
 
 
 def test_every_tier_implements_the_protocol():
+    from forkv.bench.store import _PlainFileDisk
     from forkv.engine.tiers import RamTier, Tier
     from forkv.security import BlobStore, StoreSettings
-    from forkv.bench.store import _PlainFileDisk
 
     plain = _PlainFileDisk()
     with BlobStore(StoreSettings(ram_budget=0, disk_budget=1 << 20)) as blob:

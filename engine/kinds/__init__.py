@@ -9,8 +9,17 @@ checkpoints. Adding a cache class = adding one module here with one `@register`e
 import importlib
 import pkgutil
 
-from .base import (EXTRA, RecordKind, evict_rank, kind_of, named, record_names, register,
-                   stays_hot, whole_prefix)
+from .base import (
+    EXTRA,
+    RecordKind,
+    evict_rank,
+    kind_of,
+    named,
+    record_names,
+    register,
+    stays_hot,
+    whole_prefix,
+)
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")  # each registers its kinds
