@@ -11,6 +11,7 @@ engine is closed on the way out, so its private temp folder is removed). `-v` / 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import os
@@ -127,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("forkv: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader left (`forkv generate ... | head`): stop quietly
+        with contextlib.suppress(OSError, ValueError):  # no more "Broken pipe" at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as e:
         message = user_message(e)
         if message is None:

@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import load_tiny
@@ -87,6 +88,37 @@ def test_ctrl_c_in_a_real_process():
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 130 and err == "forkv: interrupted\n", err
+
+
+@pytest.mark.slow  # a model load and a real generation in a subprocess
+def test_ctrl_c_while_generating_removes_the_temp_folder(tmp_path):
+    # TMPDIR holds the engine's private store folder; after Ctrl-C nothing of it is left.
+    env = dict(os.environ, TMPDIR=str(tmp_path), FORKV_RAM_BUDGET="0")
+    p = subprocess.Popen([sys.executable, "-m", "forkv.cli", "generate", "x " * 300,
+                          "--max-tokens", "4000", "--no-progress"], env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob("forkv-*")) and time.monotonic() < deadline:
+            time.sleep(0.2)  # the store folder appears when the engine starts
+        assert list(tmp_path.glob("forkv-*")) and p.poll() is None
+        time.sleep(1.0)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    err = err.decode()
+    assert p.returncode == 130 and err.endswith("forkv: interrupted\n"), err
+    assert "Traceback" not in err and not list(tmp_path.glob("forkv-*"))
+
+
+def test_a_closed_pipe_ends_quietly(monkeypatch, capsys):
+    def reader_left(args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr("forkv.generate_cmd.run_generate", reader_left)
+    assert main(["generate", "x"]) == 0
+    assert capsys.readouterr().err == ""
 
 
 def test_verbose_and_forkv_log_switch_logging(monkeypatch):
