@@ -17,6 +17,9 @@ _WHAT = {
     "image": "vision: the same image asked again",
     "store": "encrypted disk tier restore vs the same tier without AES",
     "blas": "prefill with OpenBLAS vs mlx's stock BLAS",
+    "constrained": "what a JSON-schema-constrained row costs the rest of its batch",
+    "serve": "forkv serve vs mlx_lm.server, through the openai client",
+    "cluster": "3 forkv serve replicas: prefix-affinity routing vs round robin",
 }
 
 
