@@ -16,6 +16,8 @@ HEADLINES = {
     "blas": {"prefill_speedup"},
     "serve": {"extend_ttft_ratio", "ttft_speedup_fork", "ttft_speedup_rewind",
               "concurrent_throughput_ratio"},
+    "cluster": {"affinity_gain", "cached_ratio_affinity", "cached_ratio_round_robin",
+                "failover_ok", "peer_server_ok", "vllm_ok"},
 }
 
 

@@ -22,6 +22,7 @@ BENCHMARKS = {
     "constrained": ("constrained", "run_constrained_bench", ("demo:gemma3:small",)),
     "serve": ("serve", "run_serve_bench",
               ("demo:gemma3:small", "demo:qwen3_5:small", "demo:qwen3:small")),
+    "cluster": ("cluster", "run_cluster_bench", ("demo:qwen3:tiny",)),
 }
 
 __all__ = ["BENCHMARKS", "available", "run_benchmark"]
