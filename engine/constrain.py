@@ -182,6 +182,7 @@ class RowMatcher:
         import mlx.core as mx
         import numpy as np
 
+        mx.async_eval(logits)  # the forward pass runs while this thread computes the mask
         allowed = self.allowed(generated)
         size = logits.shape[-1]
         if allowed.shape[0] < size:  # padded model vocabularies: ids past the tokenizer's
