@@ -114,7 +114,7 @@ async def chat_completions(request: Request) -> Any:
     params = plan.apply(sampling_params(req, req.max_completion_tokens or req.max_tokens, top))
     messages, images = to_engine_messages(req.messages, state.can_see_images)
     prompt = plan.prompt(state.lm.tokenizer, history(req.messages, messages),
-                         state.template_kwargs)
+                         state.template_kwargs, images)
     t0 = time.perf_counter()
     handles = await start(state, prompt, params, namespace, images or None, req.n)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),

@@ -49,11 +49,15 @@ class ToolPlan:
     def apply(self, params: SamplingParams) -> SamplingParams:
         return replace(params, constraint=self.constraint) if self.constraint else params
 
-    def prompt(self, tokenizer: Any, messages: list[dict], template_kwargs: dict) -> Any:
+    def prompt(self, tokenizer: Any, messages: list[dict], template_kwargs: dict,
+               images: list | None = None) -> Any:
         """Token ids of `messages` rendered with the tools; the messages as they are when the
         request has none (the engine renders those)."""
         if not self.specs:
             return messages
+        if images:  # the vision renderer places image tokens and knows no tools
+            raise _bad("tools with images are not supported yet; send them in separate "
+                       "requests.", "tools")
         text = tokenizer.apply_chat_template(
             messages, tools=[t.to_openai() for t in self.specs], tokenize=False,
             add_generation_prompt=True, **template_kwargs)
