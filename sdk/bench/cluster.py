@@ -8,8 +8,9 @@ the first), one tree per document, all trees at once. Each routing mode runs wit
 `cache_salt` (its own namespaces on the servers), so neither inherits the other's caches.
 Headline: `affinity_gain` (wall time round robin / affinity), `cached_ratio_*` (cached / prompt
 tokens), `failover_ok` (a replica killed mid-workflow: same outputs as one replica alone, at
-temperature 0), `peer_server_ok` (the graph ran on mlx_lm.server), `vllm_ok` (None: vLLM is not
-started by this benchmark; tests/test_remote_vllm.py runs it when .venv-vllm exists).
+temperature 0), `peer_server_ok` (the graph ran on mlx_lm.server), `vllm_ok` (the graph ran on
+two vLLM replicas with cached tokens on every node after the first; None without vLLM's
+environment, see `cluster_vllm`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 import threading
 import time
 
+from .cluster_vllm import vllm_graph_ok, vllm_python
 from .common import result
 from .serve_procs import ServerProcess, _free_port, start_peer
 
@@ -149,9 +151,13 @@ def failover_matches(replicas: list[ServerProcess], model: str, doc: str) -> boo
 
 
 def run_cluster_bench(model: str = "demo:qwen3:tiny", quick: bool = False,
-                      reps: int | None = None, trees: int = 0) -> dict:
+                      reps: int | None = None, trees: int = 0, vllm: str = "auto") -> dict:
+    """`vllm`: "auto" runs the vLLM replicas when vLLM's environment exists and the run is not
+    --quick (they take minutes to start), "on" always, "off" never."""
     from forkv.engine.loader import resolve_model_path
 
+    if vllm not in ("auto", "on", "off"):
+        raise ValueError(f"vllm must be auto, on or off, got {vllm!r}.")
     trees = trees or (4 if quick else 12)
     docs = [document(i, 12 if quick else 40) for i in range(trees)]
     replicas = [start_replica(model) for _ in range(3)]
@@ -177,11 +183,24 @@ def run_cluster_bench(model: str = "demo:qwen3:tiny", quick: bool = False,
         notes.append(f"mlx_lm.server run failed: {type(e).__name__}: {e}")
     finally:
         peer.stop()
-    notes.append("vllm_ok is null: this benchmark does not start vLLM (see docs/scale-out.md).")
+    vllm_ok, python = None, vllm_python()
+    if vllm == "off" or (vllm == "auto" and quick):
+        notes.append("vllm_ok is null: vLLM not started (--quick or vllm=off; --set vllm=on "
+                     "starts it; tests/test_remote_vllm.py runs it).")
+    elif python is None:
+        notes.append("vllm_ok is null: no .venv-vllm (or FORKV_VLLM_PYTHON) with vLLM's CPU build; "
+                     ".ci/run makes one.")
+    else:
+        try:
+            vllm_ok, reused = vllm_graph_ok(python, document(8, 12))
+            cases.append({"routing": "affinity", "server": "vllm", "tokens_reused": reused})
+        except Exception as e:  # noqa: BLE001 - reported as not ok
+            vllm_ok = False
+            notes.append(f"vLLM run failed: {type(e).__name__}: {e}"[:2000])
     headline = {"affinity_gain": round(rr["wall_s"] / max(aff["wall_s"], 1e-9), 3),
                 "cached_ratio_affinity": aff["cached_ratio"],
                 "cached_ratio_round_robin": rr["cached_ratio"],
-                "failover_ok": failover_ok, "peer_server_ok": peer_ok, "vllm_ok": None}
+                "failover_ok": failover_ok, "peer_server_ok": peer_ok, "vllm_ok": vllm_ok}
     targets = {"affinity_gain": ">= 1.5", "failover_ok": "== true", "peer_server_ok": "== true"}
     return result("cluster", model, {"replicas": 3, "trees": trees, "quick": quick}, cases,
                   headline, targets, notes)
