@@ -8,7 +8,6 @@ import json
 import socket
 
 import pytest
-
 from forkv.engine import SamplingParams
 from forkv.errors import ForkvError
 from forkv.remote import NoReplicaLeft, RemoteBackend, RemoteError, Router, TokenizerNotFound
@@ -20,7 +19,7 @@ class WordTokenizer:
     """Just enough of a tokenizer: one id per character, a plain chat template."""
 
     chat_template = None
-    eos_token_ids = {0}
+    eos_token_ids = frozenset({0})
 
     def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False, **kw):
         text = "".join(f"<{m['role']}>{m['content']}</>" for m in messages)

@@ -126,9 +126,8 @@ def failover_matches(replicas: list[ServerProcess], model: str, doc: str) -> boo
     from forkv.remote.wire import route_key
 
     urls = [r.base_url for r in replicas]
-    with remote(urls[:1], model=model, cache_salt="single") as one:
-        with forkv.Session(one) as session:
-            expected = branch_and_prune(session, doc)
+    with remote(urls[:1], model=model, cache_salt="single") as one, forkv.Session(one) as session:
+        expected = branch_and_prune(session, doc)
     backend = remote(urls, model=model, cache_salt="failover")
     key = route_key([{"role": "system", "content": SYSTEM},
                      {"role": "user", "content": "Read this contract:\n" + doc}],
@@ -210,7 +209,7 @@ def _peer_runs(peer: ServerProcess, model: str) -> bool:
     import forkv
     from forkv.remote import remote
 
-    with remote(peer.base_url, model=peer.model, tokenizer=model) as backend:
-        with forkv.Session(backend) as session:
-            texts = branch_and_prune(session, document(7, 12))
+    with remote(peer.base_url, model=peer.model, tokenizer=model) as backend, \
+            forkv.Session(backend) as session:
+        texts = branch_and_prune(session, document(7, 12))
     return len(texts) == 6

@@ -88,10 +88,10 @@ def vllm_graph_ok(python: str, doc: str) -> tuple[bool, dict]:
         for s in servers:
             s.wait_ready(timeout=900)
         with remote([s.base_url for s in servers], model=VLLM_MODEL, tokenizer=str(folder),
-                    block_size=16, cache_salt="bench-vllm") as backend:
-            with forkv.Session(backend) as session:
-                texts = branch_and_prune(session, doc)
-                nodes = [n for n in session.tree if n.result is not None and n.kind != "user"]
+                    block_size=16, cache_salt="bench-vllm") as backend, \
+                forkv.Session(backend) as session:
+            texts = branch_and_prune(session, doc)
+            nodes = [n for n in session.tree if n.result is not None and n.kind != "user"]
     finally:
         for s in servers:
             s.stop()

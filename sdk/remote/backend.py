@@ -23,7 +23,6 @@ import time
 from typing import Any
 
 import httpx
-
 from forkv.engine.events import GenerationEvent, Timings
 from forkv.engine.handle import RequestHandle
 from forkv.engine.sampling import SamplingParams
@@ -309,7 +308,7 @@ class RemoteBackend:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
 
-    def __enter__(self) -> RemoteBackend:
+    def __enter__(self) -> RemoteBackend:  # noqa: PYI034
         return self
 
     def __exit__(self, *exc: object) -> None:
