@@ -30,8 +30,8 @@ def model_copy(tmp_path):
 
 
 @pytest.mark.parametrize("config, message", [
-    ("{broken", "config.json' is not valid JSON (Expecting property name enclosed in double "
-                "quotes at line 1, column 2); fix or replace the file."),
+    ("{broken", ("config.json' is not valid JSON (Expecting property name enclosed in double "
+                 "quotes at line 1, column 2); fix or replace the file.")),
     ("drop", "config.json' lacks field(s) 'hidden_size', which its model_type needs"),
     ('{"a": 1}', "config.json' has no \"model_type\""),
 ])
@@ -86,7 +86,7 @@ def test_ctrl_c_in_a_real_process():
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert "reading the prompt from stdin" in p.stderr.readline()
     p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=60)
+    _, err = p.communicate(timeout=60)
     assert p.returncode == 130 and err == "forkv: interrupted\n", err
 
 
@@ -137,19 +137,19 @@ def test_verbose_and_forkv_log_switch_logging(monkeypatch):
 
 def test_help_lists_commands_and_generate_documents_its_options():
     r = subprocess.run([sys.executable, "-m", "forkv.cli", "--help"], capture_output=True,
-                       text=True, timeout=60, env=dict(os.environ, COLUMNS="100"))
+                       text=True, timeout=60, env=dict(os.environ, COLUMNS="100"), check=False)
     assert r.returncode == 0 and "as they land" not in r.stdout
     for cmd in ("demo", "generate", "run", "show", "bench", "doctor"):
         assert f"    {cmd} " in r.stdout, cmd
     r = subprocess.run([sys.executable, "-m", "forkv.cli", "generate", "--help"],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=60, check=False)
     for flag in ("--max-tokens", "--temperature", "--min-p", "--repetition-penalty",
                  "--logit-bias", "--seed", "--stop", "--chat"):
         line = next(x for x in r.stdout.splitlines() if x.strip().startswith(flag))
         assert len(line.split(maxsplit=2)) > 1, line  # every option has help text
     assert "'-' reads it from stdin" in r.stdout
     r = subprocess.run([sys.executable, "-m", "forkv.cli", "bench", "--help"],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=60, check=False)
     from forkv.bench import BENCHMARKS
 
     for name in [*BENCHMARKS, "all"]:

@@ -61,8 +61,8 @@ def test_run_prints_each_node_and_saves_a_private_tree(tmp_path, capsys, monkeyp
 
 @pytest.mark.parametrize("spec, args, message", [
     ({"nodes": [{"id": "u", "kind": "user", "text": "x"}]}, [], "has no model_id; pass --model"),
-    (SPEC, ["--model", "demo:gemma3:tiny"], "rendered for model 'demo:qwen3:tiny', not "
-                                            "'demo:gemma3:tiny@"),
+    (SPEC, ["--model", "demo:gemma3:tiny"], ("rendered for model 'demo:qwen3:tiny', not "
+                                             "'demo:gemma3:tiny@")),
     ({**SPEC, "nodes": [*SPEC["nodes"][:2], {"id": "r", "parent": "u", "kind": "reasoning",
                                              "fork": {"k": 2, "keep": {"scorer": "best"}}}]},
      [], "scorer 'best', which was not given"),
