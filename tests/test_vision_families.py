@@ -167,9 +167,8 @@ def test_new_question_about_the_same_image_restores_into_it(arch):
         prompt = [user("Please look. ", img(a), "How many shapes?")]
         got, start, request = logits_after(eng, prompt)
         s = request.images[0]
-        # All-global layouts restore right after the image; others at its last block boundary.
-        expect = s.end if arch == "qwen2_vl" else s.end // B * B
-        assert start == expect > s.start
+        # Right after the image: its end was checkpointed (every layout).
+        assert start == s.end and s.end % B and eng.vision.stats.tail_restores == 1
         assert same(got, fresh_logits(lm, prompt))
         stats = eng.vision.features.stats
         # The image's tail after the restored point takes its features from the cache.
