@@ -3,9 +3,9 @@ again, on every vision family (one `runs` entry per model; the headline is the w
 
 Each rep uses a fresh image, so the first request is really cold: decode and preprocess the
 image, run the vision tower, prefill everything. The second request asks another question about
-the same image: forkv restores the checkpoint right after the image (all-global layouts) or at
-the last block boundary inside it (sliding-window and gated-delta layouts, whose image tail then
-takes its features from the feature cache) and prefills only the rest. A third request puts the
+the same image: forkv restores the checkpoint taken right after the image (its position state,
+global K/V and, on sliding-window and gated-delta layouts, those layers' caches) and prefills
+only the rest. A third request puts the
 same image in another conversation (other text before it): nothing before the image is
 reusable, but its features come from the vision-feature cache (`feature_cache_only`).
 
@@ -138,7 +138,7 @@ def run_image_bench(model: str = "demo:qwen2_vl:small", quick: bool = False, rep
     image_tokens = request.images[0].end - request.images[0].start
     cases = [
         {"case": "first (cold: tower + full prefill)", "ttft_s": summary(first)},
-        {"case": "second (same image, new question: restore at or inside the image's end)",
+        {"case": "second (same image, new question: restore right after the image)",
          "ttft_s": summary(second), "reused_tokens": reused, "prompt_tokens": prompt_tokens},
         {"case": "feature_cache_only (same image, other conversation)",
          "ttft_s": summary(features_only)},
