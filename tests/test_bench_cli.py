@@ -5,7 +5,8 @@ from types import SimpleNamespace
 
 from forkv.bench import cli
 
-RESULT = {"model": "demo:gemma3:tiny", "headline": {"speedup_8k": 123.456, "exact": True},
+RESULT = {"model": "demo:gemma3:tiny",
+          "headline": {"speedup_8k": 123.456, "exact": True, "speedup_at_max": None},
           "targets": {"speedup_8k": {"target": ">= 20", "met": True},
                       "exact": {"target": "== true", "met": False}}}
 
@@ -16,6 +17,7 @@ def test_table_lists_each_figure_with_target_and_whether_met():
     assert lines[1].split() == ["figure", "model", "value", "target", "met"]
     assert lines[2].split() == ["speedup_8k", "gemma3:tiny", "123", ">=", "20", "yes"]
     assert lines[3].split() == ["exact", "gemma3:tiny", "True", "==", "true", "NO"]
+    assert lines[4].split() == ["speedup_at_max", "gemma3:tiny", "-"]  # not measured
     assert not any(line.lstrip().startswith("{") for line in lines)
 
 

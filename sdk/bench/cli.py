@@ -91,6 +91,8 @@ def format_table(name: str, res: dict) -> str:
 
 
 def _fmt(v) -> str:
+    if v is None:
+        return "-"  # not measured in this run (e.g. a size --quick does not reach)
     if isinstance(v, float):
         return f"{v:.3g}"
     if isinstance(v, list):
