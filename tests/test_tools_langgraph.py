@@ -33,6 +33,7 @@ def multiply(a: int, b: int) -> int:
 
 
 @pytest.mark.slow  # three requests with ~1K-token prompts (the tools block) on a server
+@pytest.mark.filterwarnings("ignore:create_react_agent has been moved")  # what the issue names
 def test_react_agent_completes_a_two_tool_task():
     url = shared_server(*TINY)
     llm = ChatOpenAI(model="demo:qwen3:tiny", base_url=f"{url}/v1", api_key="unused",
