@@ -4,9 +4,8 @@ stats, failover when one is killed mid-workflow) and mlx-lm's own `mlx_lm.server
 Every server is started by a fixture and stopped by its finalizer (also on failure).
 """
 
-import pytest
-
 import forkv
+import pytest
 from forkv.bench.cluster import SYSTEM, branch_and_prune, document, start_replica
 from forkv.bench.serve_procs import start_peer
 from forkv.remote import remote
@@ -80,9 +79,9 @@ def test_killing_the_replica_mid_workflow_keeps_the_outputs(replicas):
     stream resumes on the next replica and every node's text is the same. Runs last: it
     leaves one replica dead."""
     doc = document(4, 12)
-    with remote(replicas[0].base_url, model=MODEL, cache_salt="single") as one:
-        with forkv.Session(one) as session:
-            expected = branch_and_prune(session, doc)
+    with remote(replicas[0].base_url, model=MODEL, cache_salt="single") as one, \
+            forkv.Session(one) as session:
+        expected = branch_and_prune(session, doc)
     with remote([p.base_url for p in replicas], model=MODEL, cache_salt="failover") as backend:
         victim = next(p for p in replicas if p.base_url == owner_of(backend, doc))
         seen = []
@@ -98,8 +97,7 @@ def test_killing_the_replica_mid_workflow_keeps_the_outputs(replicas):
             got = branch_and_prune(session, doc, kill_mid_reasoning)
         stats = backend.stats()
     assert got == expected
-    assert stats["failovers"] >= 1 and not stats["replicas"][victim.base_url]["up"]
-    assert stats["replicas"][victim.base_url]["failures"] >= 1
+    assert stats["failovers"] >= 1 and stats["replicas"][victim.base_url]["failures"] >= 1
 
 
 def test_mlx_lm_server_runs_the_same_graph():
@@ -108,10 +106,10 @@ def test_mlx_lm_server_runs_the_same_graph():
     peer = start_peer(str(resolve_model_path(MODEL)), "float32")
     try:
         peer.wait_ready()
-        with remote(peer.base_url, model=peer.model, tokenizer=MODEL) as backend:
-            with forkv.Session(backend) as session:
-                texts = branch_and_prune(session, document(5, 12))
-                done = [n for n in session.tree if n.result is not None]
+        with remote(peer.base_url, model=peer.model, tokenizer=MODEL) as backend, \
+                forkv.Session(backend) as session:
+            texts = branch_and_prune(session, document(5, 12))
+            done = [n for n in session.tree if n.result is not None]
     finally:
         peer.stop()
     assert len(texts) == 6 and len(done) == 6
