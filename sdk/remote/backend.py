@@ -5,7 +5,8 @@
 chat messages (see `wire`). Requests run as tasks of one asyncio loop on a private thread
 with one `httpx.AsyncClient`, so fork siblings go out concurrently. Each request goes to the
 replicas in the router's order: a transport error, a timeout, a 5xx/408/429 or a stream cut
-short marks the replica down and the request starts over on the next one; text already
+short marks the replica down and the request starts over on the next one (a replica that
+failed before is probed with GET /health before it gets a request again); text already
 streamed is checked against the new stream, never repeated. Per-request statistics come from
 the server's `usage` (`prompt_tokens_details.cached_tokens` = reused tokens). `block_keys`
 are computed here (salted like the server's namespace) so trees record them as on a local
@@ -30,7 +31,7 @@ from forkv.errors import ForkvError
 from forkv.graph import ReasoningFormat
 
 from .model import load_remote_model
-from .router import Router
+from .router import Router, health_url
 from .wire import chat_body, completion_body, parse_line, path_messages, route_key
 
 __all__ = ["NoReplicaLeft", "RemoteBackend", "RemoteError"]
@@ -178,6 +179,8 @@ class RemoteBackend:
         try:
             for replica in self.router.order(key)[: self.max_attempts]:
                 try:
+                    if replica.down_until and not await self._is_healthy(replica.url):
+                        raise _ReplicaFailed("GET /health did not answer 200")
                     usage, finish = await self._attempt(handle, replica.url + path, body, state)
                 except (httpx.TransportError, _ReplicaFailed) as e:
                     self.router.mark_down(replica)
@@ -200,6 +203,14 @@ class RemoteBackend:
         finally:
             with self._lock:
                 self._live.discard(handle)
+
+    async def _is_healthy(self, url: str) -> bool:
+        """Probe a replica that failed before, before trusting it with a request again."""
+        try:
+            r = await self._client.get(health_url(url), timeout=2.0)
+        except httpx.HTTPError:
+            return False
+        return r.status_code == 200
 
     async def _attempt(self, handle, url, body, state) -> tuple[dict, str]:
         """Stream one try; push only text not pushed by an earlier try (checked equal)."""
