@@ -140,7 +140,7 @@ def test_model_without_known_caches_runs_without_checkpoints(monkeypatch):
     from forkv.engine.layout import CacheLayout, LayerCache
 
     lm = load_tiny("qwen3")
-    layout = CacheLayout((LayerCache(0, CacheKind.UNKNOWN, "Mystery"),))
+    layout = CacheLayout((LayerCache((0,), CacheKind.UNKNOWN, "Mystery"),))
     odd = type(lm)(**{**{k: getattr(lm, k) for k in lm.__slots__}, "layout": layout})
     with warnings.catch_warnings():
         warnings.simplefilter("error")
