@@ -7,7 +7,6 @@ minutes to start on 2 cores.
 """
 
 import pytest
-
 from forkv.bench.cluster import document
 from forkv.bench.cluster_vllm import vllm_graph_ok, vllm_python
 

@@ -28,8 +28,7 @@ ROUTINGS = ("affinity", "round_robin")
 def health_url(base_url: str) -> str:
     """GET /health sits at the server root, beside /v1."""
     root = base_url.rstrip("/")
-    if root.endswith("/v1"):
-        root = root[: -len("/v1")]
+    root = root.removesuffix("/v1")
     return root + "/health"
 
 
