@@ -132,3 +132,18 @@ def test_a_remote_model_needs_a_local_tokenizer():
     with pytest.raises(TokenizerNotFound, match="pass tokenizer="):
         RemoteBackend(dead_urls(1), "org/some-model")
     assert issubclass(RemoteError, ForkvError)
+
+
+def test_image_placeholders_are_filled_in_order():
+    from forkv.remote.wire import _with_images
+
+    png, jpg = b"\x89PNG\r\n\x1a\n1", b"\xff\xd8\xff2"
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "a"}]},
+                {"role": "assistant", "content": "ok"},
+                {"role": "user", "content": [{"type": "image", "image": jpg}, {"type": "image"}]}]
+    out = _with_images(messages, [png, png])
+    urls = [p["image_url"]["url"] for m in out if isinstance(m["content"], list)
+            for p in m["content"] if p["type"] == "image_url"]
+    assert [u.split(";")[0] for u in urls] == ["data:image/png", "data:image/jpeg",
+                                               "data:image/png"]
+    assert out[0]["content"][1] == {"type": "text", "text": "a"} and out[1] == messages[1]
