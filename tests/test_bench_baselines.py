@@ -8,7 +8,7 @@ def test_rewind_baseline_recomputes_when_the_cache_has_wrapped():
     # cannot trim them back, so its baseline must be a recompute from scratch (not the new
     # prompt fed on top of the whole conversation).
     res = run_rewind_bench("demo:gemma3:tiny", quick=True)
-    assert res["settings"]["baseline"].endswith("full recompute (cache not trimmable)")
+    assert res["settings"]["baseline"].endswith("full recompute (the cache's trim does not land)")
     assert res["headline"]["exact"] is True
 
 
