@@ -11,6 +11,7 @@ from forkv.engine import Engine, EngineConfig, SamplingParams
 from forkv.graph import Node, Tree, WorkflowSpec
 
 from .errors import ForkvError, ForkvWarning
+from .remote import remote
 from .session import Session
 
 __version__ = "0.1.0"
@@ -24,5 +25,5 @@ def load(model: str, *, dtype: str = "auto", block_size: int = 256, **settings) 
 
 __all__ = [
     "Engine", "EngineConfig", "ForkvError", "ForkvWarning", "Node", "SamplingParams", "Session",
-    "Tree", "WorkflowSpec", "__version__", "load",
+    "Tree", "WorkflowSpec", "__version__", "load", "remote",
 ]

@@ -95,6 +95,8 @@ def submit_job(engine: Engine, tree: Tree, job: Job, progress=None):
     if progress is not None:
         def on_chunk(computed, total, restored, node_id=job.node_id):
             progress(node_id, computed, total, restored)
+    if hasattr(engine, "submit_path"):  # remote backends send the path as chat messages
+        return engine.submit_path(tree, job, progress=on_chunk)
     return engine.submit(job.prompt.token_ids, sampling_params(job.gen),
                          images=images or None, progress=on_chunk)
 

@@ -52,7 +52,7 @@ class Session:
     def __init__(self, model: Any, config: Any = None, *, tree: Tree | None = None,
                  reasoning: ReasoningFormat | None = None,
                  template_kwargs: dict[str, Any] | None = None, **engine_settings: Any):
-        if isinstance(model, Engine):
+        if isinstance(model, Engine) or _is_backend(model):
             if config is not None or any(v is not None for v in engine_settings.values()):
                 raise TypeError("Engine settings configure a new engine; pass them to "
                                 "Engine(...) instead of an engine that already exists.")
@@ -296,6 +296,12 @@ class Session:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _is_backend(obj: Any) -> bool:
+    """Any object with the engine's surface (e.g. `forkv.remote(...)`) serves as the engine."""
+    return all(callable(getattr(obj, n, None)) for n in ("submit", "block_keys", "release",
+                                                          "stats"))
 
 
 def _as_list(targets: Targets) -> list[Node | str] | None:
