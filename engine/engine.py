@@ -15,6 +15,7 @@ import contextlib
 import itertools
 import logging
 import warnings
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -59,6 +60,8 @@ class Engine:
         self._ids = itertools.count()
         self._vision = None
         self._worker = EngineThread("forkv-engine", self._has_work, self.step_once)
+        # An engine nobody holds (and no handle of it is alive) ends its thread.
+        weakref.finalize(self, self._worker.close_soon)
         try:
             if isinstance(model, LoadedModel):
                 materialize(model.model)  # here, on the thread that loaded it

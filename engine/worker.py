@@ -6,7 +6,8 @@ or `post` (fire and forget), and it steps the scheduler whenever there is work. 
 per-thread state, so running it on whatever thread happens to call (asyncio executors, server
 workers) could abort the process at exit; one owner thread, stopped and joined before the
 interpreter shuts down (`atexit`, after the stores' own cleanup is registered), cannot.
-Knows nothing about requests or models: the engine gives it `has_work` and `step`.
+Knows nothing about requests or models: the engine gives it `has_work` and `step`, which it
+holds weakly, so an engine nobody references is collected and its thread ends.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ _live: weakref.WeakSet[EngineThread] = weakref.WeakSet()
 
 class EngineThread:
     def __init__(self, name: str, has_work: Callable[[], bool], step: Callable[[], Any]):
-        self._has_work = has_work
-        self._step = step
+        self._has_work = weakref.WeakMethod(has_work)
+        self._step = weakref.WeakMethod(step)
         self._cond = threading.Condition()
         self._calls: deque[tuple[Callable, Future | None]] = deque()
         self._closing = False
@@ -65,6 +66,12 @@ class EngineThread:
         with self._cond:
             self._cond.notify_all()
 
+    def close_soon(self) -> None:
+        """Ask the thread to end after the calls already queued; returns at once."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+
     def close(self) -> None:
         """Stop after the calls already queued; join unless called from the thread itself."""
         with self._cond:
@@ -80,24 +87,36 @@ class EngineThread:
             self._calls.append((lambda: fn(*args), future))
             self._cond.notify_all()
 
+    def _work(self) -> bool:
+        has_work = self._has_work()
+        return has_work is not None and not self.paused and has_work()
+
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not (self._calls or self._closing or
-                           (not self.paused and self._has_work())):
+                while not (self._calls or self._closing or self._work()):
                     self._cond.wait()
                 calls = list(self._calls)
                 self._calls.clear()
-                if self._closing and not calls:
+                if (self._closing or self._step() is None) and not calls:
                     _clear_streams()
                     return
-            for fn, future in calls:
-                _run(fn, future)
-            if not self.paused and self._has_work():
-                try:
-                    self._step()
-                except Exception:  # noqa: BLE001 - the thread must outlive a failed step
-                    _log.exception("forkv engine step failed")
+            self._run_all(calls)
+            del calls  # no reference to the engine may outlive the iteration (weak owner)
+            self._step_once()
+
+    def _step_once(self) -> None:
+        step = self._step() if self._work() else None
+        if step is not None:
+            try:
+                step()
+            except Exception:  # noqa: BLE001 - the thread must outlive a failed step
+                _log.exception("forkv engine step failed")
+
+    @staticmethod
+    def _run_all(calls: list) -> None:
+        for fn, future in calls:
+            _run(fn, future)
 
 
 def _clear_streams() -> None:

@@ -380,3 +380,18 @@ def test_a_request_waits_only_for_the_blocks_it_shares():
         assert b.done and not a.done  # b decoded its two tokens in that same step
     assert b.result().timings.reused_tokens == B
     assert a.result().timings.reused_tokens == 0
+
+
+def test_an_engine_nobody_holds_ends_its_thread():
+    import gc
+    import threading
+    import weakref
+
+    engine = _engine(load_tiny("qwen3"))
+    engine.generate(random_tokens(40, seed=200), max_tokens=2)
+    thread, ref = engine._worker.thread, weakref.ref(engine)
+    del engine
+    gc.collect()
+    assert ref() is None
+    thread.join(timeout=30)
+    assert not thread.is_alive() and thread not in threading.enumerate()
