@@ -42,7 +42,9 @@ class ArraysKind(_WholeState):
 
     @classmethod
     def can_merge(cls, cache) -> bool:
-        return from_mlx_lm(cache)  # ArraysCache.merge batches the state (masked by left padding)
+        # ArraysCache.merge batches the state (masked by left padding); mlx-vlm's copy of the
+        # class (Qwen 3.5's vision model) has the same merge / extract / filter.
+        return from_mlx_lm(cache) or type(cache).__module__.startswith("mlx_vlm.")
 
 
 _SCALARS = (bool, int, float)
