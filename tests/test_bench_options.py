@@ -60,8 +60,8 @@ def test_every_benchmark_rejects_unknown_settings():
         fn = _function(name)
         if fn is None:
             continue
-        if name == "agent":  # takes its size fields as extra keywords
-            with pytest.raises(ValueError, match="Unknown agent size nope"):
+        if name in ("agent", "serve"):  # take their size fields as extra keywords
+            with pytest.raises(ValueError, match=f"Unknown {name} size nope"):
                 fn(nope=1)
         else:
             with pytest.raises(ValueError, match="Unknown setting 'nope'"):
