@@ -86,7 +86,10 @@ def test_ctrl_c_in_a_real_process():
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert "reading the prompt from stdin" in p.stderr.readline()
     p.send_signal(signal.SIGINT)
-    _, err = p.communicate(timeout=60)
+    # Keep stdin open until it has exited: closing it first races the signal (EOF, exit 2).
+    p.wait(timeout=60)
+    err = p.stderr.read()
+    p.stdin.close()
     assert p.returncode == 130 and err == "forkv: interrupted\n", err
 
 
