@@ -13,7 +13,11 @@ BLOCKS = re.findall(r"```python\n(.*?)```", TEXT, flags=re.S)
 YAML = re.findall(r"```yaml\n(.*?)```", TEXT, flags=re.S)
 
 
-@pytest.mark.parametrize("code", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
+# The first example reasons for 128 tokens and forks four ways on a ~600-token prompt: it runs
+# with --slow (as CI does); the other examples stay in the fast suite.
+@pytest.mark.parametrize("code", [pytest.param(c, marks=pytest.mark.slow) if i == 0 else c
+                                  for i, c in enumerate(BLOCKS)],
+                         ids=[f"block{i}" for i in range(len(BLOCKS))])
 def test_readme_example_runs(code, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     exec(compile(code, str(README), "exec"), {"__name__": "__readme__"})
@@ -31,6 +35,7 @@ def test_readme_has_examples():
     assert "python -m pytest -q --slow" in TEXT  # how to run what CI runs
 
 
+@pytest.mark.slow  # four sampled branches and an answer on a ~700-token prompt
 def test_readme_workflow_file_runs(tmp_path, monkeypatch, capsys):
     from forkv.cli import main
 
