@@ -122,11 +122,17 @@ def ensure_demo_model(arch: str, size: str = "tiny") -> Path:
         _refresh_template(folder, chat_template(TOOL_FORMATS[arch]) if build is _build
                           else vlm_template(arch))
         return folder
+    return build_atomically(folder, lambda tmp: build(config, tmp,
+                                                      seed=sum(map(ord, f"{arch}:{size}"))))
+
+
+def build_atomically(folder: Path, write) -> Path:
+    """`write(tmp)` a model into a sibling temp folder, then rename it to `folder`, so a crash
+    never leaves half a model (and a concurrent builder that wins the rename is fine)."""
     folder.parent.mkdir(parents=True, exist_ok=True)
-    # Build in a sibling temp folder and rename, so a crash never leaves half a model.
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     try:
-        build(config, tmp, seed=sum(map(ord, f"{arch}:{size}")))
+        write(tmp)
         try:
             os.rename(tmp, folder)
         except OSError:  # another process built it first

@@ -32,13 +32,11 @@ def vllm_python() -> str | None:
 def vllm_model_folder() -> Path:
     """A tiny random Qwen3 that vLLM's CPU build serves (built once, like the demo models)."""
     import json
-    import shutil
-    import tempfile
 
     from forkv.engine import blas
 
     blas.activate()  # before _build imports mlx
-    from forkv.engine.demo import _build, cache_root, demo_config
+    from forkv.engine.demo import _build, build_atomically, cache_root, demo_config
 
     config = dict(demo_config("qwen3", "tiny"), head_dim=64, num_attention_heads=2,
                   num_key_value_heads=1, max_position_embeddings=4096,
@@ -46,21 +44,14 @@ def vllm_model_folder() -> Path:
     folder = cache_root() / "demo" / "vllm-qwen3-tiny-h64"
     if (folder / "model.safetensors").exists():
         return folder
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
-    try:  # built beside and renamed, so a crash never leaves half a model
+
+    def write(tmp: Path) -> None:
         _build(config, tmp, seed=64)
         written = json.loads((tmp / "config.json").read_text())
         written.update(architectures=config["architectures"], torch_dtype="float32")
         (tmp / "config.json").write_text(json.dumps(written, indent=2))
-        try:
-            os.rename(tmp, folder)
-        except OSError:  # another process built it first
-            if not (folder / "model.safetensors").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return folder
+
+    return build_atomically(folder, write)
 
 
 def start_vllm(python: str, folder: Path) -> ServerProcess:
