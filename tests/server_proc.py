@@ -99,3 +99,20 @@ def metric(url: str, name: str, labels: str = "") -> float:
         if line.startswith(key + " "):
             return float(line.split()[-1])
     return 0.0
+
+
+_EOS: dict[str, list[int]] = {}
+
+
+def no_eos(model: str) -> dict[str, float]:
+    """A `logit_bias` that bans `model`'s end-of-sequence tokens: a stream that must still be
+    running when the test acts (a random model may otherwise end it at any token)."""
+    if model not in _EOS:
+        import forkv
+
+        engine = forkv.load(model)
+        try:
+            _EOS[model] = sorted(engine.lm.eos_token_ids)
+        finally:
+            engine.close()
+    return {str(t): -100 for t in _EOS[model]}

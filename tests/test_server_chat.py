@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 openai = pytest.importorskip("openai")
 
-from server_proc import TINY, http, metric, shared_server  # noqa: E402
+from server_proc import TINY, http, metric, no_eos, shared_server  # noqa: E402
 
 MODEL = "demo:qwen3:tiny"
 LONG = "The quick brown fox jumps over the lazy dog. " * 14  # ~630 byte tokens: 2 full blocks
@@ -117,7 +117,7 @@ def test_disconnect_mid_stream_frees_the_row(url):
     cancelled = metric(url, "forkv_requests_cancelled_total")
     conn = httpclient.HTTPConnection("127.0.0.1", int(url.rsplit(":", 1)[1]), timeout=60)
     body = {"model": MODEL, "messages": [{"role": "user", "content": "go on"}],
-            "max_tokens": 4000, "stream": True}
+            "max_tokens": 4000, "stream": True, "logit_bias": no_eos(MODEL)}
     conn.request("POST", "/v1/chat/completions", json.dumps(body),
                  {"Content-Type": "application/json"})
     resp = conn.getresponse()

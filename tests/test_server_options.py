@@ -13,7 +13,7 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from server_proc import metric, running_server  # noqa: E402
+from server_proc import metric, no_eos, running_server  # noqa: E402
 
 MODEL = "demo:qwen3:tiny"
 PROMPT = [{"role": "user", "content": "Tenant data: " + "secret plans " * 25}]
@@ -74,15 +74,33 @@ def test_tenants_and_salts_never_share_checkpoints(url):
     assert metric(url, "forkv_namespaces") <= 3  # idle ones were closed past --max-namespaces
 
 
+def test_logit_bias(url):
+    client = _client(url, "key-a")
+    out = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                         max_tokens=6, logit_bias={"7": 100}, logprobs=True)
+    assert [t.token for t in out.choices[0].logprobs.content] == \
+        [out.choices[0].logprobs.content[0].token] * 6  # token 7, every time
+    out = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                         max_tokens=40, temperature=2, logit_bias=no_eos(MODEL))
+    assert out.choices[0].finish_reason == "length"
+    for bias, field in (({"abc": 1}, "logit_bias"), ({"7": 101}, "logit_bias"),
+                        ({"99999999": 1}, None)):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model=MODEL, max_tokens=2, logit_bias=bias,
+                                           messages=[{"role": "user", "content": "x"}])
+        assert "logit_bias" in str(e.value) and (field is None or e.value.param == field)
+
+
 def test_full_queue_answers_429(url):
     port = int(url.rsplit(":", 1)[1])
     held = []
     try:
-        for _ in range(2):  # fill the queue (--max-queue 2) with long streams
+        for _ in range(2):  # fill the queue (--max-queue 2) with streams that cannot end early
             conn = httpclient.HTTPConnection("127.0.0.1", port, timeout=60)
             conn.request("POST", "/v1/chat/completions", json.dumps(
                 {"model": MODEL, "messages": [{"role": "user", "content": "go"}],
-                 "max_tokens": 4000, "stream": True}),
+                 "max_tokens": 4000, "stream": True,
+                 "logit_bias": no_eos(MODEL)}),
                 {"Content-Type": "application/json", "Authorization": "Bearer key-a"})
             resp = conn.getresponse()
             assert resp.status == 200 and resp.read(6) == b"data: "

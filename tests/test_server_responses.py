@@ -13,7 +13,7 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from server_proc import TINY, http, shared_server  # noqa: E402
+from server_proc import TINY, http, no_eos, shared_server  # noqa: E402
 
 MODEL = "demo:qwen3:tiny"
 DOCUMENT = "Section 1. Foxes are quick and dogs are lazy. " * 12  # ~560 byte tokens
@@ -72,7 +72,8 @@ def test_a_subtree_still_generating_cannot_be_deleted(client, url):
     conn = httpclient.HTTPConnection("127.0.0.1", int(url.rsplit(":", 1)[1]), timeout=60)
     conn.request("POST", "/v1/responses", json.dumps(
         {"model": MODEL, "input": "go on", "previous_response_id": root.id,
-         "max_output_tokens": 4000, "stream": True}), {"Content-Type": "application/json"})
+         "max_output_tokens": 4000, "stream": True, "logit_bias": no_eos(MODEL)}),
+        {"Content-Type": "application/json"})
     resp = conn.getresponse()
     try:
         assert resp.status == 200 and resp.read(6) == b"event:"

@@ -74,6 +74,7 @@ class Sampling(BaseModel):
     top_k: int | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
+    logit_bias: dict[str, float] | None = None  # chat's field; /v1/responses takes it too
 
 
 def sampling_params(req: Sampling, max_tokens: int | None, top_logprobs: int = 0) -> SamplingParams:
@@ -95,7 +96,20 @@ def sampling_params(req: Sampling, max_tokens: int | None, top_logprobs: int = 0
         raise APIError(400, "top_k must be >= 0 (0 = off).", "invalid_value", "top_k")
     return SamplingParams(max_tokens=max_tokens or DEFAULT_MAX_TOKENS, temperature=temperature,
                           top_p=top_p, top_k=req.top_k or 0, seed=req.seed, stop=tuple(stop),
-                          top_logprobs=top_logprobs)
+                          top_logprobs=top_logprobs, logit_bias=_logit_bias(req.logit_bias))
+
+
+def _logit_bias(bias: dict | None) -> dict[int, float]:
+    """OpenAI's `logit_bias` (token id as a string -> bias in [-100, 100]) as the engine's.
+    A token id past the vocabulary is refused by the engine at submit (also a 400)."""
+    out = {}
+    for key, value in (bias or {}).items():
+        if not str(key).isdigit() or not -100 <= value <= 100:
+            raise APIError(400, f"logit_bias[{key!r}]: keys are token ids and values are "
+                                f"between -100 and 100, got {value!r}.", "invalid_value",
+                           "logit_bias")
+        out[int(key)] = float(value)
+    return out
 
 
 def decode_image(url: object, param: str) -> bytes:
