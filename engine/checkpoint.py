@@ -66,11 +66,13 @@ class Checkpointer:
 
     # -- restore -----------------------------------------------------------------------------
     def restore(self, tokens: Sequence[int], extras: dict | None = None,
-                barriers: Sequence[int] = ()) -> Restored:
+                barriers: Sequence[int] = (), count: bool = True) -> Restored:
         """Caches for the longest restorable prefix of `tokens` (always leaving one token to
-        compute). A boundary inside a span in `barriers` ((start, end) pairs) is skipped."""
+        compute). A boundary inside a span in `barriers` ((start, end) pairs) is skipped.
+        `count=False` (the engine's own record jobs) leaves the reuse statistics alone."""
         t0 = time.perf_counter()
-        self.stats.requests += 1
+        stats = self.stats if count else type(self.stats)()
+        stats.requests += 1
         keys = self.keyer.keys(tokens, extras)
         n, extra = 0, None
         if self.enabled:
@@ -85,9 +87,9 @@ class Checkpointer:
                     break
         if n == 0:
             cache = self.lm.make_cache()
-        self.stats.tokens_reused += n
-        self.stats.tokens_computed += len(tokens) - n
-        self.stats.restore_s += time.perf_counter() - t0
+        stats.tokens_reused += n
+        stats.tokens_computed += len(tokens) - n
+        stats.restore_s += time.perf_counter() - t0
         return Restored(cache, n, keys, extra.arrays if extra is not None else {})
 
     def _global_run(self, keys, n_max: int, tokens) -> int:

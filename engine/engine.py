@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import time
 import warnings
 import weakref
 from collections.abc import Iterator, Sequence
@@ -83,7 +84,8 @@ class Engine:
                     "merged, so requests will run one at a time.", ForkvWarning, stacklevel=2)
             self.runner = make_runner(self)
             self.scheduler = Scheduler(self.runner, self.block_size, self.config.max_seqs,
-                                       self.config.prefill_budget, mergeable=self.is_batched)
+                                       self.config.prefill_budget, mergeable=self.is_batched,
+                                       make_job=self._record_job)
         except BaseException:
             self._worker.close()
             raise
@@ -140,6 +142,22 @@ class Engine:
     def generate(self, prompt, params: SamplingParams | None = None, images=None,
                  **kwargs) -> GenerationResult:
         return self.submit(prompt, params, images, **kwargs).result()
+
+    def _record_job(self, tokens: list[int], first_block: int):
+        """A prefill-only sequence that records the blocks of `tokens` (engine thread)."""
+        job = make_sequence(next(self._ids), tokens, SamplingParams(max_tokens=0), self.lm,
+                            self._vocab_limit)
+        job.keys, job.first_block, job.is_record_job = self.block_keys(tokens), first_block, True
+        return job
+
+    def drain(self, timeout: float | None = None) -> None:
+        """Wait until the engine has nothing left to do: every request finished and every
+        deferred decode record written (benchmarks and tests that read records at once)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._worker.is_alive and self._worker.call(self._has_work):
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"the engine still had work after {timeout} s")
+            time.sleep(0.005)
 
     def _add(self, handle: RequestHandle, seq) -> None:
         self._requests[seq.id] = (handle, seq)

@@ -16,6 +16,9 @@ from .images import has_image_parts
 
 
 class TextRunner:
+    # Blocks decoded past a boundary are recorded later by a prefill-only job of the tokens.
+    defers_decode_records = True
+
     def __init__(self, engine):
         self.engine = engine
 
@@ -36,7 +39,7 @@ class TextRunner:
             seq.cache, seq.pos, seq.hook = self.engine.lm.make_cache(), 0, None
             return
         t0 = time.perf_counter()
-        restored = ck.restore(seq.tokens)
+        restored = ck.restore(seq.tokens, count=not seq.is_record_job)
         seq.timings.restore_s = time.perf_counter() - t0
         seq.timings.reused_tokens = restored.position
         seq.cache, seq.pos, seq.hook = restored.cache, restored.position, ck.recorder(
@@ -45,8 +48,17 @@ class TextRunner:
     def decode(self, rows, inputs, caches):
         return self.engine.lm.model(inputs, cache=caches)
 
+    def recorded(self, seq) -> bool:
+        """Whether every record of `seq`'s last block exists (a record job with nothing to do:
+        a request that needed those blocks prefilled them itself)."""
+        ck = self.engine.checkpointer
+        return bool(seq.keys) and all(ck.store.contains(seq.keys[-1], k) for k in ck.kinds)
+
 
 class VisionRunner:
+    # A record job would need the request's images: decoded blocks are recomputed in the step.
+    defers_decode_records = False
+
     def __init__(self, engine):
         self.engine = engine
         self.vision = engine.vision

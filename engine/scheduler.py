@@ -11,17 +11,22 @@ block-aligned chunks, then joins the batch of decoding rows. Each `step()`:
    `max_prefill_tokens` (at least one chunk, so prefill always progresses); a chunk is never
    split, since other chunk edges would change the arithmetic and make records non-canonical;
 3. runs one decode step for every row together, so a long prompt arriving never stalls the
-   others for more than one step's prefill budget. (A decode-boundary recompute, below, runs
-   in the step that reaches the boundary and is not charged to that budget: one block per
-   row per `block_size` tokens decoded.)
+   others for more than one step's prefill budget.
 
-Decode boundaries. A row whose cache reaches a block boundary in decode is copied out and its
-recorder recomputes the last block as one chunk from the records of the boundary before (see
-`recorder.py`), records it, and the recomputed state replaces the row in the batch. That keeps
-every row exactly where a single-request run would be (the single-request engine swaps the
-same canonical state into its live cache), so batched output follows single-request output and
-a fork restored from any checkpoint continues as the original did. Knows nothing about threads,
-handles, or what kind of model runs the rows (the runner does).
+Before admitting, a step runs one chunk of a record job (below) if a waiting request needs its
+blocks or the engine has nothing else to do.
+
+Decode boundaries. A state reached by decoding rounds differently from a block-aligned prefill,
+so its blocks are recorded by recomputing them as chunks (see `recorder.py`). For text rows
+that work is deferred: a row that crosses boundaries while decoding keeps decoding, and when
+it finishes, one record job (a prefill-only sequence of its tokens up to the last boundary)
+is queued. Jobs run one chunk per step when the engine has nothing else to do, or at once
+when a waiting request starts with blocks a job would record (that request then restores
+them), so no row ever stalls for another row's records and records nobody asks for while the
+engine is busy cost nothing until it is idle. Rows of runners that cannot defer (vision: the
+job would need the request's images) recompute in the step that reaches the boundary, and
+the canonical state replaces the row in the batch. Knows nothing about threads, handles, or
+what kind of model runs the rows (the runner does).
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ class StepReport:
     """What one step did: tokens prefilled per sequence id, rows decoded, events produced."""
 
     prefilled: dict[int, int] = field(default_factory=dict)
-    recomputed: int = 0  # decode-boundary tokens recomputed as chunks
+    recomputed: int = 0  # decoded tokens recomputed as chunks to record them
     decoded: int = 0  # rows that decoded one token
     events: list[tuple[Sequence, GenerationEvent]] = field(default_factory=list)
 
@@ -59,8 +64,9 @@ class StepTotals:
     prefill_s: float = 0.0
     decode_steps: int = 0
     decoded_tokens: int = 0
-    decode_s: float = 0.0  # batched decode steps, boundary recomputes included
+    decode_s: float = 0.0  # batched decode steps (with any in-step boundary recompute)
     recomputed_tokens: int = 0
+    record_jobs_s: float = 0.0  # deferred decode records (prefill-only jobs)
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__slots__}
@@ -68,7 +74,7 @@ class StepTotals:
 
 class Scheduler:
     def __init__(self, runner, block_size: int, max_seqs: int, max_prefill_tokens: int,
-                 mergeable: bool = True):
+                 mergeable: bool = True, make_job=None):
         assert max_seqs >= 1 and max_prefill_tokens >= 1
         self.runner = runner
         self.block_size = block_size
@@ -79,10 +85,14 @@ class Scheduler:
         self.rows: list[Sequence] = []  # in the batch's row order
         self.batch = BatchCache(mergeable)
         self.totals = StepTotals()
+        # Deferred decode records: make_job(tokens, first_block) -> a prefill-only Sequence.
+        self.make_job = make_job if getattr(runner, "defers_decode_records", False) else None
+        self.jobs: deque[Sequence] = deque()
+        self.job: Sequence | None = None  # the job prefilling now
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.prefilling or self.rows)
+        return bool(self.waiting or self.prefilling or self.rows or self.jobs or self.job)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -93,6 +103,8 @@ class Scheduler:
         self.prefilling.clear()
         self.rows = []
         self.batch = BatchCache(self.batch.mergeable)
+        self.jobs.clear()
+        self.job = None
 
     def cancel(self, seq: Sequence) -> GenerationEvent | None:
         """Drop `seq` wherever it is, leaving the other rows as they are; None if done."""
@@ -110,7 +122,10 @@ class Scheduler:
 
     def step(self) -> StepReport:
         report, totals = StepReport(), self.totals
+        t = time.perf_counter()
+        self._record_job(report)
         t0 = time.perf_counter()
+        totals.record_jobs_s += t0 - t
         self._admit()
         self._prefill(report)
         t1 = time.perf_counter()
@@ -139,10 +154,10 @@ class Scheduler:
         self.waiting.extendleft(reversed(held))
 
     def _awaits_shared_prefill(self, seq: Sequence) -> bool:
-        """Whether a prefilling sequence has yet to record blocks this one starts with."""
-        for p in self.prefilling if seq.keys else ():
-            shared = next((i for i, (a, b) in enumerate(zip(seq.keys, p.keys)) if a != b),
-                          min(len(seq.keys), len(p.keys)))
+        """Whether a prefilling sequence (or record job) has yet to record blocks this one
+        starts with."""
+        for p in [*self.prefilling, *([self.job] if self.job else [])] if seq.keys else ():
+            shared = _shared(seq.keys, p.keys)
             if shared and p.pos < shared * self.block_size:
                 return True
         return False
@@ -162,6 +177,45 @@ class Scheduler:
                 self.prefilling.append(seq)
             else:
                 self._start_decoding(seq, logits, report)
+
+    # -- deferred decode records ---------------------------------------------------------------
+    def _record_job(self, report: StepReport) -> None:
+        """One chunk of a record job, when the engine has nothing else to do or a waiting
+        request starts with blocks the job records (a started job otherwise pauses)."""
+        idle = not (self.waiting or self.prefilling or self.rows)
+        while self.job is None and self.jobs:
+            self.job = self.jobs.popleft() if idle else self._needed_job()
+            if self.job is None:
+                return
+            if self.runner.recorded(self.job):
+                self.job = None
+            else:
+                self.runner.prepare(self.job)  # restores what is recorded already
+        job = self.job
+        if job is None or not (idle or self._needed(job)):
+            return
+        if job.is_prefilling:
+            n = job.next_chunk(self.block_size)
+            job.prefill_chunk(self.runner.engine.lm.model, self.block_size)
+            report.recomputed += n
+        if not job.is_prefilling:
+            job.cache, self.job = None, None
+
+    def _needed(self, job: Sequence) -> bool:
+        return any(_shared(seq.keys, job.keys) > job.first_block for seq in self.waiting)
+
+    def _needed_job(self) -> Sequence | None:
+        """A queued job whose blocks some waiting request starts with."""
+        job = next((j for j in self.jobs if self._needed(j)), None)
+        if job is not None:
+            self.jobs.remove(job)
+        return job
+
+    def _defer(self, seq: Sequence) -> None:
+        """Queue the record job of a finished row that crossed boundaries while decoding."""
+        if seq.deferred_to:
+            self.jobs.append(self.make_job(seq.tokens[:seq.deferred_to],
+                                           seq.prompt_len // self.block_size))
 
     def _start_decoding(self, seq: Sequence, logits, report: StepReport) -> None:
         """Sample the first token from the prefill logits; join the batch unless done."""
@@ -198,6 +252,9 @@ class Scheduler:
         for i, seq in enumerate(rows):
             seq.pos = len(seq.tokens)
             if seq.hook is not None and seq.pos % B == 0:
+                if self.make_job is not None:
+                    seq.deferred_to = seq.pos
+                    continue
                 row = self.batch.extract(i)
                 if seq.hook(seq.pos, seq.tokens, row, True):
                     swapped[i] = row
@@ -209,6 +266,8 @@ class Scheduler:
             report.events.append((seq, event))
             if event.finish_reason is not None:
                 done.append(i)
+                if self.make_job is not None:
+                    self._defer(seq)
         self._reshape(done, swapped)
 
     def _reshape(self, done: list[int], swapped: dict[int, list]) -> None:
@@ -226,6 +285,11 @@ class Scheduler:
             self.batch.add(swapped[i])
         self.rows = [s for i, s in enumerate(self.rows) if i not in gone] + [
             self.rows[i] for i in moved]
+
+
+def _shared(a: list, b: list) -> int:
+    """How many leading block keys `a` and `b` have in common."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def _top(logprobs, k: int) -> dict | None:

@@ -42,6 +42,9 @@ class Sequence:
     model: object = None
     keys: list = field(default_factory=list)  # block keys of the prompt (text requests)
     progress: object = None  # progress(computed, total, restored) after each prefill chunk
+    deferred_to: int = 0  # the last block boundary crossed while decoding, not yet recorded
+    is_record_job: bool = False  # a prefill-only job that records decoded blocks
+    first_block: int = 0  # record jobs: the first block they exist to record
 
     @property
     def is_prefilling(self) -> bool:

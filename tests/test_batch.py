@@ -47,6 +47,7 @@ def _batch_run(arch):
         prompts = [random_tokens(200, seed=51), random_tokens(37, seed=52),
                    seen[:150] + random_tokens(20, seed=53), random_tokens(130, seed=54)]
         results = generate_batch(engine, prompts, SamplingParams(max_tokens=36))
+        engine.drain()  # the record jobs of the decoded blocks
         _runs[arch] = lm, engine, prompts, results
     return _runs[arch]
 
@@ -89,6 +90,7 @@ def test_default_blocks_wider_than_the_window(arch):
     prompts = [random_tokens(1000, seed=55), random_tokens(300, seed=56)]
     params = SamplingParams(max_tokens=30)
     results = generate_batch(engine, prompts, params)
+    engine.drain()  # the record jobs
     for prompt, got in zip(prompts, results):
         _assert_same(got, _engine(lm, block_size=256).generate(prompt, params))
     history = prompts[0] + results[0].token_ids
@@ -100,9 +102,12 @@ def test_default_blocks_wider_than_the_window(arch):
         assert mx.array_equal(logits, fresh_logits(lm, tokens, 256)).item()
 
 
-def test_missing_records_at_a_decode_boundary_keep_the_decoded_row():
-    """Records of the boundary before gone: the decode boundary cannot be recomputed, so the
-    row keeps its decoded state (as a single-request run does) and nothing is recorded."""
+def test_records_released_mid_decode_are_recorded_again_by_the_job():
+    """The prompt's records go while its row decodes: the row is untouched (no boundary work
+    happens in a decode step), and its record job, finding nothing to restore, prefills from
+    the start and records every block, exactly."""
+    import mlx.core as mx
+
     lm = load_tiny("qwen3_5")
     engine = _engine(lm)
     seen = random_tokens(130, seed=58)
@@ -114,9 +119,15 @@ def test_missing_records_at_a_decode_boundary_keep_the_decoded_row():
         engine.release(engine.block_keys(seen))
         recorded = engine.checkpointer.stats.blocks_recorded
     got = handle.result()
+    engine.drain()
     assert got.timings.reused_tokens == 128
-    assert engine.checkpointer.stats.blocks_recorded == recorded
+    assert engine.checkpointer.stats.blocks_recorded == recorded + 3  # 64, 128 again; 192
     _assert_same(got, Engine(lm, checkpoints=False).generate(seen[:130] + [7], max_tokens=70))
+    tokens = (seen[:130] + [7] + got.token_ids)[:192] + [3]
+    r = engine.checkpointer.restore(tokens)
+    assert r.position == 192
+    logits = prefill(lm.model, r.cache, tokens, r.position, B)
+    assert mx.array_equal(logits, fresh_logits(lm, tokens, B)).item()
 
 
 def test_request_inserted_mid_flight_leaves_others_unchanged():
@@ -158,7 +169,7 @@ def test_cancel_frees_the_row_without_disturbing_others():
         queued = engine.submit(prompts[0], max_tokens=5)
         queued.cancel()
         assert queued.result(timeout=30).token_ids == []
-        assert _queue(engine) == {"waiting": 0, "prefilling": 0, "running": 0}
+        assert _queue(engine) == {"waiting": 0, "prefilling": 0, "running": 0, "record_jobs": 0}
 
 
 def test_caps_admit_in_order():
@@ -295,7 +306,7 @@ def test_a_failing_step_fails_every_request_and_empties_the_engine():
     for h in handles:
         with pytest.raises(MemoryError):
             h.result()
-    assert _queue(engine) == {"waiting": 0, "prefilling": 0, "running": 0}
+    assert _queue(engine) == {"waiting": 0, "prefilling": 0, "running": 0, "record_jobs": 0}
     engine.runner.decode = real
     assert engine.submit(random_tokens(40, seed=150), max_tokens=3).result().token_ids
 
@@ -395,3 +406,28 @@ def test_an_engine_nobody_holds_ends_its_thread():
     assert ref() is None
     thread.join(timeout=30)
     assert not thread.is_alive() and thread not in threading.enumerate()
+
+
+def test_record_jobs_wait_while_rows_decode_and_run_first_for_a_request_that_needs_them():
+    """A finished row's record job does not run while other rows decode; a request that
+    continues the finished row's text promotes it, waits for it, and restores its blocks."""
+    lm = load_tiny("gemma3")
+    engine = _engine(lm)
+    first, other = random_tokens(100, seed=70), random_tokens(40, seed=71)
+    no_eos = {t: -1e9 for t in lm.eos_token_ids}
+    with engine.paused():
+        a = engine.submit(first, max_tokens=40, logit_bias=no_eos)  # crosses 128 decoding
+        b = engine.submit(other, max_tokens=120, logit_bias=no_eos)
+        while not a.done:
+            engine.step_once()
+        assert _queue(engine)["record_jobs"] == 1 and _queue(engine)["running"] == 1
+        for _ in range(3):
+            assert engine.step_once().recomputed == 0  # b decodes; the job waits
+        follow = first + a.result().token_ids + random_tokens(10, seed=72)
+        c = engine.submit(follow, max_tokens=2)
+        report = engine.step_once()  # the job's one chunk (block 1), then c is held for it
+        assert report.recomputed == B and _queue(engine)["record_jobs"] == 0
+    assert c.result().timings.reused_tokens == 128
+    b.result()
+    engine.drain()
+    assert _queue(engine) == {"waiting": 0, "prefilling": 0, "running": 0, "record_jobs": 0}

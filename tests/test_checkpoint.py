@@ -15,6 +15,7 @@ def _engine(lm, **kw):
 
 
 def _restore_logits(engine, tokens):
+    engine.drain()  # decode boundaries are recorded by record jobs after the request
     r = engine.checkpointer.restore(tokens)
     return r.position, prefill(engine.lm.model, r.cache, tokens, r.position, engine.block_size)
 
@@ -151,18 +152,30 @@ def test_model_without_known_caches_runs_without_checkpoints(monkeypatch):
 
 
 @pytest.mark.parametrize("arch, block", [("gemma3", 256), ("gemma3", 48), ("qwen3_5", 256)])
-def test_decode_boundaries_recompute_from_the_recorders_own_records(arch, block):
-    # Every record leaves RAM at once; each decode boundary still rebuilds its block from the
-    # window and state records the recorder kept, without reading anything back (block 48:
-    # the 128-token window reaches back over three blocks).
+def test_decode_boundaries_are_recorded_by_one_job_after_the_request(arch, block):
+    import mlx.core as mx
+
+    # Every record leaves RAM at once. Boundaries crossed while decoding are not recomputed in
+    # the step: one record job after the request restores the prompt's last boundary (its only
+    # reads) and prefills the decoded blocks as chunks (block 48: the 128-token window reaches
+    # back over three blocks). Its restore is not counted as a request's reuse.
     lm = load_tiny(arch)
     store = RecordStore(0, MemoryDisk(), block_size=block)
     engine = Engine(lm, block_size=block, store=store)
-    out = engine.generate(random_tokens(300, seed=3), max_tokens=300)  # seed 3: no early EOS
+    tokens = random_tokens(300, seed=3)
+    out = engine.generate(tokens, max_tokens=300)  # seed 3: no early EOS
     assert len(out.token_ids) == 300
+    engine.drain()
+    st = engine.checkpointer.stats
     cached = 300 + 300 - 1  # the last token is sampled, never fed
-    assert engine.checkpointer.stats.blocks_recorded == cached // block
-    assert store.stats.disk_reads == 0 and store.stats.disk_misses == 0
+    assert st.blocks_recorded == cached // block and st.requests == 1
+    assert engine.scheduler.totals.recomputed_tokens == (cached // block - 300 // block) * block
+    assert store.stats.disk_misses == 0
+    history = tokens + out.token_ids
+    for cut in range((300 // block + 1) * block, len(history), block):
+        position, got = _restore_logits(engine, history[:cut] + [5])
+        assert position == cut
+        assert mx.array_equal(got, fresh_logits(lm, history[:cut] + [5], block)).item(), cut
 
 
 def test_release_drops_every_kind_under_the_keys():
