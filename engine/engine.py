@@ -225,8 +225,14 @@ class Engine:
 
     def release(self, keys: Sequence[bytes]) -> int:
         """Drop the checkpoints stored under `keys` (e.g. blocks only a removed branch used);
-        how many records were dropped."""
-        return self.checkpointer.release(list(keys)) if self.checkpointer else 0
+        how many records were dropped. Record jobs that would write any of them are dropped
+        first, so nothing released comes back."""
+        if self.checkpointer is None:
+            return 0
+        keys = list(keys)
+        if self._worker.is_alive:
+            self._worker.call(self.scheduler.drop_jobs, frozenset(keys))
+        return self.checkpointer.release(keys)
 
     def stats(self) -> dict:
         """Reuse, hits/misses per record kind, bytes per tier, evictions, and the queue."""

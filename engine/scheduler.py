@@ -211,6 +211,13 @@ class Scheduler:
             self.jobs.remove(job)
         return job
 
+    def drop_jobs(self, keys: frozenset) -> None:
+        """Forget the record jobs that would write a block under any of `keys` (released)."""
+        for job in [j for j in self.jobs if not keys.isdisjoint(j.keys)]:
+            self.jobs.remove(job)
+        if self.job is not None and not keys.isdisjoint(self.job.keys):
+            self.job.cache, self.job = None, None
+
     def _defer(self, seq: Sequence) -> None:
         """Queue the record job of a finished row that crossed boundaries while decoding."""
         if seq.deferred_to:

@@ -431,3 +431,20 @@ def test_record_jobs_wait_while_rows_decode_and_run_first_for_a_request_that_nee
     b.result()
     engine.drain()
     assert _queue(engine) == {"waiting": 0, "prefilling": 0, "running": 0, "record_jobs": 0}
+
+
+def test_released_blocks_are_not_recorded_again_by_a_pending_job():
+    lm = load_tiny("gemma3")
+    engine = _engine(lm)
+    prompt = random_tokens(100, seed=73)
+    no_eos = {t: -1e9 for t in lm.eos_token_ids}
+    with engine.paused():
+        handle = engine.submit(prompt, max_tokens=40, logit_bias=no_eos)  # decodes past 128
+        while not handle.done:
+            engine.step_once()
+        assert _queue(engine)["record_jobs"] == 1
+        keys = engine.block_keys(prompt + handle.result().token_ids)
+        assert engine.release(keys) > 0  # block 0's records, from the prompt's prefill
+        assert _queue(engine)["record_jobs"] == 0
+    engine.drain()
+    assert engine.release(keys) == 0  # nothing came back
