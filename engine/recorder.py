@@ -7,7 +7,8 @@ decoded blocks to a record job after the request (a prefill through this same re
 scheduler.py). For rows that cannot defer (vision), at a decode boundary n the recorder
 recomputes the block [n-B, n) as one chunk from the records of boundary n-B, records that,
 and swaps it into the live cache — one block of prefill per block decoded, and every
-checkpoint (and all decoding after it) matches a fresh prefill bit for bit. Caches whose kind `trims_exactly` (global K/V) just drop the decoded block instead.
+checkpoint (and all decoding after it) matches a fresh prefill bit for bit. Caches whose kind
+`trims_exactly` (global K/V) just drop the decoded block instead.
 If the records of n-B are gone, the boundary is simply not recorded.
 """
 

@@ -219,7 +219,8 @@ class Scheduler:
             self.job.cache, self.job = None, None
 
     def _defer(self, seq: Sequence) -> None:
-        """Queue the record job of a finished row that crossed boundaries while decoding."""
+        """Queue the record job of a finished row that crossed boundaries while decoding
+        (`deferred_to` is only ever set when this scheduler makes jobs)."""
         if seq.deferred_to:
             self.jobs.append(self.make_job(seq.tokens[:seq.deferred_to],
                                            seq.prompt_len // self.block_size))
@@ -273,8 +274,7 @@ class Scheduler:
             report.events.append((seq, event))
             if event.finish_reason is not None:
                 done.append(i)
-                if self.make_job is not None:
-                    self._defer(seq)
+                self._defer(seq)
         self._reshape(done, swapped)
 
     def _reshape(self, done: list[int], swapped: dict[int, list]) -> None:

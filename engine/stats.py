@@ -10,9 +10,9 @@ from __future__ import annotations
 
 def engine_stats(engine) -> dict:
     sched = engine.scheduler
-    out: dict = {"queue": {"waiting": len(sched.waiting), "prefilling": len(sched.prefilling),
-                           "running": len(sched.rows),
-                           "record_jobs": len(sched.jobs) + (sched.job is not None)}, "steps": sched.totals.as_dict()}
+    queue = {"waiting": len(sched.waiting), "prefilling": len(sched.prefilling),
+             "running": len(sched.rows), "record_jobs": len(sched.jobs) + (sched.job is not None)}
+    out: dict = {"queue": queue, "steps": sched.totals.as_dict()}
     ck = engine.checkpointer
     if ck is None:
         return {"checkpoints": False, **out}
