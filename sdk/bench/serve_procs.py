@@ -46,10 +46,11 @@ def _free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, name: str, cmd: list[str], port: int, model: str):
+    def __init__(self, name: str, cmd: list[str], port: int, model: str,
+                 env: dict[str, str] | None = None):
         self.name, self.port, self.model = name, port, model
         self._log = tempfile.TemporaryFile()
-        env = dict(os.environ, HF_HUB_OFFLINE="1")
+        env = dict(os.environ, HF_HUB_OFFLINE="1", **(env or {}))
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
 
     @property
@@ -73,14 +74,14 @@ class ServerProcess:
                 time.sleep(0.5)
 
     def peak_rss_mib(self) -> float | None:
-        """The process's peak resident set so far (Linux VmHWM), MiB."""
-        try:
-            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    return round(int(line.split()[1]) / 1024, 1)
-        except OSError:
-            pass
-        return None
+        """Peak resident set so far (Linux VmHWM), MiB, summed over the server's process and
+        its descendants (vLLM runs its engine in child processes); None where unreadable."""
+        pids, total = [self.proc.pid], 0
+        children = _children()
+        for pid in pids:
+            pids += children.get(pid, [])
+            total += _status(pid).get("VmHWM", 0)
+        return round(total / 1024, 1) if total else None
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -91,6 +92,30 @@ class ServerProcess:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+
+
+def _status(pid: int) -> dict[str, int]:
+    """The numeric fields of /proc/PID/status (kB for sizes); empty if it is gone."""
+    out = {}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if value.split() and value.split()[0].isdigit():
+                out[key] = int(value.split()[0])
+    except OSError:
+        pass
+    return out
+
+
+def _children() -> dict[int, list[int]]:
+    """Parent pid -> child pids, over every process now running."""
+    out: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            ppid = _status(int(d.name)).get("PPid")
+            if ppid is not None:
+                out.setdefault(ppid, []).append(int(d.name))
+    return out
 
 
 def start_forkv(model: str) -> ServerProcess:
