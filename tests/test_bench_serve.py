@@ -40,6 +40,16 @@ def test_vllm_view_names_the_architecture_and_links_the_files(cache):
     assert cluster_vllm.vllm_view(folder) == view  # again: same view, no error
 
 
+def test_vllm_views_of_two_folders_with_one_name_are_apart(cache):
+    a = _folder(cache, {"model_type": "qwen3"})
+    (cache / "other").mkdir()
+    b = _folder(cache / "other", {"model_type": "llama"})
+    va, vb = cluster_vllm.vllm_view(a), cluster_vllm.vllm_view(b)
+    assert va != vb
+    assert json.loads((vb / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    assert (vb / "model.safetensors").resolve() == (b / "model.safetensors").resolve()
+
+
 def test_vllm_view_keeps_a_folder_that_names_its_class(cache):
     folder = _folder(cache, {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]})
     assert cluster_vllm.vllm_view(folder) == folder

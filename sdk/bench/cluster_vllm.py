@@ -66,6 +66,7 @@ def vllm_view(folder: Path) -> Path:
     """`folder` itself if its config.json names vLLM's class, else a view of it (links to its
     files, config.json with `architectures` added) beside the demo models. Raises ValueError
     when vLLM's CPU build has no class for the model's type."""
+    import hashlib
     import json
 
     from forkv.engine.demo import cache_root
@@ -77,7 +78,9 @@ def vllm_view(folder: Path) -> Path:
     if arch is None:
         raise ValueError(f"vLLM's CPU build has no known class for model_type "
                          f"{config.get('model_type')!r} (config.json names no architectures).")
-    view = cache_root() / "demo" / f"vllm-view-{folder.name}"
+    # Named by the folder's full path: two folders with one name never share a view.
+    digest = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:10]
+    view = cache_root() / "demo" / f"vllm-view-{folder.name}-{digest}"
     view.mkdir(parents=True, exist_ok=True)
     for f in folder.iterdir():
         if f.name != "config.json" and not (view / f.name).exists():
