@@ -2,7 +2,7 @@
 and to mlx-lm's own `mlx_lm.server` on the same model folder, side by side in one run; and,
 where vLLM's CPU build is installed (see `cluster_vllm`), to vLLM on the same weights too.
 
-Five cases (each side gets the same requests, greedy, forkv first then the peer):
+Five cases (each side gets the same requests, greedy; forkv first, then mlx_lm.server, then vLLM):
 
 1. extend: multi-turn chat, each prompt extends the last exactly (the peer's LRU of prompt
    caches serves this well: parity is the target, forkv's later-turn TTFT within 10%);
@@ -13,11 +13,12 @@ Five cases (each side gets the same requests, greedy, forkv first then the peer)
 4. rewind: `rewind_turns` turns, then back to turn 2 and a new branch, both servers at their
    default cache sizes: `ttft_speedup_rewind`;
 5. concurrent: clients sharing a system prompt at once: `concurrent_throughput_ratio`
-   (generated tokens/s, forkv ÷ peer), and both servers' peak RSS over the whole run.
+   (generated tokens/s, forkv ÷ peer), and every server's peak RSS over the whole run.
 
 Texts are sized in the model's own tokens and drawn from a fixed seed, so every side and
 repeated runs see the same prompts. The vLLM figures (`*_vs_vllm`, forkv against vLLM with its
-prefix caching) have no targets yet: the first measurement sets them. Knows the cases; the processes are in `serve_procs`.
+prefix caching) have no targets yet: the first measurement sets them. Knows the cases; the
+processes are in `serve_procs` and `cluster_vllm`.
 """
 
 from __future__ import annotations
@@ -190,7 +191,7 @@ def run_serve_bench(model: str = "demo:gemma3:small", quick: bool = False, reps:
     notes = []
     if vllm == "off" or (vllm == "auto" and quick):
         notes.append("No vLLM side: --quick or vllm=off (--set vllm=on starts it).")
-    elif vllm_python() is None:
+    elif (python := vllm_python()) is None:
         if vllm == "on":
             raise ValueError("vllm=on needs vLLM's CPU build in .venv-vllm (or "
                              "FORKV_VLLM_PYTHON); .ci/run shows how to make it.")
@@ -199,7 +200,7 @@ def run_serve_bench(model: str = "demo:gemma3:small", quick: bool = False, reps:
     else:
         try:
             view = vllm_view(folder)
-            starts["vllm"] = lambda: start_vllm(vllm_python(), view, name="bench",
+            starts["vllm"] = lambda: start_vllm(python, view, name="bench",
                                                 max_model_len=16384, kv_space_gib=4,
                                                 threads=os.cpu_count())
         except ValueError as e:

@@ -50,7 +50,7 @@ class ServerProcess:
                  env: dict[str, str] | None = None):
         self.name, self.port, self.model = name, port, model
         self._log = tempfile.TemporaryFile()
-        env = dict(os.environ, HF_HUB_OFFLINE="1", **(env or {}))
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}  # `env` wins
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
 
     @property
