@@ -1,7 +1,8 @@
 """Chained block keys: key(i) = H(key(i-1) || tokens of block i || extra hashes of block i).
 
-The chain is seeded with the model fingerprint, the block size and a namespace (tenant) salt,
-so blocks never match across models, block sizes or tenants. A key only finds a candidate
+The chain is seeded with the model fingerprint, the block size, a namespace (tenant) salt and
+the chunking (turn ends, see turns.py), so blocks never match across models, block sizes,
+tenants or chunkings. A key only finds a candidate
 record; the record's stored tokens confirm the hit. Knows nothing about caches or stores.
 """
 
@@ -19,13 +20,16 @@ def tokens_bytes(tokens: Sequence[int]) -> bytes:
 
 
 class BlockKeyer:
-    def __init__(self, fingerprint: bytes, block_size: int = 256, namespace: str | bytes = b""):
+    def __init__(self, fingerprint: bytes, block_size: int = 256, namespace: str | bytes = b"",
+                 chunking: bytes = b""):
         if isinstance(namespace, str):
             namespace = namespace.encode()
         self.block_size = block_size
         h = hashlib.sha256(KEY_VERSION)
         for part in (fingerprint, str(block_size).encode(), namespace):
             h.update(len(part).to_bytes(8, "little") + part)  # length-prefixed: no ambiguity
+        if chunking:  # (absent for block-aligned chunks only, so those keys stay as they were)
+            h.update(b"chunking" + len(chunking).to_bytes(8, "little") + chunking)
         self.seed = h.digest()
 
     def keys(self, tokens: Sequence[int], extras: dict[int, Sequence[bytes]] | None = None,

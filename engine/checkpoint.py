@@ -20,6 +20,10 @@ from .layout import CacheKind
 from .recorder import SequenceRecorder
 from .records import Record, rebuild
 from .recordstore import RecordStore
+from .turns import Turns
+
+
+_STAT_KINDS = sorted(_kinds.record_names() | {"turn_end"})
 
 
 @dataclass(slots=True)
@@ -29,9 +33,11 @@ class CheckpointStats:
     tokens_computed: int = 0
     blocks_recorded: int = 0
     restore_s: float = 0.0
-    hits: dict = field(default_factory=lambda: dict.fromkeys(sorted(_kinds.record_names()), 0))
-    misses: dict = field(default_factory=lambda: dict.fromkeys(sorted(_kinds.record_names()), 0))
+    # Per record kind, and "turn_end" for the partial-block checkpoints at turn ends (turns.py)
+    hits: dict = field(default_factory=lambda: dict.fromkeys(_STAT_KINDS, 0))
+    misses: dict = field(default_factory=lambda: dict.fromkeys(_STAT_KINDS, 0))
     rejected: int = 0  # records that failed verification or decoding
+    turn_ends_recorded: int = 0
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__slots__}
@@ -52,7 +58,6 @@ class Checkpointer:
         self.layout = lm.layout
         self.store = store
         self.block_size = block_size
-        self.keyer = BlockKeyer(lm.fingerprint, block_size, namespace)
         for tier in getattr(store, "tiers", None) or [getattr(store, "disk", None)]:
             if hasattr(tier, "bind_model"):  # a persistent store holds one model's checkpoints
                 tier.bind_model(lm.fingerprint)
@@ -63,6 +68,10 @@ class Checkpointer:
             # boundary is restorable only with its EXTRA record (see vision_ckpt.py).
             self.kinds.add(CacheKind.EXTRA)
         self.stats = CheckpointStats()
+        # Chunk edges and checkpoints after each generation prompt (None: blocks only).
+        self.turns = Turns.for_checkpointer(self)
+        self.keyer = BlockKeyer(lm.fingerprint, block_size, namespace,
+                                self.turns.seed_part if self.turns else b"")
 
     # -- restore -----------------------------------------------------------------------------
     def restore(self, tokens: Sequence[int], extras: dict | None = None,
@@ -150,6 +159,25 @@ class Checkpointer:
             # Arrays that do not fit this model (shape, dtype, names): treat as a miss.
             self.stats.rejected += 1
             return None
+
+    def restore_run(self, tokens: Sequence[int], count: bool = True) -> Restored:
+        """`restore` for a text run: the longest block prefix, then on to a turn end in the
+        next block if one is checkpointed."""
+        r = self.restore(tokens, count=count)
+        if self.turns is not None:
+            self.turns.restore(r, tokens, count)
+        return r
+
+    def model_for(self, tokens: Sequence[int], keys: Sequence[bytes] | None = None):
+        """The model callable a text run of `tokens` prefills with: one that also cuts (and,
+        given the block keys, records) at turn ends, or the plain model."""
+        model = self.lm.model
+        return model if self.turns is None else self.turns.model(model, tokens, keys)
+
+    def checkpoint_keys(self, tokens: Sequence[int]) -> list[bytes]:
+        """Every key a run of `tokens` records under: its full blocks, then its turn ends."""
+        keys = self.keyer.keys(tokens)
+        return keys + (list(self.turns.keys(tokens, keys).values()) if self.turns else [])
 
     # -- release -----------------------------------------------------------------------------
     def release(self, keys: Sequence[bytes]) -> int:

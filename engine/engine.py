@@ -131,6 +131,9 @@ class Engine:
         seq = make_sequence(rid, tokens, params, self.lm, self._vocab_limit)
         seq.request, seq.progress = request, progress
         seq.keys = self.block_keys(tokens)  # (image hashes aside: only for scheduling)
+        ck = self.checkpointer
+        if ck is not None and ck.turns is not None and request is None:
+            seq.turn_ends = ck.turns.ends(tokens[:-1])
         self._worker.post(self._add, handle, seq)
         return handle
 
@@ -222,6 +225,20 @@ class Engine:
     def block_keys(self, tokens: Sequence[int]) -> list[bytes]:
         """Chained keys of every full block of `tokens` (empty without checkpoints)."""
         return self.checkpointer.keyer.keys(tokens) if self.checkpointer else []
+
+    def turn_keys(self, tokens: Sequence[int]) -> dict[int, bytes]:
+        """The keys of the turn-end checkpoints a run of `tokens` records, by position (see
+        turns.py; empty for models without a chat template)."""
+        ck = self.checkpointer
+        if ck is None or ck.turns is None:
+            return {}
+        return ck.turns.keys(tokens, ck.keyer.keys(tokens))
+
+    def checkpoint_keys(self, tokens: Sequence[int]) -> list[bytes]:
+        """Every key a run of `tokens` records checkpoints under: the block keys, then those
+        of the partial-block checkpoints at its turn ends (see turns.py). What to `release`
+        when `tokens` will not be asked for again."""
+        return self.checkpointer.checkpoint_keys(tokens) if self.checkpointer else []
 
     def release(self, keys: Sequence[bytes]) -> int:
         """Drop the checkpoints stored under `keys` (e.g. blocks only a removed branch used);

@@ -3,8 +3,9 @@
 Prefill runs in chunks that end exactly on block boundaries (multiples of `block_size`), so a
 checkpoint hook sees the model state at every boundary, and a run that starts from a restored
 boundary computes exactly what a fresh run computes from there (the engine's sequences prefill
-with the same `chunk_ends`). Knows nothing about text, keys or stores: the hook decides what
-to record.
+with the same `chunk_ends`). Text runs also cut inside a chunk at turn ends: the model callable
+they pass does that (turns.TurnModel), as a vision request's does at image ends. Knows nothing
+about text, keys or stores: the hook decides what to record.
 """
 
 from __future__ import annotations

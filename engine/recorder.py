@@ -79,7 +79,10 @@ class SequenceRecorder:
             else:
                 # K/V before `start` are already canonical; drop the decoded block's.
                 get_leaf(cache, leaf.path).trim(B)
-        self.model(mx.array(tokens[start:pos])[None], cache=cache)
+        model = self.model
+        if model is ck.lm.model and ck.turns is not None:
+            model = ck.model_for(tokens[:pos])  # cut at turn ends as a fresh prefill does
+        model(mx.array(tokens[start:pos])[None], cache=cache)
         mx.eval([c.state for c in cache])
         return True
 

@@ -32,18 +32,20 @@ class TextRunner:
         return self.engine.encode(prompt), None
 
     def prepare(self, seq) -> None:
-        """Give `seq` a cache restored from the longest checkpointed prefix, its position and
-        its boundary recorder."""
+        """Give `seq` a cache restored from the longest checkpointed prefix (a block boundary,
+        or a turn end after it), its position, its boundary recorder and the model callable
+        that cuts and records its turn ends."""
         ck = self.engine.checkpointer
         if ck is None:
             seq.cache, seq.pos, seq.hook = self.engine.lm.make_cache(), 0, None
             return
         t0 = time.perf_counter()
-        restored = ck.restore(seq.tokens, count=not seq.is_record_job)
+        restored = ck.restore_run(seq.tokens, count=not seq.is_record_job)
         seq.timings.restore_s = time.perf_counter() - t0
         seq.timings.reused_tokens = restored.position
         seq.cache, seq.pos, seq.hook = restored.cache, restored.position, ck.recorder(
             restored.keys)
+        seq.model = ck.model_for(seq.tokens, restored.keys)
 
     def decode(self, rows, inputs, caches):
         return self.engine.lm.model(inputs, cache=caches)

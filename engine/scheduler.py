@@ -155,10 +155,17 @@ class Scheduler:
 
     def _awaits_shared_prefill(self, seq: Sequence) -> bool:
         """Whether a prefilling sequence (or record job) has yet to record blocks this one
-        starts with."""
-        for p in [*self.prefilling, *([self.job] if self.job else [])] if seq.keys else ():
+        starts with, or a turn end past them (forks of one prompt: tree of thought)."""
+        if not (seq.keys or seq.turn_ends):
+            return False
+        for p in [*self.prefilling, *([self.job] if self.job else [])]:
             shared = _shared(seq.keys, p.keys)
             if shared and p.pos < shared * self.block_size:
+                return True
+            # turn ends of seq past p's position, in or right after the blocks they share
+            ahead = [e for e in seq.turn_ends if e > p.pos and e // self.block_size <= shared]
+            if ahead and any(e <= _common_prefix(seq.tokens, p.tokens, ahead[-1])
+                             for e in ahead):
                 return True
         return False
 
@@ -196,7 +203,7 @@ class Scheduler:
             return
         if job.is_prefilling:
             n = job.next_chunk(self.block_size)
-            job.prefill_chunk(self.runner.engine.lm.model, self.block_size)
+            job.prefill_chunk(job.model or self.runner.engine.lm.model, self.block_size)
             report.recomputed += n
         if not job.is_prefilling:
             job.cache, self.job = None, None
@@ -212,10 +219,12 @@ class Scheduler:
         return job
 
     def drop_jobs(self, keys: frozenset) -> None:
-        """Forget the record jobs that would write a block under any of `keys` (released)."""
-        for job in [j for j in self.jobs if not keys.isdisjoint(j.keys)]:
+        """Forget the record jobs that would write a checkpoint under any of `keys`
+        (released)."""
+        writes = self.runner.engine.checkpoint_keys
+        for job in [j for j in self.jobs if not keys.isdisjoint(writes(j.tokens))]:
             self.jobs.remove(job)
-        if self.job is not None and not keys.isdisjoint(self.job.keys):
+        if self.job is not None and not keys.isdisjoint(writes(self.job.tokens)):
             self.job.cache, self.job = None, None
 
     def _defer(self, seq: Sequence) -> None:
@@ -297,6 +306,12 @@ class Scheduler:
 def _shared(a: list, b: list) -> int:
     """How many leading block keys `a` and `b` have in common."""
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def _common_prefix(a: list, b: list, limit: int) -> int:
+    """How many leading tokens `a` and `b` share, counted up to `limit`."""
+    n = min(len(a), len(b), limit)
+    return next((i for i in range(n) if a[i] != b[i]), n)
 
 
 def _top(logprobs, k: int) -> dict | None:

@@ -1,8 +1,9 @@
 """One request on the engine: its tokens, prefill cursor, sampler, text and timings.
 
 A sequence prefills on its own single-row cache, one block-aligned chunk at a time (the same
-chunks and evaluation as `generate.prefill`, so its records and logits match a fresh
-block-aligned prefill bit for bit), then hands that cache to the batch. Each sampled token goes
+chunks and evaluation as `generate.prefill`, and the same model callable — which also cuts at
+turn ends (turns.py) or image ends — so its records and logits match a fresh prefill bit for
+bit), then hands that cache to the batch. Each sampled token goes
 through `accept`, the one place with the stop rules (EOS, stop strings, max_tokens), which
 turns the token into a `GenerationEvent`. Knows nothing about other sequences.
 """
@@ -45,6 +46,7 @@ class Sequence:
     deferred_to: int = 0  # the last block boundary crossed while decoding, not yet recorded
     is_record_job: bool = False  # a prefill-only job that records decoded blocks
     first_block: int = 0  # record jobs: the first block they exist to record
+    turn_ends: list = field(default_factory=list)  # restorable turn ends of the prompt
 
     @property
     def is_prefilling(self) -> bool:

@@ -26,6 +26,7 @@ import hashlib
 from .blocks import tokens_bytes
 from .images import VisionPrompt
 from .layout import CacheKind
+from .partial import apply, required_names, snapshot, supports_partial
 from .records import Record
 
 IMAGE_END_TAG = b"forkv-image-end-v2"
@@ -39,52 +40,9 @@ def position_record(block: int, tokens: bytes, state: int) -> Record:
     return Record(CacheKind.EXTRA, block, tokens, {"next_pos": mx.array([state], mx.int64)})
 
 
-_IMAGE_END_KINDS = {CacheKind.GLOBAL, CacheKind.WINDOW, CacheKind.STATE, CacheKind.EXTRA}
-_SCALARS = (bool, int, float)
-
-
 def supports_image_ends(ck) -> bool:
     """Image ends are checkpointed when every layer is one cache of a kind copied here."""
-    return (ck.enabled and set(ck.kinds) <= _IMAGE_END_KINDS
-            and all(len(leaf.path) == 1 for leaf in ck.layout.layers))
-
-
-def _layers(ck) -> tuple[list[int], list[int]]:
-    """(global layers, every other layer)."""
-    is_global = {leaf.index: leaf.kind == CacheKind.GLOBAL for leaf in ck.layout.layers}
-    return ([i for i, g in is_global.items() if g], [i for i, g in is_global.items() if not g])
-
-
-def _copy_attrs(cache, prefix: str) -> dict:
-    """A cache object's attributes as arrays (numbers as 0-d arrays, lists item by item)."""
-    import mlx.core as mx
-
-    out = {}
-    for name, v in vars(cache).items():
-        if isinstance(v, mx.array):
-            out[f"{prefix}{name}"] = mx.array(v)  # a copy: caches update in place
-        elif isinstance(v, _SCALARS):
-            out[f"{prefix}{name}#"] = mx.array(v)
-        elif isinstance(v, (list, tuple)) and all(isinstance(x, (mx.array, type(None))) for x in v):
-            out[f"{prefix}{name}#len"] = mx.array(len(v))
-            out.update({f"{prefix}{name}.{j}": mx.array(x) for j, x in enumerate(v)
-                        if x is not None})
-        elif v is not None:
-            raise ValueError(f"cannot copy {type(cache).__name__}.{name}")
-    return out
-
-
-def _set_attrs(cache, arrays: dict, prefix: str) -> None:
-    """The inverse of `_copy_attrs` on a cache of the same class."""
-    for name, v in list(vars(cache).items()):
-        if f"{prefix}{name}#" in arrays:
-            setattr(cache, name, type(v)(arrays[f"{prefix}{name}#"].item()))
-        elif f"{prefix}{name}#len" in arrays:
-            n = int(arrays[f"{prefix}{name}#len"].item())
-            items = [arrays.get(f"{prefix}{name}.{j}") for j in range(n)]
-            setattr(cache, name, type(v)(items) if isinstance(v, tuple) else items)
-        else:
-            setattr(cache, name, arrays.get(f"{prefix}{name}"))
+    return supports_partial(ck)
 
 
 def image_end_key(ck, keys: list[bytes], request: VisionPrompt, end: int) -> bytes:
@@ -130,15 +88,11 @@ class VisionRecorder:
         if ck.store.contains(key, CacheKind.EXTRA):
             return
         lo = end // B * B
-        arrays = {"next_pos": mx.array([self.seq.positions.state_at(end)], mx.int64)}
-        global_layers, others = _layers(ck)
-        for i in global_layers:
-            c = cache[i]
-            assert c.offset == end, f"layer {i} holds {c.offset} tokens, expected {end}"
-            arrays[f"{i}.k"] = mx.array(c.keys[..., lo:end, :])  # copies: caches update
-            arrays[f"{i}.v"] = mx.array(c.values[..., lo:end, :])  # in place
-        for i in others:
-            arrays.update(_copy_attrs(cache[i], f"{i}:"))
+        try:
+            arrays = snapshot(ck, cache, end)
+        except ValueError:
+            return
+        arrays["next_pos"] = mx.array([self.seq.positions.state_at(end)], mx.int64)
         mx.eval(arrays)
         ck.store.put(key, Record(CacheKind.EXTRA, end // B, tokens_bytes(
             self.request.tokens[lo:end]), arrays))
@@ -175,45 +129,18 @@ def _state(extra: dict, position: int) -> int:
 
 def _restore_image_end(ck, r, request: VisionPrompt, end: int) -> dict | None:
     """Append the image end's K/V to the restored global caches (which hold its block's
-    start) and put its copies of the other layers' caches in place."""
-    import mlx.core as mx
-
+    start) and put its copies of the other layers' caches in place (partial.py)."""
     lo = end // ck.block_size * ck.block_size
     key = image_end_key(ck, r.keys, request, end)
     record = ck.store.get(key, CacheKind.EXTRA)
     if record is None:
         return None
-    layers, others = _layers(ck)
-    names = {"next_pos"} | {f"{i}.{s}" for i in layers for s in "kv"}
+    names = {"next_pos"} | required_names(ck)
     if record.tokens != tokens_bytes(request.tokens[lo:end]) or not names <= set(record.arrays):
         ck.stats.rejected += 1  # same key, other content: never reuse
         ck.store.discard(key, CacheKind.EXTRA)
         return None
-    try:
-        parts = {}
-        for i in layers:
-            c, k, v = r.cache[i], record.arrays[f"{i}.k"], record.arrays[f"{i}.v"]
-            if lo:
-                k = mx.concatenate([c.keys[..., :lo, :], k], axis=2)
-                v = mx.concatenate([c.values[..., :lo, :], v], axis=2)
-            if k.shape[2] != end or v.shape[2] != end:
-                raise ValueError(f"layer {i}: the record does not continue this cache")
-            parts[i] = (k, v)
-    except ValueError:  # arrays that do not fit this model (shapes): a miss
+    if not apply(ck, r.cache, record.arrays, end):
         ck.stats.rejected += 1
         return None
-    fresh = ck.lm.make_cache()  # the other layers take the image end's copies whole
-    try:
-        for i in others:
-            _set_attrs(fresh[i], record.arrays, f"{i}:")
-    except (KeyError, TypeError, ValueError):
-        ck.stats.rejected += 1
-        return None
-    for i, (k, v) in parts.items():
-        c = r.cache[i]
-        c.keys, c.values, c.offset = k, v, end
-    for i in others:
-        r.cache[i] = fresh[i]
-    mx.eval([c.state for c in r.cache])
     return record.arrays
-

@@ -223,7 +223,8 @@ class Node(BaseModel):
     Given nodes (system, user, tool, and reasoning/final built with `text=`) are `done` at
     once. Nodes built with `gen` settings are `pending` until `Tree.attach` stores the
     generated text in `text` and the details in `result`. `span` and `blocks` are the token
-    span and covering blocks from the last `Tree.record_render` of a path through the node.
+    span and covering blocks from the last `Tree.record_render` of a path through the node;
+    `turn_keys` the keys of the engine's turn-end checkpoints right after its tokens.
     `copied_from` names the node a prune copied this one from (text kept verbatim).
     `tools` are the tools declared here (seen by every node below); `tool_calls` the calls a
     final node made (parsed from its text once generated); `tool_call_id` the call a tool
@@ -244,6 +245,7 @@ class Node(BaseModel):
     error: str | None = None
     span: tuple[int, int] | None = None
     blocks: list[BlockRef] = []
+    turn_keys: list[str] = []
     copied_from: str | None = None
     meta: dict[str, Any] = {}
     tools: list[ToolSpec] = []

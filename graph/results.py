@@ -7,7 +7,7 @@ results are computed or how keys are derived (the engine's business).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from .errors import NodeStateError
@@ -79,15 +79,22 @@ class ResultsMixin:
                     node.id,
                 )
         node.status, node.text, node.result, node.error = "pending", None, None, None
-        node.span, node.blocks = None, []
+        node.span, node.blocks, node.turn_keys = None, [], []
         return node
 
     def record_render(
-        self, rendered: RenderedPath, block_keys: Sequence[str] = (), block_size: int = 256
+        self,
+        rendered: RenderedPath,
+        block_keys: Sequence[str] = (),
+        block_size: int = 256,
+        turn_keys: Mapping[int, str] | None = None,
     ) -> None:
         """Store each path node's span and covering blocks (with keys where given) from a render.
 
-        `block_keys[i]` is the engine's hex key of full block i of `rendered.token_ids`.
+        `block_keys[i]` is the engine's hex key of full block i of `rendered.token_ids`;
+        `turn_keys` maps a token position to the hex key of the engine's checkpoint there (a
+        turn end), added to the node whose span holds the token before it (or the last node
+        starting before it).
         """
         self.block_size = block_size
         for node_id, blocks in rendered.blocks(block_size).items():
@@ -97,10 +104,23 @@ class ResultsMixin:
                 BlockRef(index=i, key=block_keys[i] if i < len(block_keys) else None)
                 for i in blocks
             ]
+        # Turn keys accumulate: a later render of the path may place a node's tokens
+        # differently, and the checkpoints of the earlier one stay in the store until released.
+        starts = sorted((span[0], node_id) for node_id, span in rendered.spans.items())
+        for pos, key in sorted((turn_keys or {}).items()):
+            owner = [node_id for start, node_id in starts if start < pos]
+            node = self._resolve(owner[-1]) if owner else None
+            if node is not None and key not in node.turn_keys:
+                node.turn_keys.append(key)
 
     def keys_only_in(self, node: NodeLike) -> set[str]:
-        """Block keys used by `node`'s subtree and by no other node (safe to release)."""
+        """Checkpoint keys (blocks and turn ends) used by `node`'s subtree and by no other
+        node (safe to release)."""
         node = self._resolve(node)
         inside = {node.id} | {n.id for n in self.descendants(node)}
-        mine = {b.key for n in inside for b in self[n].blocks if b.key}
-        return mine - {b.key for n in self if n.id not in inside for b in n.blocks if b.key}
+        mine = set().union(*(_keys(self[n]) for n in inside))
+        return mine - set().union(*(_keys(n) for n in self if n.id not in inside))
+
+
+def _keys(node: Node) -> set[str]:
+    return {b.key for b in node.blocks if b.key} | set(node.turn_keys)

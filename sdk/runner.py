@@ -65,11 +65,15 @@ def sampling_params(gen: GenSettings) -> SamplingParams:
 
 
 def record_render(engine: Engine, tree: Tree, rendered: RenderedPath) -> None:
-    """Store spans and the engine's block keys of `rendered` on its nodes."""
-    keys = engine.block_keys(rendered.token_ids)
+    """Store spans and the engine's checkpoint keys of `rendered` (blocks, turn ends) on its
+    nodes."""
     if rendered.images:  # the engine keys expanded image tokens and image hashes: not these
-        keys = []
-    tree.record_render(rendered, [k.hex() for k in keys], engine.block_size)
+        tree.record_render(rendered, [], engine.block_size)
+        return
+    keys = engine.block_keys(rendered.token_ids)
+    turns = getattr(engine, "turn_keys", lambda tokens: {})(rendered.token_ids)
+    tree.record_render(rendered, [k.hex() for k in keys], engine.block_size,
+                       {pos: k.hex() for pos, k in turns.items()})
 
 
 def _clean_text(kind: str, text: str, finish: str | None, last_id: int | None,

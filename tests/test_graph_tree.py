@@ -197,6 +197,21 @@ def test_record_render_and_keys_only_in():
     assert t.keys_only_in(a) == {"ka"} and t.keys_only_in(u) == {"k0", "k1", "ka", "kb"}
 
 
+def test_turn_keys_go_to_the_node_before_them_and_are_released_with_it():
+    t = Tree()
+    u = t.user("x" * 40)
+    a = u.final(text="a" * 50)
+    b = u.final(text="b" * 50)
+    tok = ToyTokenizer()
+    # u spans [0, 48): a turn end at 48 follows u's last token; one at 100 is inside a / b.
+    t.record_render(render(t, a, tok), ["k0"], 32, {48: "tu", 100: "ta"})
+    t.record_render(render(t, b, tok), ["k0"], 32, {48: "tu", 100: "tb"})
+    assert u.turn_keys == ["tu"] and a.turn_keys == ["ta"] and b.turn_keys == ["tb"]
+    assert t.keys_only_in(a) == {"ta"} and t.keys_only_in(u) == {"k0", "tu", "ta", "tb"}
+    t.record_render(render(t, a, tok), ["k0"], 32, {48: "tu", 100: "ta2"})
+    assert a.turn_keys == ["ta", "ta2"]  # a render that moved a's tokens: both get released
+
+
 def test_check_model():
     t = Tree(model_id="tiny-dense")
     t.check_model("tiny-dense")

@@ -67,6 +67,19 @@ def test_delete_removes_the_subtree(client, url):
     assert client.responses.retrieve(other.id).id == other.id
 
 
+def test_delete_releases_turn_end_checkpoints(client, url):
+    # Under one block: the only checkpoints are at the prompts' ends (after the generation
+    # prompt), which the follow-up restores and DELETE releases.
+    root = client.responses.create(model=MODEL, input="A short question?", max_output_tokens=2,
+                                   temperature=0)
+    child = client.responses.create(model=MODEL, previous_response_id=root.id,
+                                    input="A follow-up?", max_output_tokens=2, temperature=0)
+    assert child.usage.input_tokens < 256
+    assert child.usage.input_tokens_details.cached_tokens > root.usage.input_tokens - 4
+    status, body = http("DELETE", f"{url}/v1/responses/{root.id}")
+    assert status == 200 and body["released_records"] == 2  # both prompts' ends
+
+
 def test_a_subtree_still_generating_cannot_be_deleted(client, url):
     root = client.responses.create(model=MODEL, input="root", max_output_tokens=2)
     conn = httpclient.HTTPConnection("127.0.0.1", int(url.rsplit(":", 1)[1]), timeout=60)

@@ -42,9 +42,12 @@ def test_run_computes_in_dependency_order_with_stats(session):
         assert n.result.finish_reason in ("stop", "length") and t["wall_s"] > 0
         assert n.span is not None and n.blocks  # spans and block keys recorded
     assert branches[0].result.stats.tokens_reused == 0
-    # the second branch shares the first's prompt: every full block is restored
-    prompt = branches[1].result.timings["prompt_tokens"]
-    assert branches[1].result.stats.tokens_reused == (prompt - 1) // 256 * 256 > 0
+    # the second branch shares the first's prompt: restored up to its turn end (past the last
+    # full block: the generation prompt's end, where the reasoning opener follows)
+    tokens = session.prompt(branches[1]).token_ids
+    end = session.engine.checkpointer.turns.ends(tokens[:-1])[-1]
+    assert end > (len(tokens) - 1) // 256 * 256 > 0
+    assert branches[1].result.stats.tokens_reused == end
     assert session.tree.model_id == session.model_id
     assert session.tree.model_id.startswith("demo:gemma3:tiny@")
     assert session.run() == []  # nothing left
@@ -193,6 +196,27 @@ def test_remove_releases_blocks_only_that_subtree_used(session):
     assert only and all(has(k) for k in only | shared)
     assert session.remove(r) == [r.id, f.id]
     assert not any(has(k) for k in only) and all(has(k) for k in shared)
+
+
+def test_turn_ends_are_reused_and_released_with_the_subtree_that_made_them(session):
+    u = session.system("Be brief.").user("A short question?")
+    a = u.final({"max_tokens": 2})
+    session.run()
+    q = a.user("And a follow-up?")
+    g = q.final({"max_tokens": 2})
+    session.run()
+    # The follow-up restores the first prompt's end (under one block: no block record).
+    first = session.engine.encode([{"role": "system", "content": "Be brief."},
+                                   {"role": "user", "content": "A short question?"}])
+    assert len(first) < 256 and g.result.stats.tokens_reused == len(first)
+    store = session.engine.store
+    has = lambda k: store.contains(bytes.fromhex(k), CacheKind.EXTRA)
+    mine = session.tree.keys_only_in(q)
+    assert mine and all(has(k) for k in mine)  # the follow-up prompt's end
+    kept = set().union(*(n.turn_keys for n in (u, a)))
+    assert kept and all(has(k) for k in kept)
+    session.remove(q)
+    assert not any(has(k) for k in mine) and all(has(k) for k in kept)
 
 
 def test_session_over_an_engine_and_settings_rules():

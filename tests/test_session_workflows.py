@@ -1,7 +1,7 @@
 """The issue's acceptance checks, end to end on the sliding-window and hybrid demo models.
 
-Each prune or rewind computes at most the tokens after the last block boundary of the reused
-prefix plus the new tokens (asserted from per-node stats); fork k=4 computes the shared prefix
+Each prune or rewind computes at most the tokens after the last block boundary (or turn end)
+of the reused prefix plus the new tokens (asserted from per-node stats); fork k=4 computes the shared prefix
 once; a pruned or rewound path generates exactly what a fresh, checkpoint-free run does.
 """
 
@@ -27,6 +27,7 @@ class Checked:
     def __init__(self, session):
         self.session = session
         self.history = []  # token sequences the engine has computed (and so checkpointed)
+        self.prompts = []  # the prompts among them (prefilled, so their turn ends recorded)
 
     def run(self, node):
         prompt = self.session.prompt(node).token_ids
@@ -34,12 +35,18 @@ class Checked:
         st = done.result.stats
         lcp = max((common_prefix(prompt, h) for h in self.history), default=0)
         reusable = min(lcp, len(prompt) - 1) // B * B  # the last block boundary of the prefix
+        # ... or a turn end after it (turns.py) that an earlier prompt went through
+        turns = self.session.engine.checkpointer.turns
+        ends = [e for e in turns.ends(prompt) if e // B * B == reusable and e < len(prompt)
+                and any(common_prefix(prompt, p) >= e for p in self.prompts)] if turns else []
+        reusable = max(ends, default=reusable)
         assert st.tokens_reused + st.tokens_computed == len(prompt)
         # (lcp - reusable) tokens after the boundary + (len(prompt) - lcp) new tokens
         assert st.tokens_computed <= (lcp - reusable) + (len(prompt) - lcp), done.id
         assert st.tokens_reused == reusable, done.id  # every checkpoint on the prefix is used
         # the last generated token is never fed back, so it is not in any checkpoint
         self.history.append(prompt + done.result.token_ids[:-1])
+        self.prompts.append(prompt)
         return done
 
 
@@ -98,7 +105,10 @@ def test_fork_computes_the_shared_prefix_once(arch):
         prompt = branches[0].result.timings["prompt_tokens"]
         stats = [b.result.stats for b in branches]
         assert stats[0].tokens_reused == 0 and stats[0].tokens_computed == prompt
-        for st in stats[1:]:  # every full block of the shared prompt is restored
-            assert st.tokens_reused == (prompt - 1) // B * B >= 3 * B
-            assert st.tokens_computed == prompt - st.tokens_reused < B
+        # every full block of the shared prompt is restored, and its turn end past them
+        end = s.engine.checkpointer.turns.ends(s.prompt(branches[1]).token_ids[:-1])[-1]
+        assert end > (prompt - 1) // B * B >= 3 * B
+        for st in stats[1:]:
+            assert st.tokens_reused == end
+            assert st.tokens_computed == prompt - end < 8
         assert len({tuple(b.result.token_ids) for b in branches}) > 1  # seeds differ

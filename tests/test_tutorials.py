@@ -41,9 +41,13 @@ def test_02_branch_and_prune_reuses_on_every_prune_and_rewind():
     out = run("02_branch_and_prune.py")
     lines = {line.split("  ")[0].strip(): line for line in out.splitlines() if "reused" in line}
     assert "reused     0" in lines["reasoning"] and "generated  320" in lines["reasoning"]
+    reused = {step: int(line.split("reused")[1].split()[0]) for step, line in lines.items()}
+    prompt = int(lines["reasoning"].split("prompt")[1].split()[0])
     for step in ("follow-up on the pruned path", "other follow-up (rewind)",
                  "second reasoning (rewind)"):
-        assert "reused  1280" in lines[step], lines[step]
+        # past the last block boundary (1280): the user turn's end, where the reasoning began
+        assert 1280 < reused[step] < prompt, lines[step]
+    assert reused["second reasoning (rewind)"] >= prompt - 8
     assert "system:s1 -> user:u2 -> final:f5 -> user:u6 -> final:f7" in out
 
 

@@ -4,8 +4,10 @@ The agent prefills a system prompt and a long user turn (a module to review, sev
 blocks), reasons at length, answers, then *prunes* its reasoning: the conversation continues
 as system -> user -> answer, with the answer kept verbatim, and the thinking gone. On sliding-
 window and hybrid models the cache cannot be trimmed back to the user turn, so without
-checkpoints every prune costs a full prefill. forkv restores the last block boundary of the
-shared prefix and computes only the rest. Each step prints tokens reused vs computed.
+checkpoints every prune costs a full prefill. forkv restores the shared prefix up to the last
+block boundary or, past it, the end of the last prompt it shares (a turn end: right after the
+chat template's generation prompt) and computes only the rest. Each step prints tokens reused
+vs computed.
 
 Run:  python tutorials/02_branch_and_prune.py [MODEL]     (default: demo:gemma3:tiny)
 """
@@ -63,7 +65,7 @@ def main(model: str) -> None:
         session.run(again)
         report("second reasoning (rewind)", again)
 
-        # Every prune/rewind computed only what follows the last block boundary it shares.
+        # Every prune/rewind computed only what follows the last checkpoint it shares.
         for node in (follow, other, again):
             assert node.result.stats.tokens_reused >= 3 * session.engine.block_size
         print(f"\n{len(session.tree)} nodes; paths:")

@@ -284,6 +284,10 @@ class RemoteBackend:
             out.append(key)
         return out
 
+    def turn_keys(self, tokens) -> dict[int, bytes]:
+        """None here: the server places its own checkpoints (block keys are bookkeeping)."""
+        return {}
+
     def release(self, keys) -> None:
         """Nothing to do: OpenAI-compatible servers evict their prefix caches themselves."""
 

@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from forkv.graph import render
+from forkv.runner import record_render
 
 from .auth import namespace_of
 from .conversations import Stored, Turn
@@ -215,13 +216,11 @@ class _Finisher:
 
 
 def _record_keys(state, tree, stored: Stored) -> None:
-    """Store each node's span and block keys of the finished path, so that a DELETE can
+    """Store each node's span and checkpoint keys of the finished path, so that a DELETE can
     tell which checkpoints only its subtree used."""
     rendered = render(tree, stored.last, state.lm.tokenizer, state.reasoning or
                       state.plain_format, template_kwargs=state.template_kwargs)
-    engine = state.backend.engine(stored.namespace)
-    keys = [] if rendered.images else [k.hex() for k in engine.block_keys(rendered.token_ids)]
-    tree.record_render(rendered, keys, engine.block_size)
+    record_render(state.backend.engine(stored.namespace), tree, rendered)
 
 
 async def get_response(request: Request) -> Any:

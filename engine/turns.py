@@ -1,0 +1,200 @@
+"""Turn-end checkpoints: a chunk edge and a checkpoint wherever an assistant turn starts.
+
+A chat's next prompt repeats the last prompt exactly up to its end — the chat template's
+generation prompt (`<|im_start|>assistant\\n`, `<start_of_turn>model\\n`, ...) — and goes on
+with the answer and a new message. Block records alone would restore only to the last 256-token
+boundary before that point and compute the rest of the block again every turn. So every text
+run also ends a chunk right after each occurrence of that *marker* (a pure function of the
+tokens, like block boundaries: a fresh run of the same tokens cuts at the same places, so
+every record stays exact against it), and the caches there are checkpointed as a partial-block
+checkpoint (partial.py) under a key chained from the previous block's key and the tokens since.
+A later prompt that goes through the same marker restores to right after it, and a conversation
+rewound to an earlier turn restores to that turn's end.
+
+The marker is what the tokenizer's chat template adds for `add_generation_prompt=True`; models
+without a chat template get no turn ends. The marker is folded into the block keys' seed, so
+records made with another chunking never match. `TurnModel` does the cutting: it wraps the
+model callable of prefill chunks (decode steps are single tokens and never cut).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Sequence
+
+from .blocks import tokens_bytes
+from .layout import CacheKind
+from .partial import apply, required_names, snapshot, supports_partial
+from .records import Record
+
+TURN_END_TAG = b"forkv-turn-end-v1"
+TURN_END = "turn_end"  # their name in the checkpointer's hits and misses
+_log = logging.getLogger(__name__)
+
+
+def turn_marker(tokenizer) -> tuple[int, ...]:
+    """The tokens the chat template adds to start the assistant's turn; () if there is no
+    template or its generation prompt is not a plain suffix."""
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        return ()
+    messages = [{"role": "user", "content": "x"}]
+    try:
+        without = list(tokenizer.apply_chat_template(messages, tokenize=True,
+                                                     add_generation_prompt=False))
+        with_ = list(tokenizer.apply_chat_template(messages, tokenize=True,
+                                                   add_generation_prompt=True))
+    except Exception:  # noqa: BLE001 - a template that cannot render this: no turn ends
+        return ()
+    if len(with_) <= len(without) or with_[:len(without)] != without:
+        return ()
+    return tuple(int(t) for t in with_[len(without):])
+
+
+def turn_ends(tokens: Sequence[int], marker: Sequence[int], block_size: int) -> list[int]:
+    """Positions right after each occurrence of `marker` in `tokens` (block boundaries left
+    out: block records cover those), ascending."""
+    m = len(marker)
+    if not m:
+        return []
+    first, marker = marker[0], list(marker)
+    return [i + m for i, t in enumerate(tokens) if t == first and (i + m) % block_size
+            and i + m <= len(tokens) and list(tokens[i:i + m]) == marker]
+
+
+def turn_key(ck, keys: Sequence[bytes], tokens: Sequence[int], end: int) -> bytes:
+    """The key of the turn-end checkpoint at `end`: chained from the key of the block before
+    (or the seed) and the tokens since that block's end."""
+    B = ck.block_size
+    h = hashlib.sha256(TURN_END_TAG)
+    h.update(keys[end // B - 1] if end >= B else ck.keyer.seed)
+    h.update(tokens_bytes(tokens[end // B * B:end]))
+    return h.digest()
+
+
+class TurnModel:
+    """A text model callable that ends a chunk at every turn end inside it, and calls
+    `on_end(end, cache)` with the evaluated caches at each turn end it reaches (chunk ends
+    included)."""
+
+    def __init__(self, model, ends: Sequence[int], on_end: Callable | None = None):
+        self.model = model
+        self.ends = list(ends)
+        self.on_end = on_end
+
+    def __call__(self, inputs, cache):
+        import mlx.core as mx
+
+        first = next(c.offset for c in cache if hasattr(c, "offset"))
+        last = first + inputs.shape[1]
+        logits, a = None, first
+        for b in [e for e in self.ends if first < e < last] + [last]:
+            logits = self.model(inputs[:, a - first:b - first], cache=cache)
+            if self.on_end is not None and b in self.ends:
+                mx.eval([c.state for c in cache])
+                self.on_end(b, cache)
+            a = b
+        return logits
+
+
+class TurnRecorder:
+    """Checkpoints the turn ends of one run (the `on_end` of its TurnModel)."""
+
+    def __init__(self, ck, keys: Sequence[bytes], tokens: Sequence[int]):
+        self.ck, self.keys, self.tokens = ck, keys, tokens
+
+    def __call__(self, end: int, cache: list) -> None:
+        ck = self.ck
+        if end // ck.block_size > len(self.keys):
+            return  # past the blocks this run knows keys for (decoded tokens)
+        key = turn_key(ck, self.keys, self.tokens, end)
+        if ck.store.contains(key, CacheKind.EXTRA):
+            return
+        try:
+            arrays = snapshot(ck, cache, end)
+        except ValueError:
+            _log.debug("turn end %d not checkpointed: a cache cannot be copied", end)
+            return
+        lo = end // ck.block_size * ck.block_size
+        ck.store.put(key, Record(CacheKind.EXTRA, end // ck.block_size,
+                                 tokens_bytes(self.tokens[lo:end]), arrays))
+        ck.stats.turn_ends_recorded += 1
+
+
+class Turns:
+    """A checkpointer's turn ends: the marker, and what runs need to cut, record and restore."""
+
+    def __init__(self, ck, marker: Sequence[int]):
+        self.ck = ck
+        self.marker = tuple(marker)
+
+    @classmethod
+    def for_checkpointer(cls, ck) -> Turns | None:
+        """Turn ends for a text model whose chat template has a generation prompt and whose
+        caches can be checkpointed mid-block; None otherwise."""
+        lm = ck.lm
+        if getattr(lm, "is_vision", False) or not supports_partial(ck):
+            return None
+        marker = turn_marker(getattr(lm, "tokenizer", None))
+        if not marker or not any(hasattr(c, "offset") for c in lm.make_cache()):
+            return None
+        return cls(ck, marker)
+
+    @property
+    def seed_part(self) -> bytes:
+        """What the block keys' seed folds in: this chunking."""
+        return b"turn-ends:" + tokens_bytes(self.marker)
+
+    def ends(self, tokens: Sequence[int]) -> list[int]:
+        return turn_ends(tokens, self.marker, self.ck.block_size)
+
+    def model(self, model, tokens: Sequence[int], keys: Sequence[bytes] | None,
+              record: bool = True):
+        """`model` cutting at the turn ends of `tokens` (and recording there), or `model`
+        itself when `tokens` has none."""
+        ends = self.ends(tokens)
+        if not ends:
+            return model
+        on_end = TurnRecorder(self.ck, keys, tokens) if record and keys is not None else None
+        return TurnModel(model, ends, on_end)
+
+    def keys(self, tokens: Sequence[int], block_keys: Sequence[bytes]) -> dict[int, bytes]:
+        """Keys of the turn-end checkpoints a run of `tokens` records, by position (for
+        releasing them)."""
+        return {e: turn_key(self.ck, block_keys, tokens, e) for e in self.ends(tokens)}
+
+    def restore(self, restored, tokens: Sequence[int], count: bool = True) -> int:
+        """Move a block restore (`restored`, at a boundary) on to the furthest turn end after
+        it in the same block, leaving at least one token to compute; the new position."""
+        ck, n, B = self.ck, restored.position, self.ck.block_size
+        for end in reversed(self.ends(tokens[:len(tokens) - 1])):
+            if end <= n:
+                break
+            if end // B * B != n:
+                continue  # its block's start is not restored
+            record = self._load(restored.keys, tokens, end)
+            if record is not None and apply(ck, restored.cache, record.arrays, end):
+                if count:
+                    ck.stats.tokens_reused += end - n
+                    ck.stats.tokens_computed -= end - n
+                ck.stats.hits[TURN_END] += 1
+                restored.position = end
+                return end
+            if record is not None:
+                ck.stats.rejected += 1
+            ck.stats.misses[TURN_END] += 1
+        return n
+
+    def _load(self, keys, tokens, end: int) -> Record | None:
+        ck = self.ck
+        key = turn_key(ck, keys, tokens, end)
+        record = ck.store.get(key, CacheKind.EXTRA)
+        if record is None:
+            return None
+        lo = end // ck.block_size * ck.block_size
+        if record.tokens != tokens_bytes(tokens[lo:end]) or not required_names(ck) <= set(
+                record.arrays):
+            ck.stats.rejected += 1  # same key, other content: never reuse
+            ck.store.discard(key, CacheKind.EXTRA)
+            return None
+        return record

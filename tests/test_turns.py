@@ -1,0 +1,210 @@
+"""Turn-end checkpoints: a chat's next turn restores right after the last prompt's generation
+prompt, bit for bit against a fresh run of the same tokens (turns.py)."""
+
+import random
+
+import pytest
+
+from conftest import load_tiny
+from forkv.engine import Engine
+from forkv.engine.blocks import BlockKeyer
+from forkv.engine.generate import prefill
+from forkv.engine.layout import CacheKind
+from forkv.engine.recordstore import RecordStore
+from forkv.engine.turns import TurnModel, turn_ends, turn_key, turn_marker
+from helpers import MemoryDisk
+
+_WORDS = "river stone lamp orbit cedar quartz meadow signal harbor copper".split()
+
+
+def _engine(lm, **kw):
+    kw.setdefault("store", RecordStore(1 << 30, None))
+    return Engine(lm, **kw)
+
+
+def _chat(turns: int, words: int = 60, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    messages = [{"role": "system", "content": "You answer briefly. " * 12}]
+    for t in range(turns):
+        messages.append({"role": "user", "content": f"Turn {t}: " +
+                         " ".join(rng.choice(_WORDS) for _ in range(words))})
+        if t < turns - 1:
+            messages.append({"role": "assistant", "content": f"Answer {t}."})
+    return messages
+
+
+def _fresh(lm, tokens, marker, B=256):
+    """The exactness reference: a fresh prefill cut at block boundaries and turn ends."""
+    model = TurnModel(lm.model, turn_ends(tokens, marker, B))
+    return prefill(model, lm.make_cache(), tokens, 0, B)
+
+
+def test_marker_is_the_generation_prompt():
+    lm = load_tiny("gemma3")
+    marker = turn_marker(lm.tokenizer)
+    assert lm.tokenizer.decode(list(marker)) == "<|im_start|>assistant\n"
+
+    class NoTemplate:
+        chat_template = None
+
+    assert turn_marker(NoTemplate()) == ()
+    assert turn_marker(None) == ()
+
+
+def test_turn_ends_follow_each_marker_but_not_block_boundaries():
+    marker = (9, 8)
+    tokens = [1, 9, 8, 2, 9, 8, 9, 3, 9, 8]
+    assert turn_ends(tokens, marker, 256) == [3, 6, 10]
+    assert turn_ends(tokens, marker, 3) == [10]  # 3 and 6 are block boundaries
+    assert turn_ends(tokens, (), 256) == []
+
+
+def test_turn_ends_change_the_key_seed():
+    lm = load_tiny("gemma3")
+    engine = _engine(lm)
+    tokens = list(range(300))
+    plain = BlockKeyer(lm.fingerprint, engine.block_size).keys(tokens)
+    assert engine.block_keys(tokens) != plain  # records made without turn ends never match
+    engine.close()
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "qwen3_5", "qwen3", "gemma4"])
+def test_next_turn_restores_the_last_prompt_end_exactly(arch):
+    import mlx.core as mx
+
+    lm = load_tiny(arch)
+    engine = _engine(lm)
+    ck = engine.checkpointer
+    assert ck.turns is not None, arch
+    first = engine.encode(_chat(2))  # ends in a block's middle with the marker
+    assert len(first) % engine.block_size and len(first) > engine.block_size
+    engine.generate(_chat(2), max_tokens=2)
+    engine.drain()
+    assert ck.stats.turn_ends_recorded >= 1
+    tokens = engine.encode(_chat(3))
+    assert tokens[:len(first)] == first
+    r = ck.restore_run(tokens)
+    assert r.position == len(first)  # not just the block boundary before it
+    assert ck.stats.hits["turn_end"] == 1
+    got = prefill(ck.model_for(tokens), r.cache, tokens, r.position, engine.block_size)
+    want = _fresh(lm, tokens, ck.turns.marker)
+    assert mx.array_equal(got, want).item(), arch
+    # The engine's own request path: reuses the same prefix, and greedy tokens match a run
+    # without checkpoints.
+    out = engine.generate(_chat(3), max_tokens=4)
+    assert out.timings.reused_tokens == len(first)
+    plain = Engine(lm, checkpoints=False)
+    assert plain.generate(_chat(3), max_tokens=4).token_ids == out.token_ids
+    plain.close()
+    engine.close()
+
+
+def test_rewind_restores_an_earlier_turn_end():
+    import mlx.core as mx
+
+    lm = load_tiny("gemma3")
+    engine = _engine(lm)
+    ck = engine.checkpointer
+    for t in range(1, 6):
+        engine.generate(_chat(t), max_tokens=2)
+    engine.drain()
+    turn2 = engine.encode(_chat(2))
+    branch = _chat(2) + [{"role": "assistant", "content": "Another answer."},
+                         {"role": "user", "content": "Back here: " + "cedar " * 30}]
+    tokens = engine.encode(branch)
+    r = ck.restore_run(tokens)
+    assert r.position == len(turn2)
+    got = prefill(ck.model_for(tokens), r.cache, tokens, r.position, engine.block_size)
+    assert mx.array_equal(got, _fresh(lm, tokens, ck.turns.marker)).item()
+    engine.close()
+
+
+def test_a_tampered_turn_end_is_a_miss_and_the_restore_stays_exact():
+    import mlx.core as mx
+
+    lm = load_tiny("gemma3")
+    disk = MemoryDisk()
+    engine = _engine(lm, store=RecordStore(0, disk))  # every record through the disk tier
+    ck = engine.checkpointer
+    first = engine.encode(_chat(2))
+    engine.generate(_chat(2), max_tokens=1)
+    engine.drain()
+    key = turn_key(ck, engine.block_keys(first), first, len(first))
+    assert (key, CacheKind.EXTRA) in disk.blobs
+    blob = bytearray(disk.blobs[(key, CacheKind.EXTRA)])
+    blob[len(blob) // 2] ^= 1
+    disk.blobs[(key, CacheKind.EXTRA)] = bytes(blob)
+    tokens = engine.encode(_chat(3))
+    r = ck.restore_run(tokens)
+    assert r.position == len(first) // engine.block_size * engine.block_size
+    assert ck.stats.misses["turn_end"] == 1  # the disk tier refuses the changed bytes
+    got = prefill(ck.model_for(tokens), r.cache, tokens, r.position, engine.block_size)
+    assert mx.array_equal(got, _fresh(lm, tokens, ck.turns.marker)).item()
+    engine.close()
+
+
+def test_checkpoint_keys_cover_turn_ends_and_release_drops_them():
+    lm = load_tiny("gemma3")
+    engine = _engine(lm)
+    ck = engine.checkpointer
+    first = engine.encode(_chat(2))
+    engine.generate(_chat(2), max_tokens=1)
+    engine.drain()
+    keys = engine.checkpoint_keys(first)
+    blocks = engine.block_keys(first)
+    turn = turn_key(ck, blocks, first, len(first))
+    assert keys[:len(blocks)] == blocks and turn in keys
+    assert ck.store.contains(turn, CacheKind.EXTRA)
+    engine.release(keys)
+    assert not any(ck.store.contains(k, kind) for k in keys for kind in ck.kinds | {"extra"})
+    engine.close()
+
+
+def test_models_without_a_chat_template_keep_block_chunks(monkeypatch):
+    lm = load_tiny("gemma3")
+    inner = getattr(lm.tokenizer, "_tokenizer", lm.tokenizer)  # under mlx-lm's wrapper
+    monkeypatch.setattr(inner, "chat_template", None)
+    engine = _engine(lm)
+    assert engine.checkpointer.turns is None
+    tokens = list(range(300))
+    assert engine.block_keys(tokens) == BlockKeyer(lm.fingerprint, engine.block_size).keys(tokens)
+    engine.close()
+
+
+def test_a_turn_end_recorded_for_other_tokens_is_rejected_and_dropped():
+    from forkv.engine.records import Record
+
+    lm = load_tiny("gemma3")
+    engine = _engine(lm)
+    ck = engine.checkpointer
+    first = engine.encode(_chat(2))
+    engine.generate(_chat(2), max_tokens=1)
+    engine.drain()
+    key = turn_key(ck, engine.block_keys(first), first, len(first))
+    good = ck.store.get(key, CacheKind.EXTRA)
+    ck.store.discard(key, CacheKind.EXTRA)
+    ck.store.put(key, Record(CacheKind.EXTRA, good.block, good.tokens[:-4] + b"\0" * 4,
+                             good.arrays))  # what a hash collision would look like
+    r = ck.restore_run(engine.encode(_chat(3)))
+    assert r.position == len(first) // engine.block_size * engine.block_size
+    assert ck.stats.rejected == 1 and not ck.store.contains(key, CacheKind.EXTRA)
+    engine.close()
+
+
+def test_forks_of_one_prompt_wait_for_its_turn_end_and_compute_it_once():
+    lm = load_tiny("qwen3")
+    engine = _engine(lm)
+    # Under one block, so no block keys: only the turn end is shared. A reasoning prompt
+    # goes on after the generation prompt (here two tokens), so the turn end is restorable.
+    base = engine.encode(_chat(1))
+    prompt = base + [60, 61]
+    handles = [engine.submit(prompt, max_tokens=3, temperature=0.7, seed=i) for i in range(4)]
+    results = [h.result() for h in handles]
+    assert [r.timings.reused_tokens for r in results] == [0] + [len(base)] * 3
+    assert [r.timings.computed_tokens for r in results] == [len(prompt)] + [2] * 3
+    plain = Engine(lm, checkpoints=False)
+    for i, r in enumerate(results):  # each fork samples what a run without checkpoints does
+        assert plain.generate(prompt, max_tokens=3, temperature=0.7, seed=i).token_ids == \
+            r.token_ids
+    plain.close()
+    engine.close()
