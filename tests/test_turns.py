@@ -33,6 +33,14 @@ def _chat(turns: int, words: int = 60, seed: int = 0) -> list[dict]:
     return messages
 
 
+def _first_turn(engine) -> tuple[list[int], bytes]:
+    """Run the second turn's prompt (which ends mid-block); its tokens and turn-end key."""
+    first = engine.encode(_chat(2))
+    engine.generate(_chat(2), max_tokens=1)
+    engine.drain()
+    return first, turn_key(engine.checkpointer, engine.block_keys(first), first, len(first))
+
+
 def _fresh(lm, tokens, marker, B=256):
     """The exactness reference: a fresh prefill cut at block boundaries and turn ends."""
     model = TurnModel(lm.model, turn_ends(tokens, marker, B))
@@ -126,10 +134,7 @@ def test_a_tampered_turn_end_is_a_miss_and_the_restore_stays_exact():
     disk = MemoryDisk()
     engine = _engine(lm, store=RecordStore(0, disk))  # every record through the disk tier
     ck = engine.checkpointer
-    first = engine.encode(_chat(2))
-    engine.generate(_chat(2), max_tokens=1)
-    engine.drain()
-    key = turn_key(ck, engine.block_keys(first), first, len(first))
+    first, key = _first_turn(engine)
     assert (key, CacheKind.EXTRA) in disk.blobs
     blob = bytearray(disk.blobs[(key, CacheKind.EXTRA)])
     blob[len(blob) // 2] ^= 1
@@ -147,12 +152,9 @@ def test_checkpoint_keys_cover_turn_ends_and_release_drops_them():
     lm = load_tiny("gemma3")
     engine = _engine(lm)
     ck = engine.checkpointer
-    first = engine.encode(_chat(2))
-    engine.generate(_chat(2), max_tokens=1)
-    engine.drain()
+    first, turn = _first_turn(engine)
     keys = engine.checkpoint_keys(first)
     blocks = engine.block_keys(first)
-    turn = turn_key(ck, blocks, first, len(first))
     assert keys[:len(blocks)] == blocks and turn in keys
     assert ck.store.contains(turn, CacheKind.EXTRA)
     engine.release(keys)
@@ -177,10 +179,7 @@ def test_a_turn_end_recorded_for_other_tokens_is_rejected_and_dropped():
     lm = load_tiny("gemma3")
     engine = _engine(lm)
     ck = engine.checkpointer
-    first = engine.encode(_chat(2))
-    engine.generate(_chat(2), max_tokens=1)
-    engine.drain()
-    key = turn_key(ck, engine.block_keys(first), first, len(first))
+    first, key = _first_turn(engine)
     good = ck.store.get(key, CacheKind.EXTRA)
     ck.store.discard(key, CacheKind.EXTRA)
     ck.store.put(key, Record(CacheKind.EXTRA, good.block, good.tokens[:-4] + b"\0" * 4,
