@@ -182,12 +182,14 @@ def test_attach_fail_reset():
         t.reset(u)
 
 
-def test_record_render_and_keys_only_in():
+def _user_with_two_answers():
     t = Tree()
     u = t.user("x" * 40)
-    a = u.final(text="a" * 50)
-    b = u.final(text="b" * 50)
-    tok = ToyTokenizer()
+    return t, u, u.final(text="a" * 50), u.final(text="b" * 50), ToyTokenizer()
+
+
+def test_record_render_and_keys_only_in():
+    t, u, a, b, tok = _user_with_two_answers()
     for leaf, keys in ((a, ["k0", "k1", "ka"]), (b, ["k0", "k1", "kb"])):
         rp = render(t, leaf, tok)
         t.record_render(rp, keys[: rp.num_tokens // 32], block_size=32)
@@ -198,11 +200,7 @@ def test_record_render_and_keys_only_in():
 
 
 def test_turn_keys_go_to_the_node_before_them_and_are_released_with_it():
-    t = Tree()
-    u = t.user("x" * 40)
-    a = u.final(text="a" * 50)
-    b = u.final(text="b" * 50)
-    tok = ToyTokenizer()
+    t, u, a, b, tok = _user_with_two_answers()
     # u spans [0, 48): a turn end at 48 follows u's last token; one at 100 is inside a / b.
     t.record_render(render(t, a, tok), ["k0"], 32, {48: "tu", 100: "ta"})
     t.record_render(render(t, b, tok), ["k0"], 32, {48: "tu", 100: "tb"})

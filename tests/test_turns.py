@@ -33,6 +33,14 @@ def _chat(turns: int, words: int = 60, seed: int = 0) -> list[dict]:
     return messages
 
 
+@pytest.fixture
+def engine():
+    """An engine on demo gemma3 tiny with an in-memory store."""
+    e = _engine(load_tiny("gemma3"))
+    yield e
+    e.close()
+
+
 def _first_turn(engine) -> tuple[list[int], bytes]:
     """Run the second turn's prompt (which ends mid-block); its tokens and turn-end key."""
     first = engine.encode(_chat(2))
@@ -148,9 +156,7 @@ def test_a_tampered_turn_end_is_a_miss_and_the_restore_stays_exact():
     engine.close()
 
 
-def test_checkpoint_keys_cover_turn_ends_and_release_drops_them():
-    lm = load_tiny("gemma3")
-    engine = _engine(lm)
+def test_checkpoint_keys_cover_turn_ends_and_release_drops_them(engine):
     ck = engine.checkpointer
     first, turn = _first_turn(engine)
     keys = engine.checkpoint_keys(first)
@@ -159,7 +165,6 @@ def test_checkpoint_keys_cover_turn_ends_and_release_drops_them():
     assert ck.store.contains(turn, CacheKind.EXTRA)
     engine.release(keys)
     assert not any(ck.store.contains(k, kind) for k in keys for kind in ck.kinds | {"extra"})
-    engine.close()
 
 
 def test_models_without_a_chat_template_keep_block_chunks(monkeypatch):
@@ -173,11 +178,9 @@ def test_models_without_a_chat_template_keep_block_chunks(monkeypatch):
     engine.close()
 
 
-def test_a_turn_end_recorded_for_other_tokens_is_rejected_and_dropped():
+def test_a_turn_end_recorded_for_other_tokens_is_rejected_and_dropped(engine):
     from forkv.engine.records import Record
 
-    lm = load_tiny("gemma3")
-    engine = _engine(lm)
     ck = engine.checkpointer
     first, key = _first_turn(engine)
     good = ck.store.get(key, CacheKind.EXTRA)
@@ -187,7 +190,6 @@ def test_a_turn_end_recorded_for_other_tokens_is_rejected_and_dropped():
     r = ck.restore_run(engine.encode(_chat(3)))
     assert r.position == len(first) // engine.block_size * engine.block_size
     assert ck.stats.rejected == 1 and not ck.store.contains(key, CacheKind.EXTRA)
-    engine.close()
 
 
 def test_forks_of_one_prompt_wait_for_its_turn_end_and_compute_it_once():
