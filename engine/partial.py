@@ -10,7 +10,9 @@ there are exactly what a fresh run of the same tokens holds, and restoring them 
 
 from __future__ import annotations
 
+from .blocks import tokens_bytes
 from .layout import CacheKind
+from .records import Record
 
 _PARTIAL_KINDS = {CacheKind.GLOBAL, CacheKind.WINDOW, CacheKind.STATE, CacheKind.EXTRA}
 _SCALARS = (bool, int, float)
@@ -113,3 +115,38 @@ def apply(ck, cache: list, arrays: dict, end: int) -> bool:
         cache[i] = fresh[i]
     mx.eval([c.state for c in cache])
     return True
+
+
+def put(ck, key: bytes, cache: list, end: int, tokens, extra: dict | None = None) -> bool:
+    """Record the partial checkpoint of `cache` at `end` under `key` (with `extra` arrays),
+    unless it is there; `tokens` are the run's tokens. Whether one was written."""
+    import mlx.core as mx
+
+    if ck.store.contains(key, CacheKind.EXTRA):
+        return False
+    try:
+        arrays = snapshot(ck, cache, end)
+    except ValueError:  # a cache holds something that cannot be copied: not checkpointed
+        return False
+    if extra:
+        arrays.update(extra)
+        mx.eval(arrays)
+    lo = end // ck.block_size * ck.block_size
+    ck.store.put(key, Record(CacheKind.EXTRA, end // ck.block_size, tokens_bytes(tokens[lo:end]),
+                             arrays))
+    return True
+
+
+def load(ck, key: bytes, tokens, end: int, names: set[str] = frozenset()) -> Record | None:
+    """The partial checkpoint at `end` under `key`, verified against `tokens` (and holding
+    `names` besides the global layers' K/V); one that is not is rejected and dropped."""
+    record = ck.store.get(key, CacheKind.EXTRA)
+    if record is None:
+        return None
+    lo = end // ck.block_size * ck.block_size
+    if (record.tokens != tokens_bytes(tokens[lo:end])
+            or not required_names(ck) | set(names) <= set(record.arrays)):
+        ck.stats.rejected += 1  # same key, other content: never reuse
+        ck.store.discard(key, CacheKind.EXTRA)
+        return None
+    return record

@@ -164,8 +164,7 @@ class Scheduler:
                 return True
             # turn ends of seq past p's position, in or right after the blocks they share
             ahead = [e for e in seq.turn_ends if e > p.pos and e // self.block_size <= shared]
-            if ahead and any(e <= _common_prefix(seq.tokens, p.tokens, ahead[-1])
-                             for e in ahead):
+            if ahead and any(e <= _shared(seq.tokens[:ahead[-1]], p.tokens) for e in ahead):
                 return True
         return False
 
@@ -304,14 +303,8 @@ class Scheduler:
 
 
 def _shared(a: list, b: list) -> int:
-    """How many leading block keys `a` and `b` have in common."""
+    """How many leading items (block keys, tokens) `a` and `b` have in common."""
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-
-def _common_prefix(a: list, b: list, limit: int) -> int:
-    """How many leading tokens `a` and `b` share, counted up to `limit`."""
-    n = min(len(a), len(b), limit)
-    return next((i for i in range(n) if a[i] != b[i]), n)
 
 
 def _top(logprobs, k: int) -> dict | None:

@@ -20,17 +20,13 @@ model callable of prefill chunks (decode steps are single tokens and never cut).
 from __future__ import annotations
 
 import hashlib
-import logging
 from collections.abc import Callable, Sequence
 
+from . import partial
 from .blocks import tokens_bytes
-from .layout import CacheKind
-from .partial import apply, required_names, snapshot, supports_partial
-from .records import Record
 
 TURN_END_TAG = b"forkv-turn-end-v1"
 TURN_END = "turn_end"  # their name in the checkpointer's hits and misses
-_log = logging.getLogger(__name__)
 
 
 def turn_marker(tokenizer) -> tuple[int, ...]:
@@ -107,18 +103,8 @@ class TurnRecorder:
         ck = self.ck
         if end // ck.block_size > len(self.keys):
             return  # past the blocks this run knows keys for (decoded tokens)
-        key = turn_key(ck, self.keys, self.tokens, end)
-        if ck.store.contains(key, CacheKind.EXTRA):
-            return
-        try:
-            arrays = snapshot(ck, cache, end)
-        except ValueError:
-            _log.debug("turn end %d not checkpointed: a cache cannot be copied", end)
-            return
-        lo = end // ck.block_size * ck.block_size
-        ck.store.put(key, Record(CacheKind.EXTRA, end // ck.block_size,
-                                 tokens_bytes(self.tokens[lo:end]), arrays))
-        ck.stats.turn_ends_recorded += 1
+        if partial.put(ck, turn_key(ck, self.keys, self.tokens, end), cache, end, self.tokens):
+            ck.stats.turn_ends_recorded += 1
 
 
 class Turns:
@@ -133,7 +119,7 @@ class Turns:
         """Turn ends for a text model whose chat template has a generation prompt and whose
         caches can be checkpointed mid-block; None otherwise."""
         lm = ck.lm
-        if getattr(lm, "is_vision", False) or not supports_partial(ck):
+        if getattr(lm, "is_vision", False) or not partial.supports_partial(ck):
             return None
         marker = turn_marker(getattr(lm, "tokenizer", None))
         if not marker or not any(hasattr(c, "offset") for c in lm.make_cache()):
@@ -172,8 +158,8 @@ class Turns:
                 break
             if end // B * B != n:
                 continue  # its block's start is not restored
-            record = self._load(restored.keys, tokens, end)
-            if record is not None and apply(ck, restored.cache, record.arrays, end):
+            record = partial.load(ck, turn_key(ck, restored.keys, tokens, end), tokens, end)
+            if record is not None and partial.apply(ck, restored.cache, record.arrays, end):
                 if count:
                     ck.stats.tokens_reused += end - n
                     ck.stats.tokens_computed -= end - n
@@ -184,17 +170,3 @@ class Turns:
                 ck.stats.rejected += 1
             ck.stats.misses[TURN_END] += 1
         return n
-
-    def _load(self, keys, tokens, end: int) -> Record | None:
-        ck = self.ck
-        key = turn_key(ck, keys, tokens, end)
-        record = ck.store.get(key, CacheKind.EXTRA)
-        if record is None:
-            return None
-        lo = end // ck.block_size * ck.block_size
-        if record.tokens != tokens_bytes(tokens[lo:end]) or not required_names(ck) <= set(
-                record.arrays):
-            ck.stats.rejected += 1  # same key, other content: never reuse
-            ck.store.discard(key, CacheKind.EXTRA)
-            return None
-        return record

@@ -26,7 +26,7 @@ import hashlib
 from .blocks import tokens_bytes
 from .images import VisionPrompt
 from .layout import CacheKind
-from .partial import apply, required_names, snapshot, supports_partial
+from . import partial
 from .records import Record
 
 IMAGE_END_TAG = b"forkv-image-end-v2"
@@ -38,11 +38,6 @@ def position_record(block: int, tokens: bytes, state: int) -> Record:
     import mlx.core as mx
 
     return Record(CacheKind.EXTRA, block, tokens, {"next_pos": mx.array([state], mx.int64)})
-
-
-def supports_image_ends(ck) -> bool:
-    """Image ends are checkpointed when every layer is one cache of a kind copied here."""
-    return supports_partial(ck)
 
 
 def image_end_key(ck, keys: list[bytes], request: VisionPrompt, end: int) -> bytes:
@@ -66,7 +61,7 @@ class VisionRecorder:
         self.blocks.model = seq  # decoded blocks are recomputed with the sequence's positions
         self.seq = seq
         self.request = request
-        if supports_image_ends(ck):
+        if partial.supports_partial(ck):
             seq.on_image_end = self.record_image_end
 
     def __call__(self, pos, tokens, cache, in_decode: bool) -> bool:
@@ -83,19 +78,10 @@ class VisionRecorder:
     def record_image_end(self, end: int, cache: list) -> None:
         import mlx.core as mx
 
-        ck, B = self.ck, self.ck.block_size
+        ck = self.ck
         key = image_end_key(ck, self.blocks.keys, self.request, end)
-        if ck.store.contains(key, CacheKind.EXTRA):
-            return
-        lo = end // B * B
-        try:
-            arrays = snapshot(ck, cache, end)
-        except ValueError:
-            return
-        arrays["next_pos"] = mx.array([self.seq.positions.state_at(end)], mx.int64)
-        mx.eval(arrays)
-        ck.store.put(key, Record(CacheKind.EXTRA, end // B, tokens_bytes(
-            self.request.tokens[lo:end]), arrays))
+        state = {"next_pos": mx.array([self.seq.positions.state_at(end)], mx.int64)}
+        partial.put(ck, key, cache, end, self.request.tokens, state)
 
 
 def restore(ck, request: VisionPrompt, stats) -> tuple[list, int, list[bytes], int]:
@@ -104,7 +90,7 @@ def restore(ck, request: VisionPrompt, stats) -> tuple[list, int, list[bytes], i
     B, tokens = ck.block_size, request.tokens
     r = ck.restore(tokens, request.extras(B))
     n, state = r.position, _state(r.extra, r.position)
-    if supports_image_ends(ck):
+    if partial.supports_partial(ck):
         for end in sorted({s.end for s in request.images}, reverse=True):
             if end <= n:
                 break
@@ -130,17 +116,11 @@ def _state(extra: dict, position: int) -> int:
 def _restore_image_end(ck, r, request: VisionPrompt, end: int) -> dict | None:
     """Append the image end's K/V to the restored global caches (which hold its block's
     start) and put its copies of the other layers' caches in place (partial.py)."""
-    lo = end // ck.block_size * ck.block_size
     key = image_end_key(ck, r.keys, request, end)
-    record = ck.store.get(key, CacheKind.EXTRA)
+    record = partial.load(ck, key, request.tokens, end, {"next_pos"})
     if record is None:
         return None
-    names = {"next_pos"} | required_names(ck)
-    if record.tokens != tokens_bytes(request.tokens[lo:end]) or not names <= set(record.arrays):
-        ck.stats.rejected += 1  # same key, other content: never reuse
-        ck.store.discard(key, CacheKind.EXTRA)
-        return None
-    if not apply(ck, r.cache, record.arrays, end):
+    if not partial.apply(ck, r.cache, record.arrays, end):
         ck.stats.rejected += 1
         return None
     return record.arrays
