@@ -10,7 +10,10 @@ about text, keys or stores: the hook decides what to record.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
+
+from .lasthead import last_position_only
 
 
 # Called with (position, tokens[:position], cache, in_decode) whenever the cache holds exactly
@@ -35,7 +38,9 @@ def prefill(model, cache: list, tokens: Sequence[int], start: int, block_size: i
     assert start < len(tokens), "prefill needs at least one new token"
     pos, logits = start, None
     for end in chunk_ends(start, len(tokens), block_size):
-        logits = model(mx.array(tokens[pos:end])[None], cache=cache)
+        # The last chunk's head runs on its last position only (lasthead.py).
+        with last_position_only(model) if end == len(tokens) else contextlib.nullcontext():
+            logits = model(mx.array(tokens[pos:end])[None], cache=cache)
         pos = end
         if end == len(tokens):
             break

@@ -10,6 +10,7 @@ turns the token into a `GenerationEvent`. Knows nothing about other sequences.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -17,6 +18,7 @@ import logging
 
 from .events import GenerationEvent, Timings
 from .generate import BoundaryHook, chunk_ends
+from .lasthead import last_position_only
 from .sampling import Sampler, SamplingParams
 from .textstream import TextStream
 
@@ -62,7 +64,9 @@ class Sequence:
 
         t0 = time.perf_counter()
         end = self.pos + self.next_chunk(block_size)
-        logits = model(mx.array(self.tokens[self.pos:end])[None], cache=self.cache)
+        is_last = end == self.prompt_len  # its head runs on the last position only
+        with last_position_only(model) if is_last else contextlib.nullcontext():
+            logits = model(mx.array(self.tokens[self.pos:end])[None], cache=self.cache)
         self.pos = end
         last = None
         if end == self.prompt_len:
