@@ -1,9 +1,10 @@
 """One typed configuration for an engine, read from keywords and the `FORKV_*` environment once.
 
 `EngineConfig` holds the engine's own knobs (block size, batch width, prefill budget, tenant
-namespace, checkpoints on/off, dtype) and the checkpoint tiers' `StoreSettings`. Keywords win
-over the environment; a bad value is one `EngineConfigError` naming the setting (or variable)
-and what it takes. Knows nothing about models or mlx.
+namespace, checkpoints on/off, dtype, what to do with quantized weights) and the checkpoint
+tiers' `StoreSettings`. Keywords win over the environment; a bad value is one
+`EngineConfigError` naming the setting (or variable) and what it takes. Knows nothing about
+models or mlx.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ class EngineConfig(BaseModel):
     namespace: str = Field("", description="tenant salt of the block keys")
     checkpoints: bool = True
     dtype: str = Field("auto", description="weights dtype: auto, float32, bfloat16, float16")
+    quantized: str = Field(
+        "auto", description="quantized weights: auto (dequantize on the CPU when they fit in "
+        "memory), keep, dequantize")
     settings: StoreSettings = Field(default_factory=StoreSettings.from_env)
 
     @field_validator("dtype")
@@ -48,6 +52,13 @@ class EngineConfig(BaseModel):
     def _dtype(cls, value: str) -> str:
         if value not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError("must be one of auto, float32, bfloat16, float16")
+        return value
+
+    @field_validator("quantized")
+    @classmethod
+    def _quantized(cls, value: str) -> str:
+        if value not in ("auto", "keep", "dequantize"):
+            raise ValueError("must be one of auto, keep, dequantize")
         return value
 
     @property

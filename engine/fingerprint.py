@@ -1,9 +1,10 @@
 """Model fingerprints: what block keys are seeded with, so two models never share a key.
 
-Knows: how to hash a model folder's config, dtype and the whole content of every
-``*.safetensors`` file (BLAKE3 on every core: ~1 GB/s on one loaded core of the 2-core CI
-box, 5x hashlib's BLAKE2b there, and memory speed on a multi-core machine), and a private cache of the per-file
-digests keyed by (device, inode, size, mtime_ns), so a second load reads no weight byte.
+Knows: how to hash a model folder's config, dtype, quantization choice (kept or dequantized)
+and the whole content of every ``*.safetensors`` file (BLAKE3 on every core: ~1 GB/s on one
+loaded core of the 2-core CI box, 5x hashlib's BLAKE2b there, and memory speed on a multi-core
+machine), and a private cache of the per-file digests keyed by (device, inode, size, mtime_ns),
+so a second load reads no weight byte.
 Does not know: mlx, or what a block key is (``blocks.BlockKeyer`` seeds itself with this).
 
 The cache lives in ``<forkv cache>/fingerprints`` (mode 0700, one 0600 file per weight
@@ -31,11 +32,14 @@ _memo: dict[tuple[int, int, int, int], str] = {}
 _memo_lock = threading.Lock()
 
 
-def fingerprint(path: Path, config: dict, dtype: str) -> bytes:
-    """Identify architecture, every weight byte and the compute dtype (32 bytes)."""
+def fingerprint(path: Path, config: dict, dtype: str, quantization: str = "none") -> bytes:
+    """Identify architecture, every weight byte, the compute dtype and what was done with
+    quantized weights (kept or dequantized: they compute differently) (32 bytes)."""
     h = hashlib.sha256(_VERSION.encode() + b"\0")
     h.update(json.dumps(config, sort_keys=True, default=str).encode())
     h.update(dtype.encode())
+    if quantization != "none":  # unquantized models keep the fingerprints they always had
+        h.update(b"\0quantization:" + quantization.encode())
     for f in sorted(Path(path).glob("*.safetensors")):
         h.update(f"{f.name}:{f.stat().st_size}:{file_digest(f)}".encode())
     return h.digest()

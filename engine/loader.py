@@ -1,22 +1,25 @@
-"""Load a model by name: any local MLX / Hugging Face-format folder, or `demo:<arch>[:<size>]`.
+"""Turn a model's files into a `LoadedModel`: the mlx-lm (or mlx-vlm) model and tokenizer, the
+compute dtype, what was done with quantized weights, the cache layout and a fingerprint that
+identifies (config, weights, dtype, quantization choice) for block keys.
 
-Returns a `LoadedModel` holding the mlx-lm model and tokenizer, the compute dtype, the cache
-layout and a fingerprint that identifies (config, weights, dtype) for block keys. Never reaches
-the network: a name that is not a local folder or a demo name is an error.
+Which folder a name means (a folder, a GGUF, a demo, a named model, LM Studio, the Hugging
+Face hub) is sources.py's business; keeping or dequantizing quantized weights is
+quantized.py's. This module knows how a folder becomes a model, not where folders come from.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import blas
-from .demo import ARCHS, SIZES, VISION_ARCHS, ensure_demo_model
-from .errors import ModelLoadError, UnknownDemoModel
+from .errors import ModelLoadError
 from .fingerprint import fingerprint  # whole-content hash, cached by (dev, inode, size, mtime)
 from .layout import CacheLayout, cache_layout
+from .quantized import QuantChoice, apply_quantized
+from .sources import resolve_source
+from .special_tokens import eos_token_ids
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -38,6 +41,11 @@ class LoadedModel:
     is_vision: bool = False
     processor: object = None
     image_token_id: int | None = None
+    # What quantized weights became ("none", "4-bit kept", "4-bit dequantized to float32"),
+    # why, and where the name led (sources.ModelSource.description).
+    quantization: str = "none"
+    quantization_reason: str = ""
+    source: str = ""
 
     def make_cache(self) -> list:
         from mlx_lm.models.cache import make_prompt_cache
@@ -50,28 +58,9 @@ class LoadedModel:
 
 
 def resolve_model_path(name: str) -> Path:
-    """Map a model name to a local folder, building a demo model if asked for one."""
-    if name.startswith("demo:"):
-        parts = name.split(":")
-        if len(parts) not in (2, 3) or parts[1] not in ARCHS + VISION_ARCHS or (
-            len(parts) == 3 and parts[2] not in SIZES
-        ):
-            raise UnknownDemoModel(
-                f"Unknown demo model {name!r}; use demo:<arch>[:<size>] with arch one of "
-                f"{', '.join(ARCHS + VISION_ARCHS)} and size one of {', '.join(SIZES)}."
-            )
-        return ensure_demo_model(parts[1], parts[2] if len(parts) == 3 else "tiny")
-    path = Path(name).expanduser()
-    if not path.is_dir():
-        raise ModelLoadError(
-            f"Model folder {str(path)!r} does not exist; pass a local MLX/Hugging Face model "
-            "folder or a demo name such as 'demo:gemma3'."
-        )
-    if not (path / "config.json").is_file():
-        raise ModelLoadError(f"{str(path)!r} has no config.json; point at a model folder.")
-    if not any(path.glob("*.safetensors")):
-        raise ModelLoadError(f"{str(path)!r} has no .safetensors weights; convert it with mlx_lm.convert.")
-    return path
+    """The local MLX folder of a model name (see sources.py), building or converting it if
+    needed; may download from the Hugging Face hub unless HF_HUB_OFFLINE is set."""
+    return resolve_source(name).path
 
 
 def pick_dtype(requested: str, native: str) -> str:
@@ -87,19 +76,20 @@ def pick_dtype(requested: str, native: str) -> str:
     return native
 
 
-def load_model(name: str, dtype: str = "auto") -> LoadedModel:
-    """Load a model folder or `demo:` model for the engine."""
+def load_model(name: str, dtype: str = "auto", quantized: str = "auto") -> LoadedModel:
+    """Load any model name (sources.py) for the engine. `dtype`: auto, float32, bfloat16,
+    float16; `quantized`: auto, keep, dequantize (quantized.py)."""
     blas.activate()  # must precede the first mlx import to take effect
-    import mlx.core as mx
     from mlx_lm.utils import load as mlx_lm_load
 
-    path = resolve_model_path(name)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    pick_dtype(dtype, "float32")  # a bad dtype fails before any folder is built or converted
+    source = resolve_source(name)
+    path = source.path
     from .vision_loader import is_vision_folder
 
     read_config(path)  # a broken or incomplete config.json is named before mlx-lm reads it
     if is_vision_folder(path):
-        return _load_vision_model(name, path, dtype)
+        return _load_vision_model(name, path, dtype, quantized, source.description)
     try:
         model, tokenizer, config = mlx_lm_load(str(path), return_config=True)
     except TypeError as e:  # ModelArgs(**config) missing a field its architecture needs
@@ -110,40 +100,47 @@ def load_model(name: str, dtype: str = "auto") -> LoadedModel:
                              "original config.json.") from None
     except (ValueError, FileNotFoundError, OSError) as e:
         raise ModelLoadError(f"Could not load model from {str(path)!r}: {e}") from e
+    chosen, quant = _set_weights(model, config, dtype, quantized)
+    eos = eos_token_ids(path, config, tokenizer)  # configs, tokenizer, template's turn end
+    return LoadedModel(
+        name=name, path=path, model=model, tokenizer=tokenizer, config=config, dtype=chosen,
+        layout=cache_layout(_make_cache(model)),
+        fingerprint=fingerprint(path, config, chosen, quant.label),
+        context_length=_context_length(config), eos_token_ids=frozenset(eos or ()),
+        quantization=quant.label, quantization_reason=quant.reason, source=source.description,
+    )
+
+
+def _set_weights(model, config: dict, dtype: str, quantized: str) -> tuple[str, QuantChoice]:
+    """Keep or dequantize quantized layers, then cast the float weights to the chosen dtype."""
+    import mlx.core as mx
+
     native = _native_dtype(model)
     chosen = pick_dtype(dtype, native)
-    if chosen != native:
+    quant = apply_quantized(model, config, quantized, chosen)
+    if chosen != native and not quant.dequantized:  # dequantizing already cast them
         model.set_dtype(getattr(mx, chosen))
-    eos = tokenizer.eos_token_ids if hasattr(tokenizer, "eos_token_ids") else set()
-    loaded = LoadedModel(
-        name=name, path=path, model=model, tokenizer=tokenizer, config=config, dtype=chosen,
-        layout=cache_layout(_make_cache(model)), fingerprint=fingerprint(path, config, chosen),
-        context_length=_context_length(config), eos_token_ids=frozenset(eos or ()),
-    )
-    return loaded
+    return chosen, quant
 
 
-def _load_vision_model(name: str, path: Path, dtype: str) -> LoadedModel:
+def _load_vision_model(name: str, path: Path, dtype: str, quantized: str,
+                       source: str) -> LoadedModel:
     """A vision-language model: mlx-vlm loads it (vision_loader, which never imports this
     module), the rest is as for text; the fingerprint also covers the image preprocessing."""
     import hashlib
 
-    import mlx.core as mx
-
     from .vision_loader import load_vision_parts
 
     parts = load_vision_parts(path)
-    native = _native_dtype(parts.model)
-    chosen = pick_dtype(dtype, native)
-    if chosen != native:
-        parts.model.set_dtype(getattr(mx, chosen))
+    chosen, quant = _set_weights(parts.model, parts.config, dtype, quantized)
     return LoadedModel(
         name=name, path=path, model=parts.model, tokenizer=parts.tokenizer, config=parts.config,
         dtype=chosen, layout=cache_layout(_make_cache(parts.model.language_model)),
-        fingerprint=hashlib.sha256(fingerprint(path, parts.config, chosen)
+        fingerprint=hashlib.sha256(fingerprint(path, parts.config, chosen, quant.label)
                                    + parts.processor_digest).digest(),
         context_length=_context_length(parts.config), eos_token_ids=parts.eos_token_ids,
-        is_vision=True, processor=parts.processor, image_token_id=parts.image_token_id)
+        is_vision=True, processor=parts.processor, image_token_id=parts.image_token_id,
+        quantization=quant.label, quantization_reason=quant.reason, source=source)
 
 
 def read_config(path: Path) -> dict:

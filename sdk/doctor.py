@@ -1,4 +1,5 @@
-"""`forkv doctor`: what this machine gives forkv — BLAS, device, dtype, versions."""
+"""`forkv doctor`: what this machine gives forkv — BLAS, device, dtype, what happens to
+quantized weights, versions; with a model, where its name led and what was loaded."""
 
 from __future__ import annotations
 
@@ -20,7 +21,10 @@ def report(model: str | None = None) -> dict:
     info = blas.activate()
     import mlx.core as mx
 
+    from forkv.engine import EngineConfig
     from forkv.engine.loader import pick_dtype
+
+    config = EngineConfig.from_env()  # FORKV_DTYPE, FORKV_QUANTIZED, as an engine reads them
 
     out = {
         "python": platform.python_version(),
@@ -34,11 +38,27 @@ def report(model: str | None = None) -> dict:
         "blas_optimized": info.is_optimized,
         "blas_note": info.reason,
         "dtype": pick_dtype("auto", "bfloat16") + " (auto, for a bfloat16 model)",
+        "quantized": _quantized_policy(config.quantized, mx.default_device() == mx.cpu),
     }
     if model:
         from forkv.engine import load_model
 
-        lm = load_model(model)
-        out.update(model=model, model_type=lm.model_type, model_dtype=lm.dtype,
+        lm = load_model(model, config.dtype, config.quantized)
+        out.update(model=model, source=lm.source, model_type=lm.model_type,
+                   model_dtype=lm.dtype, quantization=lm.quantization,
+                   quant_reason=lm.quantization_reason,
                    cache_layout=lm.layout.describe(), checkpoints=lm.layout.can_checkpoint)
     return out
+
+
+def _quantized_policy(mode: str, is_cpu: bool) -> str:
+    from forkv.engine.quantized import available_memory
+
+    if mode != "auto":
+        return f"{mode} (FORKV_QUANTIZED)"
+    if not is_cpu:
+        return "auto: keep quantized weights (this device's quantized kernels are fast)"
+    have = available_memory()
+    room = f"{have / 2**30:.1f} GiB available" if have else "memory unknown"
+    return ("auto: dequantize on this CPU when the float weights fit in memory "
+            f"({room}); its quantized matmul is far slower than float BLAS")

@@ -40,3 +40,79 @@ def test_bfloat16_load():
     lm = load_tiny("gemma3", "bfloat16")
     assert lm.dtype == "bfloat16"
     assert lm.model.model.embed_tokens.weight.dtype == mx.bfloat16
+
+
+# -- quantized weights ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def q4_folder(tmp_path_factory):
+    from forkv.convert_cmd import convert_model
+
+    out, _ = convert_model("demo:gemma3:tiny", tmp_path_factory.mktemp("q") / "q4", q_bits=4)
+    return out
+
+
+def _logits(lm, tokens=(1, 5, 9, 30, 2, 7)):
+    import mlx.core as mx
+
+    return lm.model(mx.array([list(tokens)]))[0]
+
+
+def test_quantized_auto_dequantizes_on_the_cpu(q4_folder):
+    import mlx.nn as nn
+
+    auto = load_model(str(q4_folder))
+    assert auto.quantization == "4-bit dequantized to float32" and auto.dtype == "float32"
+    assert "auto: the CPU's quantized matmul" in auto.quantization_reason
+    assert not any(isinstance(m, nn.QuantizedLinear) for _, m in auto.model.named_modules())
+    forced = load_model(str(q4_folder), quantized="dequantize")
+    assert forced.fingerprint == auto.fingerprint  # same compute, same keys
+
+
+def test_quantized_keep_computes_the_same_but_keys_differ(q4_folder):
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    kept = load_model(str(q4_folder), quantized="keep")
+    deq = load_model(str(q4_folder), quantized="dequantize")
+    assert kept.quantization == "4-bit kept"
+    assert any(isinstance(m, nn.QuantizedLinear) for _, m in kept.model.named_modules())
+    assert kept.fingerprint != deq.fingerprint
+    a, b = _logits(kept), _logits(deq)
+    assert mx.allclose(a, b, atol=1e-4, rtol=1e-4), float(mx.abs(a - b).max())
+
+
+def test_quantized_auto_keeps_what_would_not_fit(q4_folder, monkeypatch):
+    from forkv.engine import quantized
+
+    monkeypatch.setattr(quantized, "available_memory", lambda: 1024)
+    lm = load_model(str(q4_folder))
+    assert lm.quantization == "4-bit kept" and "would not fit" in lm.quantization_reason
+
+
+def test_unquantized_models_say_none_and_keep_their_fingerprint():
+    lm = load_tiny("qwen3")
+    assert lm.quantization == "none" and "demo model qwen3:tiny" in lm.source
+    assert fingerprint(lm.path, lm.config, "float32") == lm.fingerprint
+
+
+def test_bad_quantized_mode():
+    from forkv.engine import EngineConfig, EngineConfigError
+
+    with pytest.raises(ModelLoadError, match="Unknown quantized mode"):
+        load_model("demo:qwen3:tiny", quantized="int4")
+    assert EngineConfig.from_env({"FORKV_QUANTIZED": "keep"}).quantized == "keep"
+    with pytest.raises(EngineConfigError, match="FORKV_QUANTIZED"):
+        EngineConfig.from_env({"FORKV_QUANTIZED": "sometimes"})
+
+
+def test_doctor_says_what_it_chose_for_quantized_weights(q4_folder, monkeypatch):
+    from forkv.doctor import report
+
+    info = report(str(q4_folder))
+    assert info["quantized"].startswith("auto: dequantize on this CPU")
+    assert info["quantization"] == "4-bit dequantized to float32"
+    assert "far slower than float BLAS" in info["quant_reason"] and "model folder" in info["source"]
+    monkeypatch.setenv("FORKV_QUANTIZED", "keep")
+    info = report(str(q4_folder))
+    assert info["quantized"] == "keep (FORKV_QUANTIZED)" and info["quantization"] == "4-bit kept"

@@ -2,10 +2,11 @@
 
 A remote server holds the weights; the SDK still renders node paths with the model's chat
 template (to find spans, plan context and key blocks), so the tokenizer comes from a local
-folder: `tokenizer=` (a folder, a `demo:` name, or a loaded tokenizer), else the model name
-itself when it is a demo name or a folder. `RemoteModel` carries the attributes `Session`
-reads on an engine's `lm` (name, tokenizer, fingerprint, context_length, eos_token_ids,
-is_vision). Knows nothing about HTTP.
+folder: `tokenizer=` (any model name the engine resolves, or a loaded tokenizer), else the
+model name itself when it resolves locally (a folder, a GGUF, a demo or named model, LM
+Studio's models folder, the Hugging Face cache; never a download: the weights are remote).
+`RemoteModel` carries the attributes `Session` reads on an engine's `lm` (name, tokenizer,
+fingerprint, context_length, eos_token_ids, is_vision). Knows nothing about HTTP.
 """
 
 from __future__ import annotations
@@ -38,10 +39,10 @@ class RemoteModel:
 
 
 def _folder(spec: str) -> Path:
-    from forkv.engine.loader import resolve_model_path  # builds a demo model if asked for one
+    from forkv.engine.sources import resolve_source  # builds a demo model if asked for one
 
     try:
-        return resolve_model_path(spec)
+        return resolve_source(spec, download=False).path
     except Exception as e:  # noqa: BLE001 - re-raised as one sentence
         raise TokenizerNotFound(
             f"No local tokenizer for remote model {spec!r} ({e}); pass tokenizer= a local "
@@ -71,10 +72,6 @@ def load_remote_model(model: str, tokenizer: Any = None, *,
     config: dict = {}
     if tokenizer is None or isinstance(tokenizer, (str, Path)):
         spec = str(tokenizer) if tokenizer is not None else model
-        if not (spec.startswith("demo:") or Path(spec).expanduser().is_dir()):
-            raise TokenizerNotFound(
-                f"Remote model {model!r} is not a local folder or demo name, so its tokenizer "
-                "is unknown here; pass tokenizer= a local folder with its tokenizer files.")
         path = _folder(spec)
         config = _config(path)
         tok = _load_tokenizer(path, config)

@@ -1,0 +1,92 @@
+"""GGUF files converted once into forkv's cache, keyed by what they hold.
+
+`converted_folder(file)` returns `<forkv cache>/gguf/<digest>-<CONVERTER_VERSION>/`, an MLX
+folder written by the GGUF converter (`forkv.engine.gguf.convert_gguf`): the digest is the
+file's whole-content BLAKE3 (`fingerprint.file_digest`, cached by inode and mtime, so a second
+load reads no byte of it), so a renamed or copied file hits and an edited one converts again;
+a new converter version converts again too. The conversion is written to a private temp
+sibling and renamed into place, so a crash or a concurrent converter never leaves half a
+folder. The cache folder is private (0700). Knows nothing of the GGUF format itself.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from .errors import ModelLoadError
+from .fingerprint import file_digest
+
+__all__ = ["converted_folder", "converter_version", "private_cache_folder"]
+
+
+def converted_folder(file: Path, *, dtype: str | None = None) -> tuple[Path, str]:
+    """(the converted MLX folder for `file`, the converter version), converting if needed."""
+    convert, version, gguf_error = _converter()
+    key = f"{file_digest(file)[:32]}-{version}" + (f"-{dtype}" if dtype else "")
+    folder = private_cache_folder("gguf") / key
+    if is_complete(folder):
+        return folder, version
+    try:
+        write_atomically(folder, lambda out: convert(file, out, dtype=dtype))
+    except gguf_error as e:
+        if isinstance(e, ModelLoadError):
+            raise
+        raise ModelLoadError(f"Cannot convert {str(file)!r}: {e}") from None
+    return folder, version
+
+
+def converter_version() -> str:
+    """The installed GGUF converter's version (part of every conversion's cache key)."""
+    return _converter()[1]
+
+
+def private_cache_folder(name: str) -> Path:
+    """`<forkv cache>/<name>`, created 0700; refused if it is a link or open to others."""
+    from .demo import cache_root
+
+    folder = cache_root() / name
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = os.lstat(folder)
+    if info.st_uid == os.geteuid() and info.st_mode & 0o077:
+        os.chmod(folder, 0o700)  # made by an older forkv or a loose umask: ours, so tighten
+        info = os.lstat(folder)
+    if os.path.islink(folder) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
+        raise ModelLoadError(f"{str(folder)!r} is not a private folder of this user; remove it "
+                             "or set FORKV_CACHE_DIR to another place.")
+    return folder
+
+
+def is_complete(folder: Path) -> bool:
+    return (folder / "config.json").is_file() and any(folder.glob("*.safetensors"))
+
+
+def write_atomically(folder: Path, write) -> Path:
+    """`write(out)` a model folder into a temp sibling, then rename it to `folder`."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))  # 0700
+    try:
+        out = tmp / "model"
+        write(out)
+        if not is_complete(out):
+            raise ModelLoadError(f"The converter wrote no model into {str(out)!r}; this is a "
+                                 "forkv bug, please report it.")
+        os.chmod(out, 0o700)
+        try:
+            os.rename(out, folder)
+        except OSError:  # another process finished first: its folder is as good as ours
+            if not is_complete(folder):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def _converter():
+    try:
+        from .gguf import CONVERTER_VERSION, GGUFError, convert_gguf
+    except ImportError as e:
+        raise ModelLoadError(f"This forkv cannot convert GGUF files ({e}); reinstall forkv "
+                             "(pip install -e .).") from None
+    return convert_gguf, str(CONVERTER_VERSION), GGUFError
