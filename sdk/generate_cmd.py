@@ -16,7 +16,7 @@ __all__ = ["add_arguments", "read_prompt", "run_generate", "sampling_from_args"]
 def add_arguments(p) -> None:
     p.add_argument("prompt", help="the text to complete; '-' reads it from stdin")
     p.add_argument("--model", default="demo:qwen3:tiny",
-                   help="demo:<arch>[:<size>] or a local model folder (default demo:qwen3:tiny)")
+                   help="a model name, see `forkv --help` (default demo:qwen3:tiny)")
     p.add_argument("--chat", action="store_true",
                    help="send the prompt as a user turn through the chat template")
     p.add_argument("--system", default=None, help="with --chat: a system prompt before it")
@@ -86,7 +86,7 @@ def run_generate(args) -> int:
     if args.chat:
         prompt = ([{"role": "system", "content": args.system}] if args.system else []) + [
             {"role": "user", "content": text}]
-    engine = forkv.load(args.model)
+    engine = forkv.load(args.model, chat_template=getattr(args, "chat_template", None))
     event = None
     try:
         with PrefillBar(force=False if args.no_progress else None) as bar:

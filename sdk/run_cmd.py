@@ -22,7 +22,7 @@ SCORERS = ("mean_logprob", "length", "shortest")
 def add_arguments(p) -> None:
     p.add_argument("spec", metavar="SPEC", help="a workflow file: .json, .yaml or .yml")
     p.add_argument("--model", default=None,
-                   help="demo:<arch>[:<size>] or a model folder (default: the spec's model_id)")
+                   help="a model name, see `forkv --help` (default: the spec's model_id)")
     p.add_argument("--save", default=None, metavar="TREE.json",
                    help="where to save the tree (default: SPEC's name + .tree.json, here)")
     p.add_argument("--no-progress", action="store_true", help="no prefill progress bar")
@@ -43,7 +43,8 @@ def run_spec(args) -> int:
                         "or add model_id to the spec.")
     out = Path(args.save) if args.save else Path(path.name).with_suffix(".tree.json")
     t0 = time.perf_counter()
-    with forkv.Session(model, tree=spec.build()) as session:
+    template = getattr(args, "chat_template", None)
+    with forkv.Session(model, tree=spec.build(), chat_template=template) as session:
         session.tree.model_id = session.model_id  # pin the fingerprint in what we save
         print(f"{path.name}: {len(spec.nodes)} spec nodes on {session.model_id}", flush=True)
         scorers = {"mean_logprob": session.mean_logprob,

