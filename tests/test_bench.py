@@ -18,6 +18,8 @@ HEADLINES = {
               "concurrent_throughput_ratio"},
     "cluster": {"affinity_gain", "cached_ratio_affinity", "cached_ratio_round_robin",
                 "failover_ok", "peer_server_ok", "vllm_ok"},
+    "weights": {"dequantized_vs_float32_prefill", "dequantized_vs_kept_prefill",
+                "q4_dequantized_prefill_vs_mlx_lm"},
 }
 
 

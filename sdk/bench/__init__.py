@@ -23,6 +23,7 @@ BENCHMARKS = {
     "serve": ("serve", "run_serve_bench",
               ("demo:gemma3:small", "demo:qwen3_5:small", "demo:qwen3:small")),
     "cluster": ("cluster", "run_cluster_bench", ("demo:qwen3:tiny",)),
+    "weights": ("weights", "run_weights_bench", ("gemma3-270m",)),
 }
 
 __all__ = ["BENCHMARKS", "available", "run_benchmark"]

@@ -20,6 +20,7 @@ _WHAT = {
     "constrained": "what a JSON-schema-constrained row costs the rest of its batch",
     "serve": "forkv serve vs mlx_lm.server, through the openai client",
     "cluster": "3 forkv serve replicas: prefix-affinity routing vs round robin",
+    "weights": "prefill and decode per weight format (f32, bf16, 4-bit kept or dequantized)",
 }
 
 
