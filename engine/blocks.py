@@ -13,6 +13,15 @@ import struct
 from collections.abc import Sequence
 
 KEY_VERSION = b"forkv-block-v1"
+NAMESPACE_TAG = b"forkv-namespace-v1"
+
+
+def namespace_tag(namespace: str | bytes) -> bytes:
+    """16 bytes that name a namespace in its records (bound into each one, and checked on every
+    restore), without the namespace itself (an API key's tenant id) appearing anywhere."""
+    if isinstance(namespace, str):
+        namespace = namespace.encode()
+    return hashlib.sha256(NAMESPACE_TAG + namespace).digest()[:16]
 
 
 def tokens_bytes(tokens: Sequence[int]) -> bytes:
@@ -25,6 +34,8 @@ class BlockKeyer:
         if isinstance(namespace, str):
             namespace = namespace.encode()
         self.block_size = block_size
+        self.namespace = namespace
+        self.tag = namespace_tag(namespace)
         h = hashlib.sha256(KEY_VERSION)
         for part in (fingerprint, str(block_size).encode(), namespace):
             h.update(len(part).to_bytes(8, "little") + part)  # length-prefixed: no ambiguity

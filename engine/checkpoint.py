@@ -5,6 +5,12 @@ kind lists the blocks it reads (global: every block; window: those covering the 
 the last one) — verifies each against the requested tokens, and rebuilds the caches. A missing,
 corrupt or mismatched record is a miss: it is dropped and a shorter prefix is tried, down to
 none. `recorder(tokens)` gives the boundary hook that snapshots every new block.
+
+Every request carries its namespace (tenant) as a `BlockKeyer` (`keyer_for(namespace)`): it
+seeds the request's keys and tags its records, and a restore takes a record only if its tag
+is the request's, so one checkpointer and one store serve every tenant without one tenant's
+records ever serving another's prompt. Methods without a `keyer` use the engine's own
+namespace.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from .turns import Turns
 
 
 _STAT_KINDS = sorted(_kinds.record_names() | {"turn_end"})
+_MAX_KEYERS = 4096  # namespaces whose key builders are kept
 
 
 @dataclass(slots=True)
@@ -50,6 +57,7 @@ class Restored:
     position: int  # tokens the cache already holds (0 = nothing restored)
     keys: list[bytes]  # keys of every full block of the requested tokens
     extra: dict = field(default_factory=dict)  # arrays of the EXTRA record at `position`
+    keyer: BlockKeyer | None = None  # the request's namespace
 
 
 class Checkpointer:
@@ -70,20 +78,36 @@ class Checkpointer:
         self.stats = CheckpointStats()
         # Chunk edges and checkpoints after each generation prompt (None: blocks only).
         self.turns = Turns.for_checkpointer(self)
-        self.keyer = BlockKeyer(lm.fingerprint, block_size, namespace,
-                                self.turns.seed_part if self.turns else b"")
+        self._keyers: dict[str, BlockKeyer] = {}
+        self.keyer = self.keyer_for(namespace)  # the engine's own namespace
+
+    def keyer_for(self, namespace: str | None = None) -> BlockKeyer:
+        """The key builder of `namespace` (None: the engine's own): block keys seeded with the
+        model, block size, namespace and chunking, and the tag its records carry."""
+        if namespace is None:
+            return self.keyer
+        keyer = self._keyers.get(namespace)
+        if keyer is None:
+            if len(self._keyers) >= _MAX_KEYERS:  # (cheap to make again: a few hashes)
+                self._keyers.clear()
+            keyer = self._keyers[namespace] = BlockKeyer(
+                self.lm.fingerprint, self.block_size, namespace,
+                self.turns.seed_part if self.turns else b"")
+        return keyer
 
     # -- restore -----------------------------------------------------------------------------
     def restore(self, tokens: Sequence[int], extras: dict | None = None,
-                barriers: Sequence[int] = (), count: bool = True) -> Restored:
+                barriers: Sequence[int] = (), count: bool = True,
+                keyer: BlockKeyer | None = None) -> Restored:
         """Caches for the longest restorable prefix of `tokens` (always leaving one token to
-        compute). A boundary inside a span in `barriers` ((start, end) pairs) is skipped.
-        `count=False` (the engine's own record jobs) leaves the request and token counters
-        alone; record hits and misses still count."""
+        compute) in `keyer`'s namespace. A boundary inside a span in `barriers` ((start, end)
+        pairs) is skipped. `count=False` (the engine's own record jobs) leaves the request and
+        token counters alone; record hits and misses still count."""
         t0 = time.perf_counter()
         stats = self.stats if count else type(self.stats)()
         stats.requests += 1
-        keys = self.keyer.keys(tokens, extras)
+        keyer = keyer or self.keyer
+        keys = keyer.keys(tokens, extras)
         n, extra = 0, None
         if self.enabled:
             n_max = min(len(keys), (len(tokens) - 1) // self.block_size)
@@ -91,7 +115,7 @@ class Checkpointer:
                 pos = k * self.block_size
                 if any(s < pos < e for s, e in barriers):
                     continue
-                got = self._try(keys, tokens, k)
+                got = self._try(keys, tokens, k, keyer.tag)
                 if got is not None:
                     (cache, extra), n = got, pos
                     break
@@ -100,7 +124,7 @@ class Checkpointer:
         stats.tokens_reused += n
         stats.tokens_computed += len(tokens) - n
         stats.restore_s += time.perf_counter() - t0
-        return Restored(cache, n, keys, extra.arrays if extra is not None else {})
+        return Restored(cache, n, keys, extra.arrays if extra is not None else {}, keyer)
 
     def _global_run(self, keys, n_max: int, tokens) -> int:
         """How many leading blocks have global records (all blocks, if there are no global
@@ -112,13 +136,14 @@ class Checkpointer:
                 return k
         return n_max
 
-    def _load(self, key: bytes, kind: str, expect: bytes) -> Record | None:
+    def _load(self, key: bytes, kind: str, expect: bytes, tag: bytes) -> Record | None:
         record = self.store.get(key, kind)
         if record is None:
             self.stats.misses[kind] += 1
             return None
-        if record.tokens != expect or not self._names_ok(record):
-            # Same key, other tokens (a hash collision or a tampered index): never reuse.
+        if record.tokens != expect or record.namespace != tag or not self._names_ok(record):
+            # Same key, other tokens or another namespace (a hash collision or a tampered
+            # index): never reuse.
             self.stats.rejected += 1
             self.store.discard(key, kind)
             return None
@@ -133,7 +158,7 @@ class Checkpointer:
         return bool(labels) and all(any(name.startswith(label + ".") for label in labels)
                                     for name in record.arrays)
 
-    def _try(self, keys, tokens, k: int) -> tuple[list, Record | None] | None:
+    def _try(self, keys, tokens, k: int, tag: bytes) -> tuple[list, Record | None] | None:
         B = self.block_size
         pos = k * B
         records: dict[str, dict[int, Record]] = {}
@@ -148,7 +173,7 @@ class Checkpointer:
                 end = (b + 1) * B
                 expect = tokens_bytes(tokens[:end] if _kinds.whole_prefix(kind)
                                       else tokens[end - B:end])
-                got[b] = self._load(keys[b], kind, expect)
+                got[b] = self._load(keys[b], kind, expect, tag)
                 if got[b] is None:
                     return None
         extra = records.pop(CacheKind.EXTRA, {}).get(k - 1)
@@ -160,24 +185,31 @@ class Checkpointer:
             self.stats.rejected += 1
             return None
 
-    def restore_run(self, tokens: Sequence[int], count: bool = True) -> Restored:
+    def restore_run(self, tokens: Sequence[int], count: bool = True,
+                    keyer: BlockKeyer | None = None) -> Restored:
         """`restore` for a text run: the longest block prefix, then on to a turn end in the
         next block if one is checkpointed."""
-        r = self.restore(tokens, count=count)
+        r = self.restore(tokens, count=count, keyer=keyer)
         if self.turns is not None:
             self.turns.restore(r, tokens, count)
         return r
 
-    def model_for(self, tokens: Sequence[int], keys: Sequence[bytes] | None = None):
+    def model_for(self, tokens: Sequence[int], keys: Sequence[bytes] | None = None,
+                  keyer: BlockKeyer | None = None):
         """The model callable a text run of `tokens` prefills with: one that also cuts (and,
         given the block keys, records) at turn ends, or the plain model."""
         model = self.lm.model
-        return model if self.turns is None else self.turns.model(model, tokens, keys)
+        if self.turns is None:
+            return model
+        return self.turns.model(model, tokens, keys, keyer=keyer or self.keyer)
 
-    def checkpoint_keys(self, tokens: Sequence[int]) -> list[bytes]:
+    def checkpoint_keys(self, tokens: Sequence[int], keyer: BlockKeyer | None = None
+                        ) -> list[bytes]:
         """Every key a run of `tokens` records under: its full blocks, then its turn ends."""
-        keys = self.keyer.keys(tokens)
-        return keys + (list(self.turns.keys(tokens, keys).values()) if self.turns else [])
+        keyer = keyer or self.keyer
+        keys = keyer.keys(tokens)
+        turns = self.turns.keys(tokens, keys, keyer) if self.turns else {}
+        return keys + list(turns.values())
 
     # -- release -----------------------------------------------------------------------------
     def release(self, keys: Sequence[bytes]) -> int:
@@ -192,8 +224,9 @@ class Checkpointer:
         return dropped
 
     # -- record ------------------------------------------------------------------------------
-    def recorder(self, keys: list[bytes], extras: dict | None = None) -> BoundaryHook | None:
+    def recorder(self, keys: list[bytes], extras: dict | None = None,
+                 keyer: BlockKeyer | None = None) -> BoundaryHook | None:
         """The hook that records each block boundary a run reaches (prefill and decode)."""
         if not self.enabled:
             return None
-        return SequenceRecorder(self, keys, extras)
+        return SequenceRecorder(self, keys, extras, keyer or self.keyer)

@@ -62,7 +62,8 @@ def encode(record: Record, block_size: int) -> bytes:
     entries[_TOKENS] = {"dtype": "I32", "shape": [len(record.tokens) // 4],
                         "data_offsets": [offset, offset + len(tokens)]}
     entries["__metadata__"] = {"forkv_record": str(RECORD_VERSION), "kind": str(record.kind),
-                               "block": str(record.block), "block_size": str(block_size)}
+                               "block": str(record.block), "block_size": str(block_size),
+                               "namespace": record.namespace.hex()}
     header = json.dumps(entries, separators=(",", ":")).encode()
     header += b" " * (-len(header) % 8)  # safetensors pads the header to 8 bytes
     return b"".join([len(header).to_bytes(8, "little"), header, *views, tokens])
@@ -111,8 +112,12 @@ def _decode(data, block_size: int) -> Record:
     if tok is None or tok[0] != "I32" or len(tok[1]) != 1:
         raise CodecError("record has no tokens")
     tokens = bytes(view[start + tok[2]:start + tok[3]])
+    try:
+        namespace = bytes.fromhex(meta.get("namespace", ""))
+    except ValueError:
+        raise CodecError("record namespace is malformed") from None
     arrays = {name: _to_array(view, start, *t) for name, t in tensors.items()}
-    return Record(kind, block, tokens, arrays)
+    return Record(kind, block, tokens, arrays, namespace)
 
 
 def _parse_header(view: memoryview) -> tuple[dict, dict, int]:

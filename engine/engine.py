@@ -130,11 +130,14 @@ class Engine:
 
     # -- the request path --------------------------------------------------------------------
     def submit(self, prompt, params: SamplingParams | None = None, images=None, *,
-               progress=None, **kwargs) -> RequestHandle:
+               namespace: str | None = None, progress=None, **kwargs) -> RequestHandle:
         """Queue a completion of `prompt` and return its handle at once (safe from any thread
         or event loop). Keyword arguments build a SamplingParams. `images` (bytes, paths or
-        PIL images) fill the prompt's image parts on vision models. `progress(computed,
-        total, restored)` is called on the engine thread after each prefill chunk."""
+        PIL images) fill the prompt's image parts on vision models. `namespace` (a tenant:
+        None is the engine's own) salts the request's checkpoint keys and tags its records:
+        it restores only what requests of the same namespace recorded, while it batches with
+        every other. `progress(computed, total, restored)` is called on the engine thread
+        after each prefill chunk."""
         if params is not None and kwargs:
             raise GenerationError("Pass either a SamplingParams or sampling keywords, not both.")
         params = params or SamplingParams(**kwargs)
@@ -143,7 +146,9 @@ class Engine:
         handle = RequestHandle(rid, tokens, params, self._cancel)
         seq = make_sequence(rid, tokens, params, self.lm, self._vocab_limit)
         seq.request, seq.progress = request, progress
-        seq.keys = self.block_keys(tokens)  # (image hashes aside: only for scheduling)
+        seq.keyer = self._keyer(namespace)
+        seq.keys = seq.keyer.keys(tokens) if seq.keyer else []  # (image hashes aside: only
+        # for scheduling)
         ck = self.checkpointer
         if ck is not None and ck.turns is not None and request is None:
             seq.turn_ends = ck.turns.ends(tokens[:-1])
@@ -159,11 +164,14 @@ class Engine:
                  **kwargs) -> GenerationResult:
         return self.submit(prompt, params, images, **kwargs).result()
 
-    def _record_job(self, tokens: list[int], first_block: int):
-        """A prefill-only sequence that records the blocks of `tokens` (engine thread)."""
+    def _record_job(self, tokens: list[int], first_block: int, keyer=None):
+        """A prefill-only sequence that records the blocks of `tokens` in `keyer`'s namespace
+        (engine thread)."""
         job = make_sequence(next(self._ids), tokens, SamplingParams(max_tokens=0), self.lm,
                             self._vocab_limit)
-        job.keys, job.first_block, job.is_record_job = self.block_keys(tokens), first_block, True
+        job.keyer = keyer or self._keyer(None)
+        job.keys = job.keyer.keys(tokens) if job.keyer else []
+        job.first_block, job.is_record_job = first_block, True
         return job
 
     def drain(self, timeout: float | None = None) -> None:
@@ -235,23 +243,33 @@ class Engine:
         return self._worker.call(fn, *args)
 
     # -- the SDK's surface -------------------------------------------------------------------
-    def block_keys(self, tokens: Sequence[int]) -> list[bytes]:
-        """Chained keys of every full block of `tokens` (empty without checkpoints)."""
-        return self.checkpointer.keyer.keys(tokens) if self.checkpointer else []
+    def _keyer(self, namespace: str | None):
+        ck = self.checkpointer
+        return ck.keyer_for(namespace) if ck is not None else None
 
-    def turn_keys(self, tokens: Sequence[int]) -> dict[int, bytes]:
+    def block_keys(self, tokens: Sequence[int], namespace: str | None = None) -> list[bytes]:
+        """Chained keys of every full block of `tokens` in `namespace` (None: the engine's
+        own; empty without checkpoints)."""
+        keyer = self._keyer(namespace)
+        return keyer.keys(tokens) if keyer else []
+
+    def turn_keys(self, tokens: Sequence[int], namespace: str | None = None
+                  ) -> dict[int, bytes]:
         """The keys of the turn-end checkpoints a run of `tokens` records, by position (see
         turns.py; empty for models without a chat template)."""
         ck = self.checkpointer
         if ck is None or ck.turns is None:
             return {}
-        return ck.turns.keys(tokens, ck.keyer.keys(tokens))
+        keyer = ck.keyer_for(namespace)
+        return ck.turns.keys(tokens, keyer.keys(tokens), keyer)
 
-    def checkpoint_keys(self, tokens: Sequence[int]) -> list[bytes]:
-        """Every key a run of `tokens` records checkpoints under: the block keys, then those
-        of the partial-block checkpoints at its turn ends (see turns.py). What to `release`
-        when `tokens` will not be asked for again."""
-        return self.checkpointer.checkpoint_keys(tokens) if self.checkpointer else []
+    def checkpoint_keys(self, tokens: Sequence[int], namespace: str | None = None
+                        ) -> list[bytes]:
+        """Every key a run of `tokens` records checkpoints under in `namespace`: the block
+        keys, then those of the partial-block checkpoints at its turn ends (see turns.py).
+        What to `release` when `tokens` will not be asked for again."""
+        ck = self.checkpointer
+        return ck.checkpoint_keys(tokens, ck.keyer_for(namespace)) if ck else []
 
     def release(self, keys: Sequence[bytes]) -> int:
         """Drop the checkpoints stored under `keys` (e.g. blocks only a removed branch used);

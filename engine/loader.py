@@ -76,14 +76,16 @@ def pick_dtype(requested: str, native: str) -> str:
     return native
 
 
-def load_model(name: str, dtype: str = "auto", quantized: str = "auto") -> LoadedModel:
+def load_model(name: str, dtype: str = "auto", quantized: str = "auto", *,
+               download: bool = True) -> LoadedModel:
     """Load any model name (sources.py) for the engine. `dtype`: auto, float32, bfloat16,
-    float16; `quantized`: auto, keep, dequantize (quantized.py)."""
+    float16; `quantized`: auto, keep, dequantize (quantized.py). `download=False` takes Hugging
+    Face ids from the local cache only (a server loading what a request names)."""
     blas.activate()  # must precede the first mlx import to take effect
     from mlx_lm.utils import load as mlx_lm_load
 
     pick_dtype(dtype, "float32")  # a bad dtype fails before any folder is built or converted
-    source = resolve_source(name)
+    source = resolve_source(name, download=download)
     path = source.path
     from .vision_loader import is_vision_folder
 

@@ -117,9 +117,11 @@ def apply(ck, cache: list, arrays: dict, end: int) -> bool:
     return True
 
 
-def put(ck, key: bytes, cache: list, end: int, tokens, extra: dict | None = None) -> bool:
-    """Record the partial checkpoint of `cache` at `end` under `key` (with `extra` arrays),
-    unless it is there; `tokens` are the run's tokens. Whether one was written."""
+def put(ck, key: bytes, cache: list, end: int, tokens, extra: dict | None = None, *,
+        namespace: bytes) -> bool:
+    """Record the partial checkpoint of `cache` at `end` under `key` (with `extra` arrays, and
+    the run's `namespace` tag), unless it is there; `tokens` are the run's tokens. Whether one
+    was written."""
     import mlx.core as mx
 
     if ck.store.contains(key, CacheKind.EXTRA):
@@ -133,18 +135,20 @@ def put(ck, key: bytes, cache: list, end: int, tokens, extra: dict | None = None
         mx.eval(arrays)
     lo = end // ck.block_size * ck.block_size
     ck.store.put(key, Record(CacheKind.EXTRA, end // ck.block_size, tokens_bytes(tokens[lo:end]),
-                             arrays))
+                             arrays, namespace))
     return True
 
 
-def load(ck, key: bytes, tokens, end: int, names: set[str] = frozenset()) -> Record | None:
-    """The partial checkpoint at `end` under `key`, verified against `tokens` (and holding
-    `names` besides the global layers' K/V); one that is not is rejected and dropped."""
+def load(ck, key: bytes, tokens, end: int, names: set[str] = frozenset(), *,
+         namespace: bytes) -> Record | None:
+    """The partial checkpoint at `end` under `key`, verified against `tokens` and the request's
+    `namespace` tag (and holding `names` besides the global layers' K/V); one that is not is
+    rejected and dropped."""
     record = ck.store.get(key, CacheKind.EXTRA)
     if record is None:
         return None
     lo = end // ck.block_size * ck.block_size
-    if (record.tokens != tokens_bytes(tokens[lo:end])
+    if (record.tokens != tokens_bytes(tokens[lo:end]) or record.namespace != namespace
             or not required_names(ck) | set(names) <= set(record.arrays)):
         ck.stats.rejected += 1  # same key, other content: never reuse
         ck.store.discard(key, CacheKind.EXTRA)

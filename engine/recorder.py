@@ -22,8 +22,10 @@ from .records import Record, rebuild, record_tokens, snapshot
 
 
 class SequenceRecorder:
-    def __init__(self, checkpointer, keys: list[bytes], extras: dict | None = None):
+    def __init__(self, checkpointer, keys: list[bytes], extras: dict | None = None,
+                 keyer=None):
         self.ck = checkpointer
+        self.keyer = keyer or checkpointer.keyer  # the run's namespace: keys and record tags
         self.keys = list(keys)
         self.extras = extras
         # The kinds a decode boundary rebuilds from records (the rest are trimmed in place).
@@ -42,13 +44,13 @@ class SequenceRecorder:
         B = ck.block_size
         block = pos // B - 1
         if block >= len(self.keys):  # decode went past the prompt's blocks: extend the chain
-            self.keys.extend(ck.keyer.keys(tokens[:pos], self.extras, start=len(self.keys),
-                                           prev=self.keys[-1] if self.keys else None))
+            self.keys.extend(self.keyer.keys(tokens[:pos], self.extras, start=len(self.keys),
+                                             prev=self.keys[-1] if self.keys else None))
         if in_decode and not self._recompute_block(pos, tokens, cache):
             return False
         key = self.keys[block]
         kinds = {k for k in ck.kinds if not ck.store.contains(key, k)}
-        for record in snapshot(cache, ck.layout, pos, B, tokens, kinds):
+        for record in snapshot(cache, ck.layout, pos, B, tokens, kinds, self.keyer.tag):
             ck.store.put(key, record)
             if record.kind in self.rebuilt:
                 self.recent[(record.block, record.kind)] = record
@@ -81,7 +83,8 @@ class SequenceRecorder:
                 get_leaf(cache, leaf.path).trim(B)
         model = self.model
         if model is ck.lm.model and ck.turns is not None:
-            model = ck.model_for(tokens[:pos])  # cut at turn ends as a fresh prefill does
+            # cut at turn ends as a fresh prefill does
+            model = ck.model_for(tokens[:pos], keyer=self.keyer)
         model(mx.array(tokens[start:pos])[None], cache=cache)
         mx.eval([c.state for c in cache])
         return True
@@ -90,7 +93,7 @@ class SequenceRecorder:
         record = self.recent.get((block, kind))
         if record is None:
             record = self.ck.store.get(self.keys[block], kind)
-        if record is None or record.tokens != expect:
+        if record is None or record.tokens != expect or record.namespace != self.keyer.tag:
             return None
         return record
 

@@ -28,6 +28,9 @@ class Record:
     # The tokens and arrays are the conversation in another form: never in a repr or a log.
     tokens: bytes = field(repr=False)  # int32 LE: the block's tokens, or the whole prefix
     arrays: dict = field(default_factory=dict, repr=False)  # name -> mx.array
+    # The namespace (tenant) tag of the run that made it (blocks.namespace_tag): a restore
+    # takes a record only for a request of the same namespace, whatever its key.
+    namespace: bytes = field(default=b"", repr=False)
 
     @property
     def nbytes(self) -> int:
@@ -40,7 +43,7 @@ def record_tokens(kind: str, tokens, pos: int, block_size: int) -> bytes:
 
 
 def snapshot(caches: list, layout: CacheLayout, pos: int, block_size: int,
-             tokens, kinds: Collection[str]) -> list[Record]:
+             tokens, kinds: Collection[str], namespace: bytes = b"") -> list[Record]:
     """Records of the given kinds for the block ending at `pos` (caches hold tokens[:pos])."""
     import mlx.core as mx
 
@@ -52,7 +55,8 @@ def snapshot(caches: list, layout: CacheLayout, pos: int, block_size: int,
             cache = get_leaf(caches, leaf.path)
             for name, a in _kinds.kind_of(cache).snapshot(cache, pos, block_size).items():
                 arrays[f"{leaf.label}.{name}"] = a
-        out.append(Record(kind, block, record_tokens(kind, tokens, pos, block_size), arrays))
+        out.append(Record(kind, block, record_tokens(kind, tokens, pos, block_size), arrays,
+                          namespace))
     mx.eval([r.arrays for r in out])
     return out
 

@@ -84,7 +84,7 @@ class RecordStore:
                 self._count("decode_errors")
                 tier.discard(key, kind)
                 continue
-            if record.kind == kind:
+            if record.kind == kind and blob.meta.get("ns", "") == record.namespace.hex():
                 return record
         if byte_tiers:
             self._count("disk_misses")
@@ -145,8 +145,9 @@ class RecordStore:
         return [t for t in self.tiers if not t.holds_arrays]
 
     def _put_bytes(self, tier: Tier, key: bytes, record: Record) -> bool:
+        # The namespace goes into the record's associated data too (the meta is bound there).
         ok = tier.put(key, record.kind, codec.encode(record, self.block_size),
-                      {"block": str(record.block)})
+                      {"block": str(record.block), "ns": record.namespace.hex()})
         if ok:
             self._count("disk_puts")
         return ok

@@ -40,12 +40,12 @@ class TextRunner:
             seq.cache, seq.pos, seq.hook = self.engine.lm.make_cache(), 0, None
             return
         t0 = time.perf_counter()
-        restored = ck.restore_run(seq.tokens, count=not seq.is_record_job)
+        restored = ck.restore_run(seq.tokens, count=not seq.is_record_job, keyer=seq.keyer)
         seq.timings.restore_s = time.perf_counter() - t0
         seq.timings.reused_tokens = restored.position
         seq.cache, seq.pos, seq.hook = restored.cache, restored.position, ck.recorder(
-            restored.keys)
-        seq.model = ck.model_for(seq.tokens, restored.keys)
+            restored.keys, keyer=restored.keyer)
+        seq.model = ck.model_for(seq.tokens, restored.keys, restored.keyer)
 
     def decode(self, rows, inputs, caches):
         return self.engine.lm.model(inputs, cache=caches)
@@ -71,7 +71,8 @@ class VisionRunner:
         return request.tokens, request
 
     def prepare(self, seq) -> None:
-        seq.model, seq.cache, seq.pos, seq.hook = self.vision.prepare(seq.request, seq.timings)
+        seq.model, seq.cache, seq.pos, seq.hook = self.vision.prepare(seq.request, seq.timings,
+                                                                      seq.keyer)
 
     def decode(self, rows, inputs, caches):
         # Each row at its own position state (e.g. M-RoPE), through the merged caches.

@@ -85,7 +85,7 @@ class Scheduler:
         self.rows: list[Sequence] = []  # in the batch's row order
         self.batch = BatchCache(mergeable)
         self.totals = StepTotals()
-        # Deferred decode records: make_job(tokens, first_block) -> a prefill-only Sequence.
+        # Deferred decode records: make_job(tokens, first_block, keyer) -> a prefill-only Sequence.
         self.make_job = make_job if getattr(runner, "defers_decode_records", False) else None
         self.jobs: deque[Sequence] = deque()
         self.job: Sequence | None = None  # the job prefilling now
@@ -159,6 +159,8 @@ class Scheduler:
         if not (seq.keys or seq.turn_ends):
             return False
         for p in [*self.prefilling, *([self.job] if self.job else [])]:
+            if not _same_namespace(seq, p):
+                continue  # its records are never restored for seq: never wait on them
             shared = _shared(seq.keys, p.keys)
             if shared and p.pos < shared * self.block_size:
                 return True
@@ -220,10 +222,14 @@ class Scheduler:
     def drop_jobs(self, keys: frozenset) -> None:
         """Forget the record jobs that would write a checkpoint under any of `keys`
         (released)."""
-        writes = self.runner.engine.checkpoint_keys
-        for job in [j for j in self.jobs if not keys.isdisjoint(writes(j.tokens))]:
+        ck = self.runner.engine.checkpointer
+
+        def writes(job):
+            return ck.checkpoint_keys(job.tokens, job.keyer)
+
+        for job in [j for j in self.jobs if not keys.isdisjoint(writes(j))]:
             self.jobs.remove(job)
-        if self.job is not None and not keys.isdisjoint(writes(self.job.tokens)):
+        if self.job is not None and not keys.isdisjoint(writes(self.job)):
             self.job.cache, self.job = None, None
 
     def _defer(self, seq: Sequence) -> None:
@@ -231,7 +237,7 @@ class Scheduler:
         (`deferred_to` is only ever set when this scheduler makes jobs)."""
         if seq.deferred_to:
             self.jobs.append(self.make_job(seq.tokens[:seq.deferred_to],
-                                           seq.prompt_len // self.block_size))
+                                           seq.prompt_len // self.block_size, seq.keyer))
 
     def _start_decoding(self, seq: Sequence, logits, report: StepReport) -> None:
         """Sample the first token from the prefill logits; join the batch unless done."""
@@ -300,6 +306,11 @@ class Scheduler:
             self.batch.add(swapped[i])
         self.rows = [s for i, s in enumerate(self.rows) if i not in gone] + [
             self.rows[i] for i in moved]
+
+
+def _same_namespace(a: Sequence, b: Sequence) -> bool:
+    ka, kb = a.keyer, b.keyer
+    return ka is kb or (ka is not None and kb is not None and ka.tag == kb.tag)
 
 
 def _shared(a: list, b: list) -> int:

@@ -44,6 +44,7 @@ class Sequence:
     request: object = None
     model: object = None
     keys: list = field(default_factory=list)  # block keys of the prompt (text requests)
+    keyer: object = None  # the request's namespace (a BlockKeyer; None: the engine's own)
     progress: object = None  # progress(computed, total, restored) after each prefill chunk
     deferred_to: int = 0  # the last block boundary crossed while decoding, not yet recorded
     is_record_job: bool = False  # a prefill-only job that records decoded blocks

@@ -204,3 +204,34 @@ def _is_offline() -> bool:
 
     value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
     return value.strip().upper() in ("1", "ON", "YES", "TRUE") or bool(constants.HF_HUB_OFFLINE)
+
+
+def local_models() -> list[tuple[str, str]]:
+    """(name, kind) of the models this machine can load without a download: demo names, named
+    models whose package is installed, LM Studio's folders and the Hugging Face cache's
+    snapshots of MLX-loadable repos (what a server lists as available)."""
+    from .demo import ARCHS, VISION_ARCHS
+    from .lmstudio import models_folders
+    from .named import NAMED_MODELS
+
+    out = [(f"demo:{a}", "demo") for a in ARCHS + VISION_ARCHS]
+    for name, named in NAMED_MODELS.items():
+        try:
+            named.import_package()
+        except Exception:  # noqa: BLE001 - not installed: not available
+            continue
+        out.append((name, "named"))
+    for root in models_folders():
+        for folder in sorted(p for p in root.glob("*/*") if p.is_dir()):
+            out.append((f"{folder.parent.name}/{folder.name}", "lmstudio"))
+    try:
+        from huggingface_hub import scan_cache_dir
+
+        for repo in sorted(scan_cache_dir().repos, key=lambda r: r.repo_id):
+            if repo.repo_type == "model" and any(
+                    f.file_name == "config.json" for rev in repo.revisions for f in rev.files):
+                out.append((repo.repo_id, "hub"))
+    except Exception:  # noqa: BLE001 - no cache folder yet, or one it cannot read
+        pass
+    seen: set[str] = set()
+    return [(n, k) for n, k in out if not (n in seen or seen.add(n))]

@@ -58,12 +58,12 @@ def turn_ends(tokens: Sequence[int], marker: Sequence[int], block_size: int) -> 
             and i + m <= len(tokens) and list(tokens[i:i + m]) == marker]
 
 
-def turn_key(ck, keys: Sequence[bytes], tokens: Sequence[int], end: int) -> bytes:
+def turn_key(keyer, keys: Sequence[bytes], tokens: Sequence[int], end: int) -> bytes:
     """The key of the turn-end checkpoint at `end`: chained from the key of the block before
-    (or the seed) and the tokens since that block's end."""
-    B = ck.block_size
+    (or the seed of the run's namespace, `keyer`) and the tokens since that block's end."""
+    B = keyer.block_size
     h = hashlib.sha256(TURN_END_TAG)
-    h.update(keys[end // B - 1] if end >= B else ck.keyer.seed)
+    h.update(keys[end // B - 1] if end >= B else keyer.seed)
     h.update(tokens_bytes(tokens[end // B * B:end]))
     return h.digest()
 
@@ -96,14 +96,15 @@ class TurnModel:
 class TurnRecorder:
     """Checkpoints the turn ends of one run (the `on_end` of its TurnModel)."""
 
-    def __init__(self, ck, keys: Sequence[bytes], tokens: Sequence[int]):
-        self.ck, self.keys, self.tokens = ck, keys, tokens
+    def __init__(self, ck, keys: Sequence[bytes], tokens: Sequence[int], keyer):
+        self.ck, self.keys, self.tokens, self.keyer = ck, keys, tokens, keyer
 
     def __call__(self, end: int, cache: list) -> None:
-        ck = self.ck
+        ck, keyer = self.ck, self.keyer
         if end // ck.block_size > len(self.keys):
             return  # past the blocks this run knows keys for (decoded tokens)
-        if partial.put(ck, turn_key(ck, self.keys, self.tokens, end), cache, end, self.tokens):
+        if partial.put(ck, turn_key(keyer, self.keys, self.tokens, end), cache, end,
+                       self.tokens, namespace=keyer.tag):
             ck.stats.turn_ends_recorded += 1
 
 
@@ -135,30 +136,35 @@ class Turns:
         return turn_ends(tokens, self.marker, self.ck.block_size)
 
     def model(self, model, tokens: Sequence[int], keys: Sequence[bytes] | None,
-              record: bool = True):
-        """`model` cutting at the turn ends of `tokens` (and recording there), or `model`
-        itself when `tokens` has none."""
+              record: bool = True, keyer=None):
+        """`model` cutting at the turn ends of `tokens` (and recording there, in `keyer`'s
+        namespace), or `model` itself when `tokens` has none."""
         ends = self.ends(tokens)
         if not ends:
             return model
-        on_end = TurnRecorder(self.ck, keys, tokens) if record and keys is not None else None
+        on_end = (TurnRecorder(self.ck, keys, tokens, keyer or self.ck.keyer)
+                  if record and keys is not None else None)
         return TurnModel(model, ends, on_end)
 
-    def keys(self, tokens: Sequence[int], block_keys: Sequence[bytes]) -> dict[int, bytes]:
+    def keys(self, tokens: Sequence[int], block_keys: Sequence[bytes], keyer=None
+             ) -> dict[int, bytes]:
         """Keys of the turn-end checkpoints a run of `tokens` records, by position (for
         releasing them)."""
-        return {e: turn_key(self.ck, block_keys, tokens, e) for e in self.ends(tokens)}
+        keyer = keyer or self.ck.keyer
+        return {e: turn_key(keyer, block_keys, tokens, e) for e in self.ends(tokens)}
 
     def restore(self, restored, tokens: Sequence[int], count: bool = True) -> int:
         """Move a block restore (`restored`, at a boundary) on to the furthest turn end after
         it in the same block, leaving at least one token to compute; the new position."""
         ck, n, B = self.ck, restored.position, self.ck.block_size
+        keyer = restored.keyer or ck.keyer
         for end in reversed(self.ends(tokens[:len(tokens) - 1])):
             if end <= n:
                 break
             if end // B * B != n:
                 continue  # its block's start is not restored
-            record = partial.load(ck, turn_key(ck, restored.keys, tokens, end), tokens, end)
+            record = partial.load(ck, turn_key(keyer, restored.keys, tokens, end), tokens, end,
+                                  namespace=keyer.tag)
             if record is not None and partial.apply(ck, restored.cache, record.arrays, end):
                 if count:
                     ck.stats.tokens_reused += end - n

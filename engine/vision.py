@@ -69,22 +69,23 @@ class VisionSupport:
         self.stats.images += len(request.images)
         return request
 
-    def prepare(self, request: VisionPrompt, timings):
-        """(model callable, cache, tokens already in it, boundary hook) for one request."""
+    def prepare(self, request: VisionPrompt, timings, keyer=None):
+        """(model callable, cache, tokens already in it, boundary hook) for one request, in
+        `keyer`'s namespace."""
         from . import vision_ckpt
 
         ck = self.checkpointer
         if ck is None or not ck.enabled:
             return VisionSequence(self, request, 0, 0), self.lm.make_cache(), 0, None
         t0 = time.perf_counter()
-        cache, start, keys, state = vision_ckpt.restore(ck, request, self.stats)
+        cache, start, keys, state = vision_ckpt.restore(ck, request, self.stats, keyer)
         timings.restore_s = time.perf_counter() - t0
         timings.reused_tokens = start
         # A restore right after an image ends mid-block; a decode boundary later recomputes
         # that whole block, so the sequence must know positions from the block's start.
         seq = VisionSequence(self, request, start, state, lo=start // ck.block_size
                              * ck.block_size)
-        return seq, cache, start, vision_ckpt.VisionRecorder(ck, keys, request, seq)
+        return seq, cache, start, vision_ckpt.VisionRecorder(ck, keys, request, seq, keyer)
 
     def decode_rows(self, seqs: list[VisionSequence], offsets: list[int], inputs, caches):
         """One batched decode step: row i feeds `inputs[i]`, a generated token at index

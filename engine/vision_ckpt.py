@@ -34,17 +34,20 @@ IMAGE_END_TAG = b"forkv-image-end-v2"
 RESTORE_POSITION_STATE = True
 
 
-def position_record(block: int, tokens: bytes, state: int) -> Record:
+def position_record(block: int, tokens: bytes, state: int, namespace: bytes) -> Record:
     import mlx.core as mx
 
-    return Record(CacheKind.EXTRA, block, tokens, {"next_pos": mx.array([state], mx.int64)})
+    return Record(CacheKind.EXTRA, block, tokens, {"next_pos": mx.array([state], mx.int64)},
+                  namespace)
 
 
-def image_end_key(ck, keys: list[bytes], request: VisionPrompt, end: int) -> bytes:
-    B = ck.block_size
+def image_end_key(keyer, keys: list[bytes], request: VisionPrompt, end: int) -> bytes:
+    """Chained from the block before (or the seed of the request's namespace, `keyer`), the
+    partial block's tokens and the images in it."""
+    B = keyer.block_size
     lo = end // B * B
     h = hashlib.sha256(IMAGE_END_TAG)
-    h.update(keys[end // B - 1] if end >= B else ck.keyer.seed)
+    h.update(keys[end // B - 1] if end >= B else keyer.seed)
     h.update(tokens_bytes(request.tokens[lo:end]))
     for extra in request.extras_in(lo, end):
         h.update(b"\x01" + extra)
@@ -55,9 +58,10 @@ class VisionRecorder:
     """The boundary hook of a vision sequence: the Checkpointer's block recorder (recomputing
     decoded blocks through the sequence), plus position records and image ends."""
 
-    def __init__(self, ck, keys: list[bytes], request: VisionPrompt, seq):
+    def __init__(self, ck, keys: list[bytes], request: VisionPrompt, seq, keyer=None):
         self.ck = ck
-        self.blocks = ck.recorder(keys, request.extras(ck.block_size))
+        self.keyer = keyer or ck.keyer
+        self.blocks = ck.recorder(keys, request.extras(ck.block_size), self.keyer)
         self.blocks.model = seq  # decoded blocks are recomputed with the sequence's positions
         self.seq = seq
         self.request = request
@@ -72,23 +76,24 @@ class VisionRecorder:
         key = self.blocks.keys[pos // B - 1]
         if not ck.store.contains(key, CacheKind.EXTRA):
             ck.store.put(key, position_record(pos // B - 1, tokens_bytes(tokens[pos - B:pos]),
-                                              self.seq.positions.state_at(pos)))
+                                              self.seq.positions.state_at(pos),
+                                              self.keyer.tag))
         return recomputed
 
     def record_image_end(self, end: int, cache: list) -> None:
         import mlx.core as mx
 
         ck = self.ck
-        key = image_end_key(ck, self.blocks.keys, self.request, end)
+        key = image_end_key(self.keyer, self.blocks.keys, self.request, end)
         state = {"next_pos": mx.array([self.seq.positions.state_at(end)], mx.int64)}
-        partial.put(ck, key, cache, end, self.request.tokens, state)
+        partial.put(ck, key, cache, end, self.request.tokens, state, namespace=self.keyer.tag)
 
 
-def restore(ck, request: VisionPrompt, stats) -> tuple[list, int, list[bytes], int]:
+def restore(ck, request: VisionPrompt, stats, keyer=None) -> tuple[list, int, list[bytes], int]:
     """(cache, tokens it holds, block keys, position state there) for the furthest restorable
-    point: a block boundary, or the end of an image past it."""
+    point in `keyer`'s namespace: a block boundary, or the end of an image past it."""
     B, tokens = ck.block_size, request.tokens
-    r = ck.restore(tokens, request.extras(B))
+    r = ck.restore(tokens, request.extras(B), keyer=keyer)
     n, state = r.position, _state(r.extra, r.position)
     if partial.supports_partial(ck):
         for end in sorted({s.end for s in request.images}, reverse=True):
@@ -116,8 +121,8 @@ def _state(extra: dict, position: int) -> int:
 def _restore_image_end(ck, r, request: VisionPrompt, end: int) -> dict | None:
     """Append the image end's K/V to the restored global caches (which hold its block's
     start) and put its copies of the other layers' caches in place (partial.py)."""
-    key = image_end_key(ck, r.keys, request, end)
-    record = partial.load(ck, key, request.tokens, end, {"next_pos"})
+    key = image_end_key(r.keyer, r.keys, request, end)
+    record = partial.load(ck, key, request.tokens, end, {"next_pos"}, namespace=r.keyer.tag)
     if record is None:
         return None
     if not partial.apply(ck, r.cache, record.arrays, end):

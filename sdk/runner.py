@@ -64,14 +64,15 @@ def sampling_params(gen: GenSettings) -> SamplingParams:
     return SamplingParams(**{k: getattr(gen, k) for k in _SAMPLING_FIELDS if k in known})
 
 
-def record_render(engine: Engine, tree: Tree, rendered: RenderedPath) -> None:
-    """Store spans and the engine's checkpoint keys of `rendered` (blocks, turn ends) on its
-    nodes."""
+def record_render(engine: Engine, tree: Tree, rendered: RenderedPath,
+                  namespace: str | None = None) -> None:
+    """Store spans and the engine's checkpoint keys of `rendered` (blocks, turn ends) in
+    `namespace` (None: the backend's own) on its nodes."""
     if rendered.images:  # the engine keys expanded image tokens and image hashes: not these
         tree.record_render(rendered, [], engine.block_size)
         return
-    keys = engine.block_keys(rendered.token_ids)
-    turns = getattr(engine, "turn_keys", lambda tokens: {})(rendered.token_ids)
+    keys = engine.block_keys(rendered.token_ids, namespace=namespace)
+    turns = engine.turn_keys(rendered.token_ids, namespace=namespace)
     tree.record_render(rendered, [k.hex() for k in keys], engine.block_size,
                        {pos: k.hex() for pos, k in turns.items()})
 
@@ -91,22 +92,25 @@ def _images(tree: Tree, node_id: str) -> list[bytes]:
     return [part.load_bytes(n.id) for n in tree.path(node_id)[:-1] for part in n.images]
 
 
-def submit_job(engine: Engine, tree: Tree, job: Job, progress=None):
-    """Submit `job`'s rendered prompt (and the images on its path) to the engine; its handle.
-    `progress(node_id, computed, total, restored)` follows the prompt's prefill."""
+def submit_job(engine: Engine, tree: Tree, job: Job, progress=None,
+               namespace: str | None = None):
+    """Submit `job`'s rendered prompt (and the images on its path) to the engine, in
+    `namespace`; its handle. `progress(node_id, computed, total, restored)` follows the
+    prompt's prefill."""
     images = _images(tree, job.node_id)
     on_chunk = None
     if progress is not None:
         def on_chunk(computed, total, restored, node_id=job.node_id):
             progress(node_id, computed, total, restored)
     if hasattr(engine, "submit_path"):  # remote backends send the path as chat messages
-        return engine.submit_path(tree, job, progress=on_chunk)
+        return engine.submit_path(tree, job, namespace=namespace, progress=on_chunk)
     return engine.submit(job.prompt.token_ids, sampling_params(job.gen),
-                         images=images or None, progress=on_chunk)
+                         images=images or None, namespace=namespace, progress=on_chunk)
 
 
 def run_job(engine: Engine, tree: Tree, job: Job, prompt: RenderedPath, fmt: ReasoningFormat,
-            template_kwargs: dict | None, events: Iterator) -> Iterator[NodeEvent]:
+            template_kwargs: dict | None, events: Iterator,
+            namespace: str | None = None) -> Iterator[NodeEvent]:
     """Stream `job`'s node from the engine's `events` for `prompt` (see `submit_job`); attach
     the result when done.
 
@@ -120,7 +124,7 @@ def run_job(engine: Engine, tree: Tree, job: Job, prompt: RenderedPath, fmt: Rea
     ids: list[int] = []
     last = None
     try:
-        record_render(engine, tree, prompt)
+        record_render(engine, tree, prompt, namespace)
         for event in events:
             parts.append(event.text)
             ids += event.token_ids
@@ -140,7 +144,7 @@ def run_job(engine: Engine, tree: Tree, job: Job, prompt: RenderedPath, fmt: Rea
         attach_tool_calls(engine.lm.tokenizer, tree, node_id)  # a final node's tool calls
         # Spans of the whole path now that the node has text (for `forkv show` and release).
         record_render(engine, tree, render(tree, node_id, engine.lm.tokenizer, fmt,
-                                           template_kwargs=template_kwargs))
+                                           template_kwargs=template_kwargs), namespace)
     except Exception as e:
         if tree[node_id].status != "done":
             tree.fail(node_id, f"{type(e).__name__}: {e}")

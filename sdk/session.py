@@ -31,6 +31,7 @@ from forkv.graph import (
     render,
 )
 
+from .backend import Backend
 from .runner import NodeEvent, run_job, submit_job
 
 __all__ = ["Session"]
@@ -44,8 +45,10 @@ class Session:
     `model` is a model name (`"demo:gemma3"`, a folder), a loaded model, or an `Engine` (then
     engine settings belong to that engine). Engine settings: `config` (a
     `forkv.engine.EngineConfig`) or its fields as keywords — `settings` (a
-    `forkv.security.StoreSettings`) configures the checkpoint tiers, `namespace` salts block
-    keys per tenant, `block_size`, `checkpoints`, `max_seqs`...; `chat_template` (Jinja text
+    `forkv.security.StoreSettings`) configures the checkpoint tiers, `block_size`,
+    `checkpoints`, `max_seqs`...; `namespace` (a tenant) puts every request of the session in
+    that checkpoint namespace, also on an engine other sessions share (it restores only what
+    that namespace recorded, and batches with everyone); `chat_template` (Jinja text
     or a file) for a model that ships none (a base model). Build the tree with
     `session.system(...)`/`session.user(...)` or pass `tree=`; `run()` computes it. Close the
     session (or use `with`) to release its engine.
@@ -53,7 +56,9 @@ class Session:
 
     def __init__(self, model: Any, config: Any = None, *, tree: Tree | None = None,
                  reasoning: ReasoningFormat | None = None,
-                 template_kwargs: dict[str, Any] | None = None, **engine_settings: Any):
+                 template_kwargs: dict[str, Any] | None = None, namespace: str | None = None,
+                 **engine_settings: Any):
+        self.namespace = namespace
         if isinstance(model, Engine) or _is_backend(model):
             if config is not None or any(v is not None for v in engine_settings.values()):
                 raise TypeError("Engine settings configure a new engine; pass them to "
@@ -190,7 +195,8 @@ class Session:
         for job in jobs:
             self._logprobs[job.node_id] = []  # a retried node starts over
             try:
-                handles.append(submit_job(self.engine, self.tree, job, progress))
+                handles.append(submit_job(self.engine, self.tree, job, progress,
+                                          self.namespace))
             except Exception as e:  # noqa: BLE001 - reported as this node's failure below
                 failed = (job, e)
                 break
@@ -210,7 +216,7 @@ class Session:
 
     def _events_of(self, job: Job, events) -> Iterator[NodeEvent]:
         for event in run_job(self.engine, self.tree, job, job.prompt, self.reasoning,
-                             self.template_kwargs, events):
+                             self.template_kwargs, events, self.namespace):
             self._logprobs[job.node_id].extend(event.logprobs)
             yield event
 
@@ -304,9 +310,8 @@ class Session:
 
 
 def _is_backend(obj: Any) -> bool:
-    """Any object with the engine's surface (e.g. `forkv.remote(...)`) serves as the engine."""
-    return all(callable(getattr(obj, n, None)) for n in ("submit", "block_keys", "release",
-                                                          "stats"))
+    """Any `forkv.backend.Backend` (e.g. `forkv.remote(...)`) serves as the engine."""
+    return isinstance(obj, Backend)
 
 
 def _as_list(targets: Targets) -> list[Node | str] | None:

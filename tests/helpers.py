@@ -17,12 +17,14 @@ class MemoryDisk:
     def __init__(self):
         self.blobs = {}
         self.digests = {}
+        self.meta = {}
         self.order = None
         self.reads = 0  # get_into calls that found a record
 
     def put(self, key, kind, data, meta=None):
         self.blobs[(key, kind)] = bytes(data)
         self.digests[(key, kind)] = hashlib.sha256(data).digest()
+        self.meta[(key, kind)] = dict(meta or {})
         return True
 
     def get_into(self, key, kind, alloc):
@@ -34,7 +36,7 @@ class MemoryDisk:
         self.reads += 1
         out = memoryview(alloc(len(data))).cast("B")[:len(data)]
         out[:] = data
-        return Blob(out, {})
+        return Blob(out, dict(self.meta[(key, kind)]))
 
     def contains(self, key, kind):
         return (key, kind) in self.blobs

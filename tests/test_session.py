@@ -227,7 +227,7 @@ def test_session_over_an_engine_and_settings_rules():
     s.close()  # the engine is the caller's: still usable
     assert engine.generate("hi", max_tokens=1).token_ids
     with pytest.raises(TypeError, match="Engine"):
-        forkv.Session(engine, namespace="tenant")
+        forkv.Session(engine, block_size=32)
 
 
 def test_reasoning_text_drops_the_close_tag_newline():

@@ -46,7 +46,7 @@ def _first_turn(engine) -> tuple[list[int], bytes]:
     first = engine.encode(_chat(2))
     engine.generate(_chat(2), max_tokens=1)
     engine.drain()
-    return first, turn_key(engine.checkpointer, engine.block_keys(first), first, len(first))
+    return first, turn_key(engine.checkpointer.keyer, engine.block_keys(first), first, len(first))
 
 
 def _fresh(lm, tokens, marker, B=256):

@@ -38,7 +38,7 @@ def start_replica(model: str, *extra: str) -> ServerProcess:
     """One `forkv serve` process on a free loopback port (call wait_ready, then stop)."""
     port = _free_port()
     cmd = [sys.executable, "-m", "forkv.cli", "serve", "--model", model, "--port", str(port),
-           "--reasoning", "off", "--max-namespaces", "16", *extra]
+           "--reasoning", "off", *extra]
     return ServerProcess("forkv serve", cmd, port, model)
 
 

@@ -106,39 +106,46 @@ class RemoteBackend:
                             "or check that the servers are running.")
 
     # -- requests -----------------------------------------------------------------------------
+    def _salt(self, namespace: str | None) -> str:
+        """The `cache_salt` of a request in `namespace` (the servers' namespaces per salt)."""
+        return self.cache_salt if namespace is None else f"{self.cache_salt}/{namespace}"
+
     def submit(self, prompt, params: SamplingParams | None = None, images=None, *,
-               progress=None, **sampling_kw) -> RequestHandle:
+               namespace: str | None = None, progress=None, **sampling_kw) -> RequestHandle:
         """Send one request; its handle at once. `prompt`: chat messages (to
         /v1/chat/completions; `{"type": "image"}` parts take `images` in order), text or token
-        ids (to /v1/completions)."""
+        ids (to /v1/completions). `namespace` salts it further (another tenant)."""
         params = params or SamplingParams(**sampling_kw)
+        salt = self._salt(namespace)
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
             from .wire import _with_images
 
             messages = _with_images(prompt, list(images or []))
-            key = route_key(messages, self.cache_salt)
-            body = chat_body(self.model, messages, params, self.cache_salt)
+            key = route_key(messages, salt)
+            body = chat_body(self.model, messages, params, salt)
             return self._start("/chat/completions", body, key, self._count(messages), params,
                                progress)
         if isinstance(prompt, str):
-            key = hashlib.sha256(f"{self.cache_salt}\0{prompt[:1024]}".encode()).digest()
+            key = hashlib.sha256(f"{salt}\0{prompt[:1024]}".encode()).digest()
             # The server adds the tokenizer's BOS to a text prompt, as the engine does.
             tokens = encode_text(self.lm.tokenizer, prompt)
         else:
             tokens = [int(t) for t in prompt]
-            key = self._first_key(tokens)
+            key = self._first_key(tokens, salt)
         body = completion_body(self.model, prompt if isinstance(prompt, str) else tokens, params,
-                               self.cache_salt)
+                               salt)
         return self._start("/completions", body, key, tokens, params, progress)
 
-    def submit_path(self, tree, job, *, progress=None) -> RequestHandle:
+    def submit_path(self, tree, job, *, namespace: str | None = None,
+                    progress=None) -> RequestHandle:
         """Send a planned `job` of `tree` (its path as chat messages); its handle."""
         from forkv.runner import sampling_params
 
+        salt = self._salt(namespace)
         messages, cont = path_messages(tree, job, self.reasoning)
         params = sampling_params(job.gen)
-        body = chat_body(self.model, messages, params, self.cache_salt, continue_final=cont)
-        return self._start("/chat/completions", body, route_key(messages, self.cache_salt),
+        body = chat_body(self.model, messages, params, salt, continue_final=cont)
+        return self._start("/chat/completions", body, route_key(messages, salt),
                            list(job.prompt.token_ids), params, progress)
 
     def _count(self, messages: list[dict]) -> list[int]:
@@ -149,9 +156,9 @@ class RemoteBackend:
         except Exception:  # noqa: BLE001 - only informative (handle.prompt_tokens)
             return []
 
-    def _first_key(self, tokens: list[int]) -> bytes:
+    def _first_key(self, tokens: list[int], salt: str) -> bytes:
         head = ",".join(map(str, tokens[: self.block_size]))
-        return hashlib.sha256(f"{self.cache_salt}\0{head}".encode()).digest()
+        return hashlib.sha256(f"{salt}\0{head}".encode()).digest()
 
     def _start(self, path, body, key, tokens, params, progress) -> RequestHandle:
         holder: dict[str, Any] = {}
@@ -276,9 +283,9 @@ class RemoteBackend:
     def generate(self, prompt, params: SamplingParams | None = None, images=None, **kw):
         return self.submit(prompt, params, images, **kw).result()
 
-    def block_keys(self, tokens) -> list[bytes]:
+    def block_keys(self, tokens, namespace: str | None = None) -> list[bytes]:
         """Chained keys of the full blocks of `tokens`, salted with the model and tenant."""
-        key = hashlib.sha256(self.lm.fingerprint + self.cache_salt.encode()).digest()
+        key = hashlib.sha256(self.lm.fingerprint + self._salt(namespace).encode()).digest()
         out = []
         for i in range(len(tokens) // self.block_size):
             block = tokens[i * self.block_size:(i + 1) * self.block_size]
@@ -286,12 +293,14 @@ class RemoteBackend:
             out.append(key)
         return out
 
-    def turn_keys(self, tokens) -> dict[int, bytes]:
+    def turn_keys(self, tokens, namespace: str | None = None) -> dict[int, bytes]:
         """None here: the server places its own checkpoints (block keys are bookkeeping)."""
         return {}
 
-    def release(self, keys) -> None:
-        """Nothing to do: OpenAI-compatible servers evict their prefix caches themselves."""
+    def release(self, keys) -> int:
+        """Nothing to drop here (0): OpenAI-compatible servers evict their prefix caches
+        themselves."""
+        return 0
 
     def stats(self) -> dict:
         """Totals over every request: tokens reused (cached) and computed, failovers, and per

@@ -1,9 +1,10 @@
 """The ASGI application: server state, routes, request metrics, lifetime.
 
-`make_app(state)` returns a Starlette app serving /v1/chat/completions, /v1/responses(/{id}),
-/v1/models, /health and /metrics for one loaded model. `ServerState` holds what every route
-needs (backend, tenants, conversations, metrics, the model's names and formats). Knows how
-the pieces are wired, not what any endpoint does.
+`make_app(state)` returns a Starlette app serving /v1/chat/completions, /v1/completions,
+/v1/responses(/{id}), /v1/models, /health and /metrics. `ServerState` holds what every route
+needs: the config, tenants and metrics, and the models (`models.ModelPool`; a route gets the
+`ServedModel` its request names with `await state.model(name)`). Knows how the pieces are
+wired, not what any endpoint does.
 """
 
 from __future__ import annotations
@@ -18,14 +19,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
-from forkv.graph import ReasoningFormat
-
 from .auth import Tenants
 from .backend import Backend
 from .chat import chat_completions
-from .conversations import Conversations
+from .completions import completions
 from .errors import APIError, install_handlers
 from .metrics import Metrics
+from .models import DEFAULT_MAX_MODELS, ModelPool, ServedModel, model_card
 from .responses import create_response, delete_response, get_response
 
 __all__ = ["ServerConfig", "ServerState", "make_app"]
@@ -35,87 +35,102 @@ DEFAULT_MAX_BODY = 32 << 20  # room for a few base64 images
 
 @dataclass(slots=True)
 class ServerConfig:
-    model: str
+    model: str | None = None  # pinned and served alone; None: any name, on demand
     host: str = "127.0.0.1"
     port: int = 8000
     api_keys: tuple[str, ...] = ()
     max_queue: int = 64
     max_seqs: int = 8
-    max_namespaces: int = 8
     max_body: int = DEFAULT_MAX_BODY
     reasoning: str = "auto"  # auto | on | off: emit reasoning items for thinking formats
     aliases: tuple[str, ...] = field(default_factory=tuple)
     chat_template: object = None  # Jinja text or a file, for a model that ships none
+    models: tuple[str, ...] = ()  # several pinned models (then any other name on demand too)
+    max_models: int = DEFAULT_MAX_MODELS  # loaded at once, pinned ones included
+    model_memory: int | None = None  # bytes of weights loaded at once (None: no budget)
+
+    @property
+    def on_demand(self) -> bool:
+        return len(self.pinned) != 1
+
+    @property
+    def pinned(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(((self.model,) if self.model else ()) + self.models))
 
 
 class ServerState:
-    def __init__(self, config: ServerConfig, lm, backend: Backend | None = None):
-        self.config, self.lm = config, lm
-        self.backend = backend or Backend(lm, max_queue=config.max_queue,
-                                          max_seqs=config.max_seqs,
-                                          max_namespaces=config.max_namespaces)
+    """What every route needs. `lm` (and `backend`) pin that loaded model as `config.model`;
+    `serve()` loads and pins `config.pinned` itself."""
+
+    def __init__(self, config: ServerConfig, lm=None, backend: Backend | None = None):
+        self.config = config
         self.metrics = Metrics()
         self.tenants = Tenants(config.api_keys)
-        self.model_ids = dict.fromkeys((config.model, lm.name, *config.aliases))
-        self.fingerprint = f"forkv-{lm.fingerprint.hex()[:12]}"
-        self.conversations = Conversations(f"{lm.name}@{lm.fingerprint.hex()[:12]}")
-        self.can_see_images = bool(getattr(lm, "is_vision", False))
-        self.plain_format = ReasoningFormat()
-        self.reasoning = _reasoning_format(lm.tokenizer, config.reasoning)
-        self.template_kwargs: dict = {}
         self.started = time.time()
+        self.models = ModelPool(self, on_demand=config.on_demand, max_models=config.max_models,
+                                memory_budget=config.model_memory)
+        if lm is not None:
+            self.models.add(config.model or lm.name, lm, backend, aliases=config.aliases)
 
-    def check_model(self, name: str) -> None:
-        if name not in self.model_ids:
-            raise APIError(404, f"The model {name!r} is not served here; use "
-                                f"{next(iter(self.model_ids))!r} (GET /v1/models lists it).",
-                           "model_not_found", "model")
+    async def model(self, name: str) -> ServedModel:
+        """The loaded model `name` names (loading it if this server serves any name); a 404
+        APIError when it cannot."""
+        return await self.models.get(name)
 
-
-def _reasoning_format(tokenizer, mode: str) -> ReasoningFormat | None:
-    """The thinking format of the model's tokenizer (mlx-lm detects it), if reasoning is on."""
-    start = getattr(tokenizer, "think_start", None)
-    end = getattr(tokenizer, "think_end", None)
-    if mode == "off" or (mode == "auto" and not (start and end)):
-        return None
-    if start and end:
-        return ReasoningFormat(open=f"{start}\n", close=f"\n{end}\n\n")
-    return ReasoningFormat()
+    def find_response(self, namespace: str, response_id: str):
+        """(served model, stored response) of a Responses id in `namespace`, whichever loaded
+        model made it; a 404 APIError when none did."""
+        for served in self.models.loaded:
+            try:
+                return served, served.conversations.get(namespace, response_id)
+            except APIError:
+                continue
+        raise APIError(404, f"No response {response_id!r} here (deleted, stored with store: "
+                            "false, made with another API key or cache_salt, or its model was "
+                            "unloaded).", "response_not_found", "response_id")
 
 
 # -- small routes ---------------------------------------------------------------------------
 async def health(request: Request):
     state = request.app.state.forkv
-    return JSONResponse({"status": "ok", "model": state.config.model})
+    return JSONResponse({"status": "ok", "model": state.config.model,
+                         "models": [m.name for m in state.models.loaded]})
 
 
 async def list_models(request: Request):
     state = request.app.state.forkv
     state.tenants.tenant(request.headers.get("authorization"))
-    return JSONResponse({"object": "list", "data": [_model(state, m) for m in state.model_ids]})
+    data = await asyncio.to_thread(state.models.listing)
+    return JSONResponse({"object": "list", "data": data})
 
 
 async def get_model(request: Request):
     state = request.app.state.forkv
     state.tenants.tenant(request.headers.get("authorization"))
     name = request.path_params["model"]
-    state.check_model(name)
-    return JSONResponse(_model(state, name))
-
-
-def _model(state, name: str) -> dict:
-    return {"id": name, "object": "model", "created": int(state.started), "owned_by": "forkv",
-            "context_length": state.lm.context_length}
+    served = state.models.find(name)
+    if served is not None:
+        return JSONResponse(model_card(state, name, served))
+    if not state.config.on_demand:
+        await state.model(name)  # raises the 404 that names the model served
+    card = next((c for c in await asyncio.to_thread(state.models.listing) if c["id"] == name),
+                None)
+    if card is None:  # (a name forkv could still load, e.g. a path: a request will tell)
+        raise APIError(404, f"The model {name!r} is neither loaded nor among the models found "
+                            "here (GET /v1/models lists them); a request naming it tries to "
+                            "load it.", "model_not_found", "model")
+    return JSONResponse(card)
 
 
 async def metrics(request: Request):
     state = request.app.state.forkv
-    stats = await asyncio.to_thread(state.backend.stats)
+    stats = await asyncio.to_thread(state.models.stats)
     return PlainTextResponse(state.metrics.render(stats),
                              media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-_ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/responses": "responses",
+_ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions",
+              "/v1/responses": "responses",
               "/v1/models": "models", "/health": "health", "/metrics": "metrics"}
 
 
@@ -144,11 +159,10 @@ class _CountRequests:
 def make_app(state: ServerState) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        await asyncio.to_thread(state.backend.engine, "")  # ready before /health answers
         try:
             yield
         finally:
-            await asyncio.to_thread(state.backend.close)
+            await asyncio.to_thread(state.models.close)
 
     routes = [
         Route("/health", health),
@@ -156,6 +170,7 @@ def make_app(state: ServerState) -> Starlette:
         Route("/v1/models", list_models),
         Route("/v1/models/{model:path}", get_model),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/responses", create_response, methods=["POST"]),
         Route("/v1/responses/{response_id}", get_response, methods=["GET"]),
         Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),

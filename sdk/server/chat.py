@@ -104,7 +104,7 @@ async def chat_completions(request: Request) -> Any:
     tenant = state.tenants.tenant(request.headers.get("authorization"))
     body = await read_json(request, state.config.max_body)
     req = parse_body(ChatRequest, body)
-    state.check_model(req.model)
+    state = await state.model(req.model)  # the model it names (loaded on demand)
     plan = plan_tools(body, state.lm.tokenizer)  # tools, tool_choice, response_format
     namespace = namespace_of(tenant, req.cache_salt)
     top = req.top_logprobs or 0

@@ -26,7 +26,7 @@ def _prepare(state, prompt, params: SamplingParams, images, namespace: str):
     """Token ids of a text prompt (context checked), or the messages as they are (images)."""
     if images:
         return prompt
-    engine = state.backend.engine(namespace)
+    engine = state.backend.engine
     try:
         tokens = engine.encode(prompt)
     except GenerationError as e:

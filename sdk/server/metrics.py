@@ -44,7 +44,7 @@ class Metrics:
             self._ttft_sum += seconds
 
     def render(self, stats: dict) -> str:
-        """The exposition text; `stats` is `Backend.stats()`."""
+        """The exposition text; `stats` is `ModelPool.stats()` (or one `Backend.stats()`)."""
         out: list[str] = []
 
         def metric(name, kind, doc, samples):
@@ -79,8 +79,14 @@ class Metrics:
                [({}, stats["running"])])
         metric("requests_in_flight", "gauge", "Requests accepted and not finished.",
                [({}, stats["in_flight"])])
-        metric("namespaces", "gauge", "Checkpoint namespaces (tenants, salts) with an engine.",
+        metric("namespaces", "gauge", "Checkpoint namespaces (tenants, salts) seen recently.",
                [({}, stats["namespaces"])])
+        if "models_loaded" in stats:
+            metric("models_loaded", "gauge", "Models loaded now.", [({}, stats["models_loaded"])])
+            metric("model_loads_total", "counter", "Models loaded on demand.",
+                   [({}, stats["model_loads"])])
+            metric("model_unloads_total", "counter", "Idle models unloaded.",
+                   [({}, stats["model_unloads"])])
         out.append("# HELP forkv_time_to_first_token_seconds From request to first token.")
         out.append("# TYPE forkv_time_to_first_token_seconds histogram")
         acc = 0

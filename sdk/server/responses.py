@@ -100,7 +100,7 @@ async def create_response(request: Request) -> Any:
     tenant = state.tenants.tenant(request.headers.get("authorization"))
     raw = await read_json(request, state.config.max_body)
     req = parse_body(ResponsesRequest, raw)
-    state.check_model(req.model)
+    state = await state.model(req.model)  # the model it names (loaded on demand)
     plan = plan_tools(raw, state.lm.tokenizer)  # tools, tool_choice, text.format
     ns = namespace_of(tenant, req.cache_salt)
     conv = state.conversations
@@ -220,14 +220,14 @@ def _record_keys(state, tree, stored: Stored) -> None:
     tell which checkpoints only its subtree used."""
     rendered = render(tree, stored.last, state.lm.tokenizer, state.reasoning or
                       state.plain_format, template_kwargs=state.template_kwargs)
-    record_render(state.backend.engine(stored.namespace), tree, rendered)
+    record_render(state.backend.engine, tree, rendered, namespace=stored.namespace)
 
 
 async def get_response(request: Request) -> Any:
     state = request.app.state.forkv
     tenant = state.tenants.tenant(request.headers.get("authorization"))
     ns = namespace_of(tenant, request.query_params.get("cache_salt"))
-    stored = state.conversations.get(ns, request.path_params["response_id"])
+    _, stored = state.find_response(ns, request.path_params["response_id"])
     return JSONResponse(stored.body)
 
 
@@ -236,7 +236,7 @@ async def delete_response(request: Request) -> Any:
     state = request.app.state.forkv
     tenant = state.tenants.tenant(request.headers.get("authorization"))
     ns = namespace_of(tenant, request.query_params.get("cache_salt"))
-    stored = state.conversations.get(ns, request.path_params["response_id"])
+    state, stored = state.find_response(ns, request.path_params["response_id"])
     busy = state.conversations.busy_under(ns, stored.first)
     if busy:
         raise APIError(400, f"Response {busy[0]!r} in this subtree is still generating; delete "

@@ -37,7 +37,7 @@ def check_bind(host: str, api_keys) -> None:
 
 
 def serve(config) -> None:
-    """Load `config.model` (a `ServerConfig`) and serve it until interrupted."""
+    """Load the pinned models of `config` (a `ServerConfig`) and serve until interrupted."""
     import uvicorn
 
     from forkv.engine import EngineConfig, load_model
@@ -47,12 +47,18 @@ def serve(config) -> None:
 
     check_bind(config.host, config.api_keys)
     engine = EngineConfig.from_env()  # FORKV_DTYPE, FORKV_QUANTIZED, as an Engine reads them
-    lm = load_model(config.model, engine.dtype, engine.quantized)
-    if config.chat_template is not None:
-        use_chat_template(lm, config.chat_template)
-    require_chat_template(lm.tokenizer, lm.name)  # every route renders chat messages
-    app = make_app(ServerState(config, lm))
-    print(f"forkv serve: {config.model} on http://{config.host}:{config.port}/v1 "
+    state = ServerState(config)
+    for name in config.pinned:
+        lm = load_model(name, engine.dtype, engine.quantized)
+        if config.chat_template is not None:
+            use_chat_template(lm, config.chat_template)
+        require_chat_template(lm.tokenizer, lm.name)  # chat routes render messages
+        state.models.add(name, lm, aliases=config.aliases if name == config.model else ())
+    app = make_app(state)
+    what = ", ".join(config.pinned) or "no model yet"
+    if config.on_demand:
+        what += f" (any other model by name, {config.max_models} at once)"
+    print(f"forkv serve: {what} on http://{config.host}:{config.port}/v1 "
           f"({'API keys required' if config.api_keys else 'no API key'})", file=sys.stderr,
           flush=True)
     uvicorn.run(app, host=config.host, port=config.port, log_level="warning",
@@ -61,7 +67,7 @@ def serve(config) -> None:
 
 def run_serve(args) -> int:
     """The `forkv serve` subcommand (arguments from `forkv.cli`)."""
-    for name in ("port", "max_queue", "max_seqs", "max_namespaces", "max_body"):
+    for name in ("port", "max_queue", "max_seqs", "max_models", "max_body"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got "
                              f"{getattr(args, name)}.")
@@ -70,9 +76,12 @@ def run_serve(args) -> int:
         keys = (os.environ["FORKV_API_KEY"],)
     from .app import ServerConfig
 
-    config = ServerConfig(model=args.model, host=args.host, port=args.port, api_keys=keys,
+    models = tuple(args.model or ())
+    memory = None if args.model_memory is None else int(args.model_memory * (1 << 30))
+    config = ServerConfig(model=models[0] if len(models) == 1 else None, models=models,
+                          host=args.host, port=args.port, api_keys=keys,
                           max_queue=args.max_queue, max_seqs=args.max_seqs,
-                          max_namespaces=args.max_namespaces,
+                          max_models=args.max_models, model_memory=memory,
                           max_body=args.max_body, reasoning=args.reasoning,
                           chat_template=getattr(args, "chat_template", None))
     serve(config)  # BindRefused is a ValueError: the CLI prints it and exits 2
@@ -81,8 +90,11 @@ def run_serve(args) -> int:
 
 def add_arguments(p) -> None:
     """The subcommand's options, on an argparse parser."""
-    p.add_argument("--model", required=True,
-                   help="a model name: folder, .gguf, org/name[@rev], gemma3-270m, demo:<arch>")
+    p.add_argument("--model", action="append", default=None,
+                   help="a model name (folder, .gguf, org/name[@rev], gemma3-270m, "
+                        "demo:<arch>) to load now and serve alone; repeat it to load several "
+                        "and serve any other name too; leave it out to serve any model name "
+                        "this machine has, each loaded on the first request naming it")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", action="append", default=None, metavar="KEY",
@@ -91,9 +103,11 @@ def add_arguments(p) -> None:
     p.add_argument("--max-queue", type=int, default=64,
                    help="requests in flight before new ones get 429")
     p.add_argument("--max-seqs", type=int, default=8, help="sequences decoded in one batch")
-    p.add_argument("--max-namespaces", type=int, default=8,
-                   help="tenant/cache_salt namespaces with a live engine (least recently used "
-                        "idle ones are closed past this)")
+    p.add_argument("--max-models", type=int, default=3,
+                   help="models loaded at once; past it the least recently used idle one that "
+                        "was loaded on demand is unloaded")
+    p.add_argument("--model-memory", type=float, default=None, metavar="GIB",
+                   help="also unload idle models while the weights loaded exceed this")
     p.add_argument("--max-body", type=int, default=32 << 20, help="largest request body, bytes")
     p.add_argument("--reasoning", choices=("auto", "on", "off"), default="auto",
                    help="Responses API: split thinking into reasoning items (auto: when the "
