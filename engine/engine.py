@@ -26,7 +26,7 @@ from .batchcache import merge_blocker
 from .chat_template import require_chat_template, use_chat_template
 from .checkpoint import Checkpointer
 from .config import EngineConfig
-from .errors import ForkvWarning, GenerationError
+from .errors import ForkvWarning, GenerationError, check_context
 from .events import GenerationEvent, GenerationResult
 from .handle import RequestHandle
 from .loader import LoadedModel, load_model
@@ -122,10 +122,7 @@ class Engine:
     def render_request(self, prompt, images, params: SamplingParams):
         """Prompt tokens (and the vision request, for images) of a checked request."""
         tokens, request = self.runner.render(prompt, images)
-        if len(tokens) + params.max_tokens > self.lm.context_length:
-            raise GenerationError(
-                f"Prompt ({len(tokens)} tokens) plus max_tokens ({params.max_tokens}) exceeds "
-                f"the model's context of {self.lm.context_length}; shorten one of them.")
+        check_context(self.lm, len(tokens), params.max_tokens)
         return tokens, request
 
     # -- the request path --------------------------------------------------------------------
@@ -325,7 +322,8 @@ def make_record_store(settings=None, block_size: int = DEFAULT_BLOCK_SIZE) -> Re
 
     settings = settings or StoreSettings.from_env()
     disk = BlobStore(settings) if settings.disk else None
-    return RecordStore(settings.ram_budget, disk, block_size)
+    return RecordStore(settings.ram_budget, disk, block_size,
+                       tenant_ram_budget=settings.tenant_ram_budget)
 
 
 def generate_batch(engine: Engine, prompts: Sequence,

@@ -42,11 +42,12 @@ class TierStats:
 class RecordStore:
     def __init__(self, ram_budget: int = 2 << 30, disk: Tier | None = None,
                  block_size: int = 256, write_through: bool = True,
-                 tiers: list[Tier] | None = None):
-        """A RAM tier of `ram_budget` bytes, then `disk` (if any), then `tiers` (if any)."""
+                 tiers: list[Tier] | None = None, tenant_ram_budget: int = 0):
+        """A RAM tier of `ram_budget` bytes (at most `tenant_ram_budget` of them per namespace,
+        if set), then `disk` (if any), then `tiers` (if any)."""
         self.block_size = block_size
         self.write_through = write_through
-        self.ram = RamTier(ram_budget, spill=self._spill)
+        self.ram = RamTier(ram_budget, spill=self._spill, namespace_budget=tenant_ram_budget)
         self.tiers: list[Tier] = [self.ram] + ([disk] if disk is not None else []) + list(tiers or ())
         for tier in self.tiers:
             assert isinstance(tier, Tier), f"{type(tier).__name__} does not implement Tier"

@@ -67,8 +67,11 @@ class RamTier:
 
     holds_arrays = True
 
-    def __init__(self, budget: int, spill: Callable[[bytes, Record], None] | None = None):
+    def __init__(self, budget: int, spill: Callable[[bytes, Record], None] | None = None,
+                 namespace_budget: int = 0):
         self.budget = budget
+        self.namespace_budget = namespace_budget  # 0: none (namespaces share `budget`)
+        self._by_namespace: dict[bytes, int] = {}
         self.spill = spill
         self._records: OrderedDict[tuple[bytes, str], Record] = OrderedDict()
         self._order: EvictionOrder | None = None
@@ -83,6 +86,8 @@ class RamTier:
                 self._drop((key, kind))
             self._records[(key, kind)] = data
             self._account(data, kind, +1)
+            if self.namespace_budget:
+                self._enforce(self.namespace_budget, data.namespace)
             self._enforce_budget()
         return True
 
@@ -133,6 +138,10 @@ class RamTier:
         n = record.nbytes * sign
         self._bytes += n
         self._by_kind[kind] = self._by_kind.get(kind, 0) + n
+        ns = self._by_namespace[record.namespace] = self._by_namespace.get(record.namespace,
+                                                                           0) + n
+        if not ns:
+            del self._by_namespace[record.namespace]
 
     def _drop(self, slot) -> Record:
         record = self._records.pop(slot)
@@ -140,14 +149,21 @@ class RamTier:
         return record
 
     def _enforce_budget(self) -> None:
-        if self._bytes <= self.budget:
+        self._enforce(self.budget)
+
+    def _enforce(self, budget: int, namespace: bytes | None = None) -> None:
+        """Evict (spill) until the tier, or one namespace's records, fit in `budget`."""
+        held = (lambda: self._bytes) if namespace is None else (
+            lambda: self._by_namespace.get(namespace, 0))
+        if held() <= budget:
             return
         # Least valuable first; among equals, least recently used (the dict's order).
-        victims = list(self._records)
+        victims = [slot for slot, r in self._records.items()
+                   if namespace is None or r.namespace == namespace]
         if self._order is not None:
             victims.sort(key=lambda slot: self._order(*slot))
         for slot in victims:
-            if self._bytes <= self.budget:
+            if held() <= budget:
                 break
             record = self._drop(slot)
             self._evictions += 1

@@ -28,7 +28,8 @@ from forkv.graph import (
 from .tools import attach_tool_calls
 
 
-__all__ = ["NodeEvent", "record_render", "run_job", "sampling_params", "submit_job"]
+__all__ = ["NodeEvent", "path_images", "record_render", "run_job", "sampling_params",
+           "submit_job"]
 
 
 @dataclass(slots=True)
@@ -87,7 +88,7 @@ def _clean_text(kind: str, text: str, finish: str | None, last_id: int | None,
     return text[: -len(lead)] if lead and text.endswith(lead) else text
 
 
-def _images(tree: Tree, node_id: str) -> list[bytes]:
+def path_images(tree: Tree, node_id: str) -> list[bytes]:
     """Bytes of the images above `node_id`, in prompt order (checked against their hashes)."""
     return [part.load_bytes(n.id) for n in tree.path(node_id)[:-1] for part in n.images]
 
@@ -97,7 +98,7 @@ def submit_job(engine: Engine, tree: Tree, job: Job, progress=None,
     """Submit `job`'s rendered prompt (and the images on its path) to the engine, in
     `namespace`; its handle. `progress(node_id, computed, total, restored)` follows the
     prompt's prefill."""
-    images = _images(tree, job.node_id)
+    images = path_images(tree, job.node_id)
     on_chunk = None
     if progress is not None:
         def on_chunk(computed, total, restored, node_id=job.node_id):

@@ -17,6 +17,7 @@ from typing import Any
 
 from forkv.engine import Engine
 from forkv.engine.chat_template import require_chat_template
+from forkv.engine.errors import ContextTooLong, check_context
 from forkv.graph import (
     ContextOverflow,
     ImageNotSupported,
@@ -222,13 +223,13 @@ class Session:
 
     def _render_job(self, job: Job) -> RenderedPath:
         prompt = self.prompt(job.node_id)
-        need = prompt.num_tokens + job.gen.max_tokens
-        if need > self.engine.lm.context_length:
+        try:
+            check_context(self.engine.lm, prompt.num_tokens, job.gen.max_tokens)
+        except ContextTooLong as e:
             raise ContextOverflow(
-                f"node {job.node_id!r} needs {need} tokens (prompt {prompt.num_tokens} + "
-                f"max_tokens {job.gen.max_tokens}) but the context holds "
-                f"{self.engine.lm.context_length}; lower max_tokens or prune the path.",
-                job.node_id)
+                f"node {job.node_id!r} needs {e.prompt_tokens + e.max_tokens} tokens (prompt "
+                f"{e.prompt_tokens} + max_tokens {e.max_tokens}) but the context holds "
+                f"{e.limit}; lower max_tokens or prune the path.", job.node_id) from None
         return prompt
 
     def _check_images(self, waves: list[list[Job]]) -> None:

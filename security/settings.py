@@ -72,6 +72,7 @@ def _parse_int(value: int | str, name: str) -> int:
 
 _ENV_PARSERS = {
     "ram_budget": parse_size,
+    "tenant_ram_budget": parse_size,
     "disk_budget": parse_size,
     "queue_bytes": parse_size,
     "scrypt_n": _parse_int,
@@ -95,6 +96,9 @@ class StoreSettings:
     # the OS page cache keeps the (sealed) data file in RAM while memory is free and gives it
     # back when it is not; pinned RAM-tier records cannot be given back.
     ram_budget: int = 64 << 20
+    # 0: tenants share `ram_budget`; else the most of it one namespace's records may hold (its
+    # least recently used ones move on to the disk tier past it, as evictions do)
+    tenant_ram_budget: int = 0
     disk_budget: int = 4 << 30
     disk: bool = True
     disk_dir: str | None = None  # parent of the private folder; default: the system temp dir
@@ -110,7 +114,7 @@ class StoreSettings:
     def __post_init__(self) -> None:
         # Normalise loose inputs once so the rest of the package sees one shape.
         put = object.__setattr__
-        for name in ("ram_budget", "disk_budget", "queue_bytes"):
+        for name in ("ram_budget", "tenant_ram_budget", "disk_budget", "queue_bytes"):
             put(self, name, parse_size(getattr(self, name), name))
         for name in ("scrypt_n", "queue_max"):
             put(self, name, _parse_int(getattr(self, name), name))

@@ -118,3 +118,26 @@ def test_sessions_in_namespaces_share_one_engine():
         assert stats[2].tokens_reused >= 256  # alice's own, in a new session
     finally:
         engine.close()
+
+
+def test_a_tenant_ram_budget_evicts_only_that_tenants_records():
+    import mlx.core as mx
+
+    from forkv.engine.records import Record
+    from forkv.engine.tiers import RamTier
+    from forkv.security import StoreSettings
+
+    spilled = []
+    tier = RamTier(1 << 20, spill=lambda key, r: spilled.append((key, r.namespace)),
+                   namespace_budget=3000)
+
+    def put(ns: bytes, i: int) -> None:
+        tier.put(ns + bytes([i]), "global", Record("global", i, b"",
+                                                   {"0.k": mx.zeros(250)}, ns))  # 1000 bytes
+    for i in range(3):
+        put(b"a", i)
+        put(b"b", i)
+    put(b"a", 3)  # a's fourth record: a's oldest goes, b keeps all three
+    assert spilled == [(b"a\x00", b"a")]
+    assert tier.stats().bytes == 6000
+    assert StoreSettings.from_env(tenant_ram_budget="1MiB").tenant_ram_budget == 1 << 20

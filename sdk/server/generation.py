@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 
 from forkv.engine import GenerationError, GenerationEvent, SamplingParams, Timings
+from forkv.engine.errors import ContextTooLong, check_context
 
 from .backend import QueueFull
 from .errors import APIError
@@ -35,12 +36,11 @@ def _prepare(state, prompt, params: SamplingParams, images, namespace: str):
         raise APIError(400, f"The model's chat template cannot render these messages "
                             f"({type(e).__name__}: {e}).", "invalid_messages",
                        "messages") from None
-    limit = state.lm.context_length
-    if len(tokens) + params.max_tokens > limit:
-        raise APIError(400, f"The prompt ({len(tokens)} tokens) plus max_tokens "
-                            f"({params.max_tokens}) exceeds the model's context of {limit} "
-                            "tokens; shorten the messages or lower max_tokens.",
-                       "context_length_exceeded", "messages")
+    try:
+        check_context(state.lm, len(tokens), params.max_tokens,
+                      "shorten the messages or lower max_tokens")
+    except ContextTooLong as e:
+        raise APIError(400, str(e), "context_length_exceeded", "messages") from None
     return tokens
 
 
@@ -57,7 +57,8 @@ async def start(state, prompt, params: SamplingParams, namespace: str, images=No
             raise APIError(429, f"The server's queue is full ({state.backend.max_queue} "
                                 "requests in flight); retry shortly.", "queue_full") from None
         except GenerationError as e:
-            code = "context_length_exceeded" if "context" in str(e) else "invalid_request"
+            code = ("context_length_exceeded" if isinstance(e, ContextTooLong)
+                    else "invalid_request")
             raise APIError(400, str(e), code) from None
 
     tokens = await asyncio.to_thread(_prepare, state, prompt, params, images, namespace)

@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from forkv.graph import render
-from forkv.runner import record_render
+from forkv.runner import path_images, record_render
 
 from .auth import namespace_of
 from .conversations import Stored, Turn
@@ -131,7 +131,7 @@ async def create_response(request: Request) -> Any:
     try:
         prompt = render(tree, gen_ids[0], state.lm.tokenizer, fmt or state.plain_format,
                         template_kwargs=state.template_kwargs)
-        images = [p.load_bytes() for n in tree.path(gen_ids[0]) for p in n.images]
+        images = path_images(tree, gen_ids[0])
         t0 = time.perf_counter()
         handles = await start(state, prompt.token_ids, params, ns, images or None)
     except BaseException:
