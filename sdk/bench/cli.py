@@ -27,8 +27,10 @@ _WHAT = {
 def add_arguments(p) -> None:
     p.epilog = "benchmarks:\n" + "\n".join(
         f"  {name:<9} {_WHAT.get(name, '')}" for name in BENCHMARKS) + (
-        "\n  all       every benchmark (--report DIR writes JSON, plots and a summary)")
-    p.add_argument("name", metavar="NAME", help=f"one of {', '.join(BENCHMARKS)}, or all")
+        "\n  all       every benchmark (--report DIR writes JSON, plots and a summary)"
+        "\n  soak      one forkv serve under mixed traffic for --minutes: nothing may grow "
+        "(not in all)")
+    p.add_argument("name", metavar="NAME", help=f"one of {', '.join(BENCHMARKS)}, soak, or all")
     p.add_argument("--model", action="append", default=None,
                    help="demo:<arch>[:<size>] or a model folder; repeatable")
     p.add_argument("--quick", action="store_true", help="tiny sizes, for smoke tests")
@@ -42,9 +44,24 @@ def add_arguments(p) -> None:
                    help="also write the full results as JSON to PATH ('-': stdout, no table)")
     p.add_argument("--report", default=None, metavar="DIR",
                    help="(bench all) write JSON, plots and a summary into DIR")
+    soak = p.add_argument_group("soak (forkv bench soak: one forkv serve under mixed traffic)")
+    soak.add_argument("--minutes", type=float, default=30.0, help="how long (default 30)")
+    soak.add_argument("--tenants", type=int, default=16, help="tenants (default 16)")
+    soak.add_argument("--models", default=None, metavar="A,B",
+                      help="models to send traffic to (default demo:qwen3:tiny,demo:gemma3:tiny)")
+    soak.add_argument("--clients", type=int, default=8, help="client threads (default 8)")
+    soak.add_argument("--sample-s", type=float, default=60.0, metavar="S",
+                      help="seconds between samples (default 60)")
+    soak.add_argument("--warmup-s", type=float, default=None, metavar="S",
+                      help="judge growth from the sample at S seconds (default: a sixth of "
+                           "the run)")
+    soak.add_argument("--plot", default=None, metavar="PATH",
+                      help="write the curves: .svg by hand, other suffixes with matplotlib")
 
 
 def run_cli(args) -> int:
+    if args.name == "soak":
+        return _run_soak(args)
     names = available() if args.name == "all" else [args.name]
     if args.name != "all" and args.name not in BENCHMARKS:
         raise ValueError(f"Unknown benchmark {args.name!r}; choose one of "
@@ -73,6 +90,29 @@ def run_cli(args) -> int:
 
         write_report(results, args.report)
     return 0
+
+
+def _run_soak(args) -> int:
+    from .soak import DEFAULT_MODELS, run_soak
+
+    if args.set or args.report or args.quick or args.reps is not None:
+        raise ValueError("soak takes --minutes, --tenants, --models, --clients, --sample-s, "
+                         "--warmup-s, --json and --plot, not --set, --report, --quick or "
+                         "--reps.")
+    models = tuple(m.strip() for m in args.models.split(",") if m.strip()) if args.models \
+        else tuple(args.model or DEFAULT_MODELS)
+    t0 = time.perf_counter()
+    res = run_soak(minutes=args.minutes, tenants=args.tenants, models=models,
+                   clients=args.clients, sample_s=args.sample_s, warmup_s=args.warmup_s,
+                   plot=args.plot)
+    res["wall_s"] = round(time.perf_counter() - t0, 1)
+    if args.json_path == "-":
+        print(json.dumps(res, indent=1, default=str))
+    else:
+        print(format_table("soak", res), flush=True)
+        if args.json_path:
+            write_json(res, args.json_path)
+    return 0 if res["headline"]["soak_ok"] else 1
 
 
 def format_table(name: str, res: dict) -> str:
