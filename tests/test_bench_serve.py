@@ -1,5 +1,6 @@
 """`forkv bench serve`'s parts that need no server: the vLLM view of a model folder, the
-headline figures against each peer, peak RSS over a process tree, setting checks."""
+cases against a fake OpenAI server, the headline figures against each peer (llama-server's
+included), peak RSS over a process tree, setting checks."""
 
 import json
 import os
@@ -10,7 +11,9 @@ import time
 import pytest
 from forkv.bench import cluster_vllm
 from forkv.bench.serve import QUICK, _result, run_serve_bench
-from forkv.bench.serve_procs import ServerProcess, _children
+from forkv.bench.serve_cases import CASES, Client, case_clients, run_case
+from forkv.bench.serve_procs import ServerProcess, _children, timed_chat
+from openai.types.chat import ChatCompletionChunk
 
 
 @pytest.fixture
@@ -80,7 +83,8 @@ def test_headline_has_each_peer_and_targets_only_for_mlx_lm():
         900, 1800, 6000)
     assert not any(k.endswith("_vs_vllm") for k in res["targets"])
     assert res["targets"]["ttft_speedup_rewind"]["met"] is True
-    assert [set(c) for c in res["cases"]] == [{"case", "forkv", "mlx_lm_server", "vllm"}] * 3
+    assert [set(c) for c in res["cases"]] == [
+        {"case", "summary", "forkv", "mlx_lm_server", "vllm"}] * 3
     assert res["notes"][0] == "a note" and any("vLLM's CPU build" in n for n in res["notes"])
 
 
@@ -113,3 +117,176 @@ def test_vllm_setting_is_checked(monkeypatch):
     monkeypatch.setattr("forkv.bench.serve.vllm_python", lambda: None)
     with pytest.raises(ValueError, match="vllm=on needs vLLM's CPU build"):
         run_serve_bench("demo:gemma3:tiny", quick=True, vllm="on")
+
+
+def test_llamacpp_setting_is_checked():
+    with pytest.raises(ValueError, match="llamacpp must be auto, on or off"):
+        run_serve_bench("demo:gemma3:tiny", quick=True, llamacpp="maybe")
+    with pytest.raises(ValueError, match="llamacpp=on needs a GGUF model"):
+        run_serve_bench("demo:gemma3:tiny", quick=True, llamacpp="on")
+
+
+# -- the cases, on a fake server -------------------------------------------------------------
+
+
+def _chunk(choices, usage=None, timings=None) -> ChatCompletionChunk:
+    body = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
+            "choices": choices, "usage": usage}
+    return ChatCompletionChunk.model_validate(body | ({"timings": timings} if timings else {}))
+
+
+class _Fake:
+    """An OpenAI client whose server counts words as tokens and reuses the longest prefix of
+    any earlier prompt; `llama` answers as llama-server does (a usage and timings per choice)."""
+
+    def __init__(self, llama: bool = False):
+        self.llama, self.seen, self.calls = llama, [], []
+        self.chat = self
+        self.completions = self
+
+    def create(self, *, model, messages, max_tokens, n=1, extra_body=None, **_):
+        words = " ".join(m["role"] + " " + m["content"] for m in messages).split()
+        cached = max((_common(words, w) for w in self.seen), default=0)
+        self.seen.append(words)
+        self.calls.append({"messages": messages, "n": n, "extra": extra_body or {}})
+        usage = {"prompt_tokens": len(words), "completion_tokens": max_tokens,
+                 "total_tokens": len(words) + max_tokens,
+                 "prompt_tokens_details": {"cached_tokens": cached}}
+        out = []
+        for i in range(n):
+            out.append(_chunk([{"index": i, "delta": {"content": "w " * max_tokens}}]))
+            out.append(_chunk([{"index": i, "delta": {}, "finish_reason": "length"}]))
+            if self.llama:
+                out.append(_chunk([], usage, {"prompt_n": len(words) - cached,
+                                              "cache_n": cached, "prompt_per_second": 100.0,
+                                              "predicted_per_second": 20.0}))
+        if not self.llama:
+            out.append(_chunk([], dict(usage, completion_tokens=max_tokens * n)))
+        return iter(out)
+
+
+def _common(a: list, b: list) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class _Tok:
+    def encode(self, text, add_special_tokens=False):
+        return text.split()
+
+    def decode(self, tokens):
+        return " ".join(tokens)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_case_reports_the_common_figures(name):
+    fake = _Fake()
+    out = run_case(Client(fake, "m", no_eos={"1": -100.0}), name, QUICK, _Tok(), 0)
+    assert {"ttft_median_s", "prompt_tokens", "computed_tokens", "cached_tokens_total",
+            "tokens_per_s", "case_wall_s"} <= set(out)
+    assert out["requests"] == len(fake.calls) > 0
+    assert out["prompt_tokens"] >= out["computed_tokens"] > 0
+
+
+def test_llama_server_timings_give_computed_and_cached_tokens():
+    r = timed_chat(_Fake(llama=True), "m", [{"role": "user", "content": "a b c"}], 3, n=2)
+    assert (r.prompt_tokens, r.cached_tokens, r.computed_tokens) == (4, 0, 4)  # once, not twice
+    assert r.completion_tokens == 6  # a usage per choice
+    assert (r.server_prompt_tps, r.server_decode_tps) == (100.0, 20.0)
+    fake = _Fake()
+    timed_chat(fake, "m", [{"role": "user", "content": "a b c"}], 3)
+    r = timed_chat(fake, "m", [{"role": "user", "content": "a b c d"}], 3)
+    assert (r.prompt_tokens, r.cached_tokens, r.computed_tokens) == (5, 4, 1)
+
+
+def test_deep_rewind_goes_back_to_each_earlier_turn():
+    fake = _Fake()
+    out = run_case(Client(fake, "m"), "deep_rewind", QUICK, _Tok(), 0)
+    turns = QUICK.deep_turns
+    trajectory = fake.calls[turns - 1]["messages"]  # the case's list: every answer appended
+    assert len(trajectory) == 1 + 2 * turns
+    assert [r["k"] for r in out["rewinds"]] == list(range(1, turns))
+    for k, call in enumerate(fake.calls[turns:], start=1):
+        assert call["messages"][:-1] == trajectory[:1 + 2 * k]  # after turn k's answer
+        assert call["messages"][-1]["content"].startswith(f"Back to log {k - 1}")
+    assert all(r["cached_tokens"] > 0 for r in out["rewinds"])  # the fake reuses prefixes
+
+
+def test_prune_drops_the_thinking_from_the_next_step():
+    fake = _Fake()
+    run_case(Client(fake, "m"), "prune", QUICK, _Tok(), 0)
+    second_think = fake.calls[2]["messages"]
+    assert not any("<think>" in m["content"] for m in second_think)
+    assert "<think>" in fake.calls[1]["messages"][-2]["content"]
+
+
+def test_tree_samples_n_or_sends_n_requests():
+    fake = _Fake()
+    run_case(Client(fake, "m"), "tree", QUICK, _Tok(), 0)
+    assert [c["n"] for c in fake.calls] == [QUICK.tree_branches // 2, QUICK.tree_branches]
+    fake = _Fake()
+    out = run_case(Client(fake, "m", takes_n=False), "tree", QUICK, _Tok(), 0)
+    assert len(fake.calls) == QUICK.tree_branches * 3 // 2 and {c["n"] for c in fake.calls} == {1}
+    assert [r["generated_tokens"] for r in out["runs"]] == [
+        k * QUICK.gen_tokens for k in (QUICK.tree_branches // 2, QUICK.tree_branches)]
+
+
+def test_tenants_salt_each_client_in_the_second_part():
+    fake = _Fake()
+    out = run_case(Client(fake, "m", no_eos={"1": -100.0}), "tenants", QUICK, _Tok(), 0)
+    salts = [c["extra"]["cache_salt"] for c in fake.calls]
+    assert len(set(salts[:QUICK.clients])) == 1 and len(set(salts[QUICK.clients:])) == QUICK.clients
+    assert all(c["extra"]["1"] == -100.0 for c in fake.calls)
+    assert out["tokens_per_s"] == out["tokens_per_s_salted"]
+    assert out["compared_computed_tokens"] == out["computed_tokens_one_salt"]
+    assert case_clients("tenants", QUICK) == QUICK.clients and case_clients("fork", QUICK) == 1
+
+
+# -- llama-server's figures ------------------------------------------------------------------
+
+
+def _full_side(ttft: float, computed: int, rewinds: list[tuple[float, int]], prefill: float,
+               tps_one: float = 10.0, tps_salted: float = 9.0) -> dict:
+    common = {"ttft_median_s": ttft, "computed_tokens": computed, "tokens_per_s": 5.0,
+              "prompt_tokens": 1000, "cached_tokens_total": 1000 - computed}
+    return {"fork": dict(common, later_ttft_s=ttft),
+            "deep_rewind": dict(common, rewinds=[
+                {"k": k, "ttft_s": t, "cached_tokens": c, "prompt_tokens": 1000}
+                for k, (t, c) in enumerate(rewinds, start=1)]),
+            "kernels": dict(common, prefill_tokens_per_s=prefill, decode_tokens_per_s=50.0),
+            "tenants": dict(common, tokens_per_s_one_salt=tps_one, computed_tokens=10**6,
+                            tokens_per_s_salted=tps_salted, compared_computed_tokens=computed),
+            "peak_rss_mib": 500}
+
+
+def test_headline_against_llama_server():
+    ran = ("fork", "deep_rewind", "kernels", "tenants")
+    forkv = _full_side(0.1, 100, [(0.1, 900), (0.1, 950), (0.2, 990)], 400.0)
+    sides = {"forkv": [forkv], "peer": [_full_side(1.0, 900, [(1.0, 0)] * 3, 300.0)],
+             "llamacpp": [_full_side(2.0, 400, [(2.0, 0), (3.0, 850), (0.2, 950)], 800.0)],
+             "llamacpp_tuned": [_full_side(0.5, 50, [(0.1, 900)] * 3, 800.0)]}
+    res = _result("gemma3-270m", QUICK, 1, "float32", sides, ran, [], {"llamacpp_ok": True})
+    h = res["headline"]
+    assert h["ttft_ratio_fork_vs_llamacpp"] == 0.05
+    assert h["ttft_ratio_fork_vs_llamacpp_tuned"] == 0.2
+    assert h["computed_ratio_vs_llamacpp"] == 0.25  # the same in every case (tenants: 1 salt)
+    assert h["computed_ratio_vs_llamacpp_tuned"] == 2.0
+    # Only the rewinds where llama-server restored under 90% of the prompt: 2.0/0.1, 3.0/0.1.
+    assert h["ttft_speedup_deep_rewind_vs_llamacpp"] == 25.0
+    assert h["ttft_speedup_deep_rewind_vs_llamacpp_tuned"] is None  # it restored each one
+    assert h["prefill_kernel_ratio"] == 0.5 and h["decode_kernel_ratio"] == 1.0
+    assert h["tenant_throughput_ratio"] == 0.9 and h["tenant_throughput_vs_shared_mlx_lm"] == 1.0
+    assert h["llamacpp_ok"] is True and h["llamacpp_tuned_peak_rss_mib"] == 500
+    t = res["targets"]
+    assert t["ttft_speedup_deep_rewind_vs_llamacpp"]["met"] is True
+    assert t["computed_ratio_vs_llamacpp"]["met"] is True and t["llamacpp_ok"]["met"] is True
+    assert t["tenant_throughput_ratio"]["met"] is True
+    fork = res["cases"][0]
+    assert set(fork["summary"]) == {"forkv", "mlx_lm_server", "llama_server",
+                                    "llama_server_tuned"}
+    assert fork["summary"]["llama_server"]["computed_tokens"] == 400
+    assert any("llama-server" in n for n in res["notes"])

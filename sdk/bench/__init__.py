@@ -26,6 +26,10 @@ BENCHMARKS = {
     "weights": ("weights", "run_weights_bench", ("gemma3-270m",)),
 }
 
+# Benchmarks whose default is a named real model when its package is installed (the `gemma`
+# extra); --quick, or a machine without it, keeps the demo models above.
+_REAL_DEFAULTS = {"serve": "gemma3-270m"}
+
 __all__ = ["BENCHMARKS", "available", "run_benchmark"]
 
 
@@ -60,7 +64,9 @@ def run_benchmark(name: str, models: list[str] | None = None, quick: bool = Fals
         kwargs["reps"] = reps
     if not models:
         models = list(BENCHMARKS[name][2])
-        if quick:  # smoke tests: the tiny variant of the first default model
+        if name in _REAL_DEFAULTS and not quick and _has_named(_REAL_DEFAULTS[name]):
+            models = [_REAL_DEFAULTS[name]]
+        elif quick:  # smoke tests: the tiny variant of the first default model
             models = [models[0].replace(":small", ":tiny")]
     runs = [fn(model=m, **kwargs) for m in models]
     if len(runs) == 1:
@@ -68,6 +74,14 @@ def run_benchmark(name: str, models: list[str] | None = None, quick: bool = Fals
     merged = dict(runs[0], model=[r["model"] for r in runs], runs=runs)
     merged["headline"] = _worst(runs)
     return merged
+
+
+def _has_named(model: str) -> bool:
+    import importlib.util
+
+    from forkv.engine.named import NAMED_MODELS
+
+    return importlib.util.find_spec(NAMED_MODELS[model].package) is not None
 
 
 def _worst(runs: list[dict]) -> dict:

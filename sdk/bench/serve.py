@@ -1,179 +1,75 @@
 """`forkv bench serve`: the same conversations, sent with the `openai` client, to `forkv serve`
-and to mlx-lm's own `mlx_lm.server` on the same model folder, side by side in one run; and,
-where vLLM's CPU build is installed (see `cluster_vllm`), to vLLM on the same weights too.
+and to its peers on the same model, side by side in one run: mlx-lm's own `mlx_lm.server` on
+the same folder; vLLM's CPU build where it is installed (see `cluster_vllm`); llama.cpp's
+`llama-server` on the same GGUF, at its defaults and tuned for reuse (see `llamacpp`), where
+the model is a GGUF (the default `gemma3-270m` is) and a llama-server is built.
 
-Five cases (each side gets the same requests, greedy; forkv first, then mlx_lm.server, then vLLM):
+The cases are in `serve_cases` (each side gets the same requests, greedy; forkv first):
+extend, reasoning, fork, rewind and concurrent as before; alternate (more conversations than
+a server has slots, round robin), deep_rewind (a long agent trajectory, then back to each
+earlier turn), prune (think, drop the thinking, answer), tree (k sampled branches of one
+prompt at once), tenants (clients under one cache_salt, then each under its own) and kernels
+(prefill and decode speed with nothing to reuse).
 
-1. extend: multi-turn chat, each prompt extends the last exactly (the peer's LRU of prompt
-   caches serves this well: parity is the target, forkv's later-turn TTFT within 10%);
-2. reasoning: the client sends back only a short answer, as a thinking model's template drops
-   the reasoning it generated, so the next prompt leaves the generated tokens (reported);
-3. fork: one long document, then separate conversations each asking another question in the
-   same user message (the branch starts inside it): `ttft_speedup_fork`, peer ÷ forkv;
-4. rewind: `rewind_turns` turns, then back to turn 2 and a new branch, both servers at their
-   default cache sizes: `ttft_speedup_rewind`;
-5. concurrent: clients sharing a system prompt at once: `concurrent_throughput_ratio`
-   (generated tokens/s, forkv ÷ peer), and every server's peak RSS over the whole run.
-
-Texts are sized in the model's own tokens and drawn from a fixed seed, so every side and
-repeated runs see the same prompts. The vLLM figures (`*_vs_vllm`, forkv against vLLM with its
-prefix caching) have no targets yet: the first measurement sets them. Knows the cases; the
-processes are in `serve_procs` and `cluster_vllm`.
+Headline figures against mlx_lm.server keep their names (`ttft_speedup_fork`, ...); against
+vLLM they end in `_vs_vllm`; against llama-server `ttft_ratio_<case>_vs_llamacpp` (forkv ÷
+llama-server, every case), `computed_ratio_vs_llamacpp` (the largest forkv ÷ llama-server
+prompt tokens computed over the cases), `ttft_speedup_deep_rewind_vs_llamacpp` (llama-server
+÷ forkv over the rewinds where llama-server had no checkpoint at the branch point and
+recomputed part of the conversation before it), `prefill_kernel_ratio`
+and `decode_kernel_ratio`; the tuned llama-server's end in `_vs_llamacpp_tuned`. Knows the
+sides and the figures; the processes are in `serve_procs`, `cluster_vllm` and `llamacpp`.
 """
 
 from __future__ import annotations
 
+import json
 import os
-import random
 import statistics
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 from .cluster_vllm import start_vllm, vllm_python, vllm_view
 from .common import result
-from .serve_procs import start_forkv, start_peer, timed_chat
+from .llamacpp import LlamaServerMissing, gguf_of, llama_server_path, start_llama_server
+from .serve_cases import CASES, FULL, QUICK, Client, Sizes, case_clients, run_case
+from .serve_procs import ServerProcess, start_forkv, start_peer, timed_chat
 
-__all__ = ["Sizes", "run_serve_bench"]
+__all__ = ["CASES", "FULL", "QUICK", "Sizes", "run_serve_bench"]
 
-
-@dataclass(frozen=True, slots=True)
-class Sizes:
-    system_tokens: int  # system prompt of every case
-    turn_tokens: int  # user text per turn (extend, reasoning, rewind)
-    turns: int  # extend and reasoning turns
-    doc_tokens: int  # the fork case's document
-    questions: int  # conversations on the document
-    rewind_turns: int
-    clients: int  # concurrent case
-    gen_tokens: int  # tokens generated per request in the concurrent case
-    answer_tokens: int  # tokens generated per request elsewhere (TTFT is what is timed)
-
-
-FULL = Sizes(system_tokens=256, turn_tokens=512, turns=6, doc_tokens=6900, questions=8,
-             rewind_turns=12, clients=8, gen_tokens=64, answer_tokens=8)
-QUICK = Sizes(system_tokens=64, turn_tokens=96, turns=3, doc_tokens=600, questions=3,
-              rewind_turns=4, clients=3, gen_tokens=8, answer_tokens=4)
 TARGETS = {"extend_ttft_ratio": "<= 1.1", "ttft_speedup_fork": ">= 20",
-           "ttft_speedup_rewind": ">= 5", "concurrent_throughput_ratio": ">= 1.5"}
-_WORDS = ("river stone lamp orbit cedar quartz meadow signal harbor copper violet lantern "
-          "summit ember glacier falcon prism canyon willow beacon").split()
+           "ttft_speedup_rewind": ">= 5", "concurrent_throughput_ratio": ">= 1.5",
+           "computed_ratio_vs_llamacpp": "<= 1", "ttft_speedup_deep_rewind_vs_llamacpp": ">= 20",
+           "tenant_throughput_ratio": ">= 0.9", "llamacpp_ok": "== true"}
 
 
-class _Texts:
-    """Deterministic filler text of an exact token length in the model's tokenizer."""
-
-    def __init__(self, tokenizer, seed: int):
-        self.tok, self.rng = tokenizer, random.Random(seed)
-
-    def __call__(self, n: int) -> str:
-        words = " ".join(self.rng.choice(_WORDS) for _ in range(n * 2))
-        return self.tok.decode(self.tok.encode(words, add_special_tokens=False)[:n])
+@dataclass(slots=True)
+class _Side:
+    start: Callable[[int], ServerProcess]  # the case's clients (a tuned peer's slots) -> server
+    per_case: bool = False  # a fresh server for every case, sized to it
+    takes_n: bool = True  # samples n choices of one prompt
+    optional: bool = False  # a failure is a note, not an error
 
 
-def _med(values: list[float]) -> float:
-    return round(statistics.median(values), 4) if values else 0.0
-
-
-def _extend(client, model, sz, texts, system, drop_answers: bool) -> dict:
-    messages, ttft, cached = [system], [], []
-    for turn in range(sz.turns):
-        messages.append({"role": "user", "content": f"Turn {turn}. " + texts(sz.turn_tokens)})
-        r = timed_chat(client, model, messages, sz.answer_tokens)
-        ttft.append(r.ttft_s)
-        cached.append(r.cached_tokens)
-        answer = f"Answer {turn}." if drop_answers else r.text
-        messages.append({"role": "assistant", "content": answer})
-    return {"ttft_s": ttft, "later_ttft_s": _med(ttft[1:]), "cached_tokens": cached}
-
-
-def _fork(client, model, sz, texts, system) -> dict:
-    doc = texts(sz.doc_tokens)
-    ttft, cached = [], []
-    for q in range(sz.questions):
-        question = f"\n\nQuestion {q}: what does part {q} say about {_WORDS[q % len(_WORDS)]}?"
-        r = timed_chat(client, model, [system, {"role": "user", "content": doc + question}],
-                       sz.answer_tokens)
-        ttft.append(r.ttft_s)
-        cached.append(r.cached_tokens)
-    return {"ttft_s": ttft, "first_ttft_s": ttft[0], "later_ttft_s": _med(ttft[1:]),
-            "cached_tokens": cached}
-
-
-def _rewind(client, model, sz, texts, system) -> dict:
-    messages, history = [system], []
-    for turn in range(sz.rewind_turns):
-        messages.append({"role": "user", "content": f"Turn {turn}. " + texts(sz.turn_tokens)})
-        r = timed_chat(client, model, messages, sz.answer_tokens)
-        messages.append({"role": "assistant", "content": r.text})
-        history.append(list(messages))
-    branch = history[1] + [{"role": "user", "content": "Back to this point: " +
-                            texts(sz.turn_tokens // 4)}]
-    r = timed_chat(client, model, branch, sz.answer_tokens)
-    return {"rewind_ttft_s": r.ttft_s, "cached_tokens": r.cached_tokens,
-            "conversation_tokens": sz.system_tokens + sz.rewind_turns * sz.turn_tokens}
-
-
-def _concurrent(client, model, sz, texts, system) -> dict:
-    questions = [f"Client {i}: " + texts(32) for i in range(sz.clients)]
-
-    def one(q: str):
-        return timed_chat(client, model, [system, {"role": "user", "content": q}],
-                          sz.gen_tokens)
-
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(sz.clients) as pool:
-        out = list(pool.map(one, questions))
-    wall = time.perf_counter() - t0
-    tokens = sum(r.completion_tokens for r in out)
-    return {"wall_s": round(wall, 3), "generated_tokens": tokens,
-            "tokens_per_s": round(tokens / wall, 3), "ttft_s": [r.ttft_s for r in out]}
-
-
-CASES = ("extend", "reasoning", "fork", "rewind", "concurrent")
-
-
-def _run_side(server, sz: Sizes, tokenizer, seed: int, cases: tuple[str, ...]) -> dict:
-    import openai
-
-    client = openai.OpenAI(base_url=server.base_url, api_key="bench", max_retries=0,
-                           timeout=3600)
-    model = server.model
-    timed_chat(client, model, [{"role": "user", "content": "warm up"}], 2)  # kernels compile
-    out = {}
-    for i, (name, fn) in enumerate(zip(CASES, (_extend, _extend, _fork, _rewind, _concurrent))):
-        if name not in cases:
-            continue
-        texts = _Texts(tokenizer, seed * 100 + i)  # each case its own texts: no cross-reuse
-        system = {"role": "system", "content": f"Case {name}. " + texts(sz.system_tokens)}
-        args = (client, model, sz, texts, system) + ((name == "reasoning",)
-                                                      if fn is _extend else ())
-        t0 = time.perf_counter()
-        out[name] = fn(*args)
-        out[name]["case_wall_s"] = round(time.perf_counter() - t0, 2)
-        print(f"  {server.name}: {name} {out[name]['case_wall_s']} s", file=sys.stderr,
-              flush=True)  # a full run takes many minutes: show where it is
-    out["peak_rss_mib"] = server.peak_rss_mib()
-    return out
-
-
-def run_serve_bench(model: str = "demo:gemma3:small", quick: bool = False, reps: int = 1,
-                    cases: tuple[str, ...] = CASES, vllm: str = "auto",
-                    sizes: Sizes | None = None, **size: int) -> dict:
-    """Each case on `forkv serve` then on `mlx_lm.server` (same folder, same BLAS, same
-    dtype), then on vLLM. `cases` picks some (cases=fork,rewind); `vllm`: "auto" runs it when
-    its environment exists and the run is not --quick (it takes minutes to start), "on"
-    always, "off" never; `size` overrides fields of `sizes` (doc_tokens=2048, ...)."""
+def run_serve_bench(model: str = "gemma3-270m", quick: bool = False, reps: int = 1,
+                    cases: tuple[str, ...] = tuple(CASES), vllm: str = "auto",
+                    llamacpp: str = "auto", sizes: Sizes | None = None, **size: int) -> dict:
+    """Each case on `forkv serve`, then on `mlx_lm.server` (same folder, same BLAS, same
+    dtype), vLLM and llama-server (defaults, then tuned). `cases` picks some
+    (cases=fork,deep_rewind); `vllm`/`llamacpp`: "auto" runs it when it is installed (built)
+    and the run is not --quick, "on" always (llamacpp=on builds llama-server if needed),
+    "off" never; `size` overrides fields of `sizes` (doc_tokens=2048, ...)."""
     from forkv.engine import blas
 
     blas.activate()
+    from forkv.engine.loader import pick_dtype, resolve_model_path
     from mlx_lm.tokenizer_utils import load as load_tokenizer
 
-    from forkv.engine.loader import pick_dtype, resolve_model_path
-
-    if vllm not in ("auto", "on", "off"):
-        raise ValueError(f"vllm must be auto, on or off, got {vllm!r}.")
+    for name, value in (("vllm", vllm), ("llamacpp", llamacpp)):
+        if value not in ("auto", "on", "off"):
+            raise ValueError(f"{name} must be auto, on or off, got {value!r}.")
     unknown = set(size) - set(Sizes.__dataclass_fields__)
     if unknown:
         raise ValueError(f"Unknown serve size {', '.join(sorted(unknown))}; choose from "
@@ -182,42 +78,129 @@ def run_serve_bench(model: str = "demo:gemma3:small", quick: bool = False, reps:
     if unknown or not cases:
         raise ValueError(f"Unknown serve case {', '.join(sorted(unknown)) or '(none)'}; choose "
                          f"from {', '.join(CASES)}.")
+    cases = tuple(c for c in CASES if c in cases)
     sz = replace(sizes or (QUICK if quick else FULL), **size)
+    notes: list[str] = []
+    llama = _llama_setup(model, llamacpp, quick, notes)  # before any server: a clear error
     folder = resolve_model_path(model)
     tokenizer = load_tokenizer(folder)
+    config = json.loads((Path(folder) / "config.json").read_text())
     dtype = pick_dtype("auto", "bfloat16")  # what forkv computes in on this device
-    starts = {"forkv": lambda: start_forkv(model),
-              "peer": lambda: start_peer(str(folder), dtype)}
-    notes = []
+    sides = {"forkv": _Side(lambda _: start_forkv(model)),
+             "peer": _Side(lambda _: start_peer(str(folder), dtype), takes_n=False)}
+    _add_vllm(sides, vllm, quick, folder, config, notes)
+    if llama is not None:
+        binary, gguf, template = llama
+        sides["llamacpp"] = _Side(
+            lambda _: start_llama_server(binary, gguf, chat_template=template), optional=True)
+        sides["llamacpp_tuned"] = _Side(
+            lambda slots: start_llama_server(binary, gguf, chat_template=template, tuned=True,
+                                             slots=slots), per_case=True, optional=True)
+    no_eos = {str(i): -100.0 for i in sorted(_eos_ids(tokenizer, config))}
+    runs = {}
+    for name, side in sides.items():
+        try:
+            runs[name] = _run_side(side, sz, tokenizer, reps, cases, no_eos)
+        except Exception as e:
+            if not side.optional:
+                raise
+            notes.append(f"No {name} side: {type(e).__name__}: {e}"[:2000])
+    headline_extra = {"llamacpp_ok": None if llama is None else "llamacpp" in runs}
+    return _result(model, sz, reps, dtype, runs, cases, notes, headline_extra)
+
+
+def _eos_ids(tokenizer, config: dict) -> set[int]:
+    eos = config.get("eos_token_id")
+    ids = set(getattr(tokenizer, "eos_token_ids", None) or [])
+    return ids | ({eos} if isinstance(eos, int) else set(eos or []))
+
+
+def _add_vllm(sides: dict, vllm: str, quick: bool, folder, config: dict, notes: list) -> None:
     if vllm == "off" or (vllm == "auto" and quick):
         notes.append("No vLLM side: --quick or vllm=off (--set vllm=on starts it).")
-    elif (python := vllm_python()) is None:
+        return
+    python = vllm_python()
+    if python is None:
         if vllm == "on":
             raise ValueError("vllm=on needs vLLM's CPU build in .venv-vllm (or "
                              "FORKV_VLLM_PYTHON); .ci/run shows how to make it.")
         notes.append("No vLLM side: no .venv-vllm (or FORKV_VLLM_PYTHON) with vLLM's CPU "
                      "build; .ci/run makes one.")
-    else:
-        try:
-            view = vllm_view(folder)
-            starts["vllm"] = lambda: start_vllm(python, view, name="bench",
-                                                max_model_len=16384, kv_space_gib=4,
-                                                threads=os.cpu_count())
-        except ValueError as e:
-            notes.append(f"No vLLM side: {e}")
-    sides = {}
-    for name, start in starts.items():
-        server = start()
+        return
+    try:
+        view = vllm_view(folder)
+    except ValueError as e:
+        notes.append(f"No vLLM side: {e}")
+        return
+    max_len = min(32768, config.get("max_position_embeddings") or 16384)
+    sides["vllm"] = _Side(lambda _: start_vllm(python, view, name="bench", max_model_len=max_len,
+                                               kv_space_gib=4, threads=os.cpu_count()),
+                          optional=True)
+
+
+def _llama_setup(model: str, llamacpp: str, quick: bool, notes: list):
+    """(binary, gguf, chat template) for the llama-server sides, or None with a note."""
+    if llamacpp == "off" or (llamacpp == "auto" and quick):
+        notes.append("No llama-server side: --quick or llamacpp=off (--set llamacpp=on "
+                     "starts it, building it first if needed).")
+        return None
+    gguf = gguf_of(model)
+    if gguf is None:
+        if llamacpp == "on":
+            raise ValueError(f"llamacpp=on needs a GGUF model (gemma3-270m or a .gguf file); "
+                             f"{model!r} is not one.")
+        notes.append(f"No llama-server side: {model} is not a GGUF (demo models have none).")
+        return None
+    try:
+        binary = llama_server_path(build=llamacpp == "on")
+    except LlamaServerMissing as e:
+        if llamacpp == "on":
+            raise
+        notes.append(f"No llama-server side: {e}"[:2000])
+        return None
+    return binary, *gguf
+
+
+def _run_side(side: _Side, sz: Sizes, tokenizer, reps: int, cases: tuple[str, ...],
+              no_eos: dict) -> list[dict]:
+    """Every rep's case results and peak RSS on one side."""
+    if not side.per_case:
+        server = side.start(1)
         try:
             server.wait_ready(timeout=900)
-            sides[name] = [_run_side(server, sz, tokenizer, rep, cases) for rep in range(reps)]
-        except RuntimeError as e:
-            if name != "vllm":
-                raise
-            notes.append(f"No vLLM side: {e}"[:2000])  # e.g. its CPU build refuses the model
+            return [dict(_cases(server, side, sz, tokenizer, rep, cases, no_eos),
+                         peak_rss_mib=server.peak_rss_mib()) for rep in range(reps)]
         finally:
             server.stop()
-    return _result(model, sz, reps, dtype, sides, cases, notes)
+    runs = []
+    for rep in range(reps):
+        out, rss = {}, []
+        for case in cases:
+            server = side.start(case_clients(case, sz))
+            try:
+                server.wait_ready(timeout=900)
+                out.update(_cases(server, side, sz, tokenizer, rep, (case,), no_eos))
+                rss.append(server.peak_rss_mib() or 0)
+            finally:
+                server.stop()
+        runs.append(dict(out, peak_rss_mib=max(rss)))
+    return runs
+
+
+def _cases(server: ServerProcess, side: _Side, sz: Sizes, tokenizer, rep: int,
+           cases: tuple[str, ...], no_eos: dict) -> dict:
+    import openai
+
+    client = openai.OpenAI(base_url=server.base_url, api_key="bench", max_retries=0,
+                           timeout=3600)
+    timed_chat(client, server.model, [{"role": "user", "content": "warm up"}], 2)  # compile
+    c = Client(client, server.model, takes_n=side.takes_n, no_eos=no_eos)
+    out = {}
+    for name in cases:
+        out[name] = run_case(c, name, sz, tokenizer, rep)
+        print(f"  {server.name}: {name} {out[name]['case_wall_s']} s", file=sys.stderr,
+              flush=True)  # a full run takes many minutes: show where it is
+    return out
 
 
 # headline figure -> (case, field, whose median is the numerator: "peer" or "forkv")
@@ -225,50 +208,135 @@ _FIGURES = {"extend_ttft_ratio": ("extend", "later_ttft_s", "forkv"),
             "reasoning_ttft_speedup": ("reasoning", "later_ttft_s", "peer"),
             "ttft_speedup_fork": ("fork", "later_ttft_s", "peer"),
             "ttft_speedup_rewind": ("rewind", "rewind_ttft_s", "peer"),
-            "concurrent_throughput_ratio": ("concurrent", "tokens_per_s", "forkv")}
+            "concurrent_throughput_ratio": ("concurrent", "tokens_per_s", "forkv"),
+            "alternate_ttft_speedup": ("alternate", "ttft_median_s", "peer"),
+            "ttft_speedup_deep_rewind": ("deep_rewind", "ttft_median_s", "peer"),
+            "prune_ttft_speedup": ("prune", "ttft_median_s", "peer"),
+            "tree_throughput_ratio": ("tree", "tokens_per_s", "forkv")}
+_THROUGHPUT = ("concurrent_throughput_ratio", "tree_throughput_ratio")
+_LABELS = {"forkv": "forkv", "peer": "mlx_lm_server", "vllm": "vllm",
+           "llamacpp": "llama_server", "llamacpp_tuned": "llama_server_tuned"}
+# A rewind where the server had no checkpoint at the branch point: it restored less than this
+# share of the prompt (llama-server falls back to an earlier checkpoint, often a turn back).
+_NO_CHECKPOINT = 0.9
 
 
-_LABELS = {"forkv": "forkv", "peer": "mlx_lm_server", "vllm": "vllm"}
+def _med(runs: list[dict], case: str, key: str) -> float:
+    return statistics.median(r[case][key] for r in runs)
 
 
-def _figures(f: list, other: list, ran: tuple[str, ...], suffix: str) -> dict:
+def _ratio(num: float, den: float) -> float:
+    return round(num / den, 3) if den else 0.0
+
+
+def _figures(f: list, other: list, ran: tuple[str, ...], suffix: str,
+             names=tuple(_FIGURES)) -> dict:
     """The headline ratios of forkv's runs `f` against another side's runs."""
     out = {}
-    for figure, (case, key, top) in _FIGURES.items():
+    for figure in names:
+        case, key, top = _FIGURES[figure]
         if case in ran:
             num, den = (other, f) if top == "peer" else (f, other)
-            d = statistics.median(r[case][key] for r in den)
-            out[figure + suffix] = round(
-                statistics.median(r[case][key] for r in num) / d, 3) if d else 0.0
+            out[figure + suffix] = _ratio(_med(num, case, key), _med(den, case, key))
     return out
 
 
+def _llama_figures(f: list, other: list, ran: tuple[str, ...], suffix: str) -> dict:
+    out = _figures(f, other, ran, suffix, _THROUGHPUT)
+    for case in ran:
+        out[f"ttft_ratio_{case}{suffix}"] = _ratio(_med(f, case, "ttft_median_s"),
+                                                   _med(other, case, "ttft_median_s"))
+    key = {c: "compared_computed_tokens" if "compared_computed_tokens" in f[0][c]
+           else "computed_tokens" for c in ran}  # tenants: the part a peer without salts runs
+    computed = [_ratio(_med(f, c, key[c]), _med(other, c, key[c]))
+                for c in ran if _med(other, c, key[c])]
+    out[f"computed_ratio{suffix}"] = max(computed) if computed else None
+    if "deep_rewind" in ran:  # by rep and k: llama-server ÷ forkv where it had no checkpoint
+        pairs = [o["ttft_s"] / m["ttft_s"] for fr, orr in zip(f, other, strict=True)
+                 for m, o in zip(fr["deep_rewind"]["rewinds"], orr["deep_rewind"]["rewinds"],
+                                 strict=True)
+                 if (o["cached_tokens"] or 0) < _NO_CHECKPOINT * (o["prompt_tokens"] or 0)]
+        out[f"ttft_speedup_deep_rewind{suffix}"] = round(statistics.median(pairs), 3) \
+            if pairs else None
+    return out
+
+
+def _summary(runs: list[dict], case: str) -> dict:
+    """A side's medians over reps of the figures every case reports."""
+    keys = ("ttft_median_s", "prompt_tokens", "computed_tokens", "cached_tokens_total",
+            "tokens_per_s")
+    return {k: round(_med(runs, case, k), 4) for k in keys if k in runs[0][case]}
+
+
 def _result(model: str, sz: Sizes, reps: int, dtype: str, sides: dict,
-            ran: tuple[str, ...], notes: list[str]) -> dict:
+            ran: tuple[str, ...], notes: list[str], extra: dict | None = None) -> dict:
     f = sides["forkv"]
     headline = _figures(f, sides["peer"], ran, "")
     if "vllm" in sides:
         headline.update(_figures(f, sides["vllm"], ran, "_vs_vllm"))
+    for name in ("llamacpp", "llamacpp_tuned"):
+        if name in sides:
+            headline.update(_llama_figures(f, sides[name], ran, "_vs_" + name))
+    if "kernels" in ran and "llamacpp" in sides:
+        for kind in ("prefill", "decode"):
+            key = f"{kind}_tokens_per_s"
+            headline[f"{kind}_kernel_ratio"] = _ratio(_med(f, "kernels", key),
+                                                      _med(sides["llamacpp"], "kernels", key))
+    if "tenants" in ran:
+        salted = _med(f, "tenants", "tokens_per_s_salted")
+        headline["tenant_throughput_ratio"] = _ratio(salted,
+                                                     _med(f, "tenants", "tokens_per_s_one_salt"))
+        headline["tenant_throughput_vs_shared_mlx_lm"] = _ratio(
+            salted, _med(sides["peer"], "tenants", "tokens_per_s_salted"))
+    headline.update({k: v for k, v in (extra or {}).items() if v is not None})
     for name, runs in sides.items():
         headline[f"{name}_peak_rss_mib"] = max(r["peak_rss_mib"] or 0 for r in runs)
-    cases = [{"case": case, **{_LABELS[name]: [r[case] for r in runs]
-                               for name, runs in sides.items()}}
+    cases = [{"case": case, "summary": {_LABELS[n]: _summary(runs, case)
+                                        for n, runs in sides.items()},
+              **{_LABELS[name]: [r[case] for r in runs] for name, runs in sides.items()}}
              for case in CASES if case in ran]
-    notes = notes + [
-        "Every server is a separate process on loopback, driven by the openai client with "
-        "streaming (TTFT = first streamed token); mlx_lm.server runs with forkv's BLAS "
-        f"activated before mlx is imported and its weights cast to {dtype}, as forkv computes.",
-        "Each side runs every case once per rep with fresh texts, forkv first; the ratios are "
-        "medians over the later turns/questions (the first one of a case computes everything "
-        "on both sides).",
-        "reasoning: the client sends back a short answer instead of the generated text, as a "
-        "thinking model's template drops its reasoning from later turns.",
-        "Targets hold on the sliding-window and hybrid models (gemma3, qwen3_5); the dense "
-        "model is a reference, where mlx-lm can trim its cache back.",
-    ] + (["vllm: vLLM's CPU build in its own environment on the same weights (config.json "
-          "given the architectures entry it needs), float32, prefix caching, OpenMP threads = "
-          "cores, KV space 4 GiB (VLLM_CPU_KVCACHE_SPACE); its peak RSS sums the server's "
-          "processes. The *_vs_vllm figures have no targets yet."] if "vllm" in sides else [])
     return result("serve", model, {"sizes": asdict(sz), "reps": reps, "cases": list(ran)},
-                  cases, headline, {k: t for k, t in TARGETS.items() if k in headline}, notes,
-                  dtype=dtype)
+                  cases, headline, {k: t for k, t in TARGETS.items() if k in headline},
+                  notes + _notes(dtype, sides), dtype=dtype)
+
+
+def _notes(dtype: str, sides: dict) -> list[str]:
+    out = [
+        ("Every server is a separate process on loopback, driven by the openai client with "
+         "streaming (TTFT = first streamed token); mlx_lm.server runs with forkv's BLAS "
+         f"activated before mlx is imported and its weights cast to {dtype}, as forkv computes."),
+        ("Each side runs every case once per rep with fresh texts, forkv first; the ratios are "
+         "medians over the later turns/questions (the first one of a case computes everything "
+         "on both sides)."),
+        ("reasoning: the client sends back a short answer instead of the generated text, as a "
+         "thinking model's template drops its reasoning from later turns."),
+        ("Targets hold on the sliding-window and hybrid models (gemma3, qwen3_5); the dense "
+         "model is a reference, where mlx-lm can trim its cache back."),
+        ("Prompt tokens computed: prompt_tokens - usage.prompt_tokens_details.cached_tokens; "
+         "llama-server's timings.prompt_n. tenants compares its one-salt part with the peers "
+         "(they have no cache_salt and share everything); tenant_throughput_ratio is forkv "
+         "with a salt per client ÷ forkv with one salt. tok/s in the concurrent, tree, "
+         "tenants and kernels cases suppress end-of-sequence tokens (logit_bias)."),
+        ("The alternate, deep_rewind, prune and tree figures have no targets yet: the first "
+         "measurement on a quiet machine sets them."),
+    ]
+    if "vllm" in sides:
+        out.append("vllm: vLLM's CPU build in its own environment on the same weights "
+                   "(config.json given the architectures entry it needs), float32, prefix "
+                   "caching, OpenMP threads = cores, KV space 4 GiB (VLLM_CPU_KVCACHE_SPACE); "
+                   "its peak RSS sums the server's processes. The *_vs_vllm figures have no "
+                   "targets yet.")
+    if "llamacpp" in sides or "llamacpp_tuned" in sides:
+        out.append("llama-server: llama.cpp's server from the llama-cpp-python sdist on the "
+                   "same GGUF (its quantized weights; forkv dequantizes them), threads = cores, "
+                   "forkv's chat template; llamacpp = its defaults (4 slots, unified KV, "
+                   "context checkpoints every 8192 tokens), llamacpp_tuned = one slot per "
+                   "client of the case (alternate: per conversation), unified KV, 64 context "
+                   "checkpoints 256 tokens apart, full-size sliding-window caches, a 16 GiB "
+                   "prompt cache, restarted per case. Kernel ratios: forkv's prefill "
+                   "(computed tokens ÷ TTFT) and decode (client clock) ÷ llama-server's "
+                   "timings.prompt_per_second and predicted_per_second. "
+                   "ttft_speedup_deep_rewind_vs_llamacpp: the median, over the rewinds where "
+                   "llama-server restored under 90% of the prompt (no checkpoint at turn k), "
+                   "of its TTFT ÷ forkv's on the same rewind.")
+    return out

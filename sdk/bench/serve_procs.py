@@ -1,11 +1,13 @@
-"""The two servers `forkv bench serve` compares, as processes, and how one request is timed.
+"""The servers `forkv bench serve` compares, as processes, and how one request is timed.
 
 `ServerProcess` starts a server on a free loopback port, waits for GET /health, reads its peak
 RSS (VmHWM) and stops it. `start_forkv` runs `forkv serve`; `start_peer` runs mlx-lm's own
 `mlx_lm.server` on the same model folder in a process that activates forkv's BLAS before mlx
 is imported and casts the weights to the dtype forkv computes in, so both sides run the same
-arithmetic. `timed_chat` streams one chat completion with the `openai` client and returns its
-time to first token. Knows nothing about the benchmark's cases.
+arithmetic (vLLM and llama-server are started by `cluster_vllm` and `llamacpp`). `timed_chat`
+streams one chat completion with the `openai` client and returns its time to first token and
+the prompt tokens the server computed and reused (llama-server's `timings` where it sends
+them). Knows nothing about the benchmark's cases.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class ServerProcess:
     def __init__(self, name: str, cmd: list[str], port: int, model: str,
                  env: dict[str, str] | None = None):
         self.name, self.port, self.model = name, port, model
+        self.cleanup: list[str] = []  # files the server reads, removed when it stops
         self._log = tempfile.TemporaryFile()
         env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}  # `env` wins
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
@@ -92,6 +95,8 @@ class ServerProcess:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+        for path in self.cleanup:
+            Path(path).unlink(missing_ok=True)
 
 
 def _status(pid: int) -> dict[str, int]:
@@ -139,24 +144,52 @@ class Timed:
     text: str
     completion_tokens: int
     cached_tokens: int | None
+    prompt_tokens: int | None = None
+    computed_tokens: int | None = None  # prompt tokens the server says it ran the model on
+    server_prompt_tps: float | None = None  # llama-server's own timings, where it sends them
+    server_decode_tps: float | None = None
+
+    @property
+    def decode_tps(self) -> float | None:
+        """Generated tokens per second after the first one, from the client's clock."""
+        span = self.total_s - self.ttft_s
+        return (self.completion_tokens - 1) / span if self.completion_tokens > 1 and span > 0 \
+            else None
 
 
-def timed_chat(client, model: str, messages: list[dict], max_tokens: int) -> Timed:
-    """Stream one greedy completion; time to its first token (or to its end if it has none)."""
+def timed_chat(client, model: str, messages: list[dict], max_tokens: int, *, n: int = 1,
+               temperature: float = 0.0, extra: dict | None = None) -> Timed:
+    """Stream one completion (greedy unless `temperature`; `n` choices; `extra` body fields
+    such as cache_salt or logit_bias); time to its first token (or to its end if none).
+    Computed prompt tokens: llama-server's `timings.prompt_n` where it sends timings (one per
+    choice, all alike), else prompt_tokens - cached_tokens."""
     t0 = time.perf_counter()
     stream = client.chat.completions.create(
-        model=model, messages=messages, max_tokens=max_tokens, temperature=0.0, stream=True,
-        stream_options={"include_usage": True})
-    first, parts, usage = None, [], None
+        model=model, messages=messages, max_tokens=max_tokens, temperature=temperature,
+        stream=True, stream_options={"include_usage": True},
+        **({"n": n} if n > 1 else {}), **({"extra_body": extra} if extra else {}))
+    first, parts, usages, timings = None, [], [], []
     for chunk in stream:
         if chunk.usage is not None:
-            usage = chunk.usage
+            usages.append(chunk.usage)
+        if getattr(chunk, "timings", None):  # llama-server's extra field on its last chunks
+            timings.append(chunk.timings)
         for choice in chunk.choices:
             if (choice.delta.content or choice.finish_reason) and first is None:
                 first = time.perf_counter() - t0
             parts.append(choice.delta.content or "")
     total = time.perf_counter() - t0
+    usage = usages[0] if usages else None
     details = getattr(usage, "prompt_tokens_details", None) if usage else None
-    return Timed(first if first is not None else total, total, "".join(parts),
-                 usage.completion_tokens if usage else 0,
-                 getattr(details, "cached_tokens", None) if details else None)
+    cached = getattr(details, "cached_tokens", None) if details else None
+    prompt = usage.prompt_tokens if usage else None
+    # llama-server sends one usage per choice; forkv and vLLM one for all of them.
+    completion = sum(u.completion_tokens or 0 for u in usages)
+    if timings:  # one per choice, each with the shared prompt's figures: count it once
+        computed, cached = timings[0].get("prompt_n"), timings[0].get("cache_n", cached)
+    else:
+        computed = prompt - (cached or 0) if prompt is not None else None
+    return Timed(first if first is not None else total, total, "".join(parts), completion,
+                 cached, prompt, computed,
+                 timings[0].get("prompt_per_second") if timings else None,
+                 timings[0].get("predicted_per_second") if timings else None)
