@@ -38,8 +38,8 @@ def add_arguments(p) -> None:
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="a benchmark's own setting, repeatable: sizes=512,2048 (rewind), "
                         "prompt_tokens=4096 or modes=none,baseline,forkv (memory), "
-                        "context=2048 (agent), prefix=4096 (store), cases=fork,rewind or "
-                        "vllm=on|off|auto (serve)")
+                        "context=2048 (agent), prefix=4096 (store), cases=fork,rewind, "
+                        "vllm=on|off|auto, llamacpp=on|off|auto or doc_tokens=2048 (serve)")
     p.add_argument("--json", dest="json_path", default=None, metavar="PATH",
                    help="also write the full results as JSON to PATH ('-': stdout, no table)")
     p.add_argument("--report", default=None, metavar="DIR",
