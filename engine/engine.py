@@ -211,7 +211,7 @@ class Engine:
         except Exception as e:
             # The batch may be half-updated: fail every request rather than guess.
             for handle, _ in self._requests.values():
-                handle._fail(e)
+                handle.fail(e)
             self._requests.clear()
             self.scheduler.clear()
             raise
@@ -221,7 +221,7 @@ class Engine:
 
     def _deliver(self, seq, event: GenerationEvent) -> None:
         handle, _ = self._requests[seq.id]
-        handle._push(event)
+        handle.push(event)
         if event.finish_reason is not None:
             del self._requests[seq.id]
 

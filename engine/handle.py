@@ -1,6 +1,7 @@
 """The caller's side of one submitted request: events as they come, sync or async.
 
-The engine thread pushes `GenerationEvent`s (and at most one exception) into the handle; any
+A producer — the engine thread, or a remote backend reading a server's stream — `push()`es
+`GenerationEvent`s (and `fail()`s with at most one exception) into the handle; any
 other thread reads them with `stream()` / `result()`, and asyncio code with `async for event in
 handle` / `await handle.aresult()`. Events are buffered, so a consumer that arrives late misses
 nothing. Cancelling asks the engine to drop the row at its next step. Knows nothing about mlx,
@@ -119,8 +120,9 @@ class RequestHandle:
         return GenerationResult("".join(self._text), list(self._ids), list(self._logprobs),
                                 f.finish_reason, f.timings, list(self._top))
 
-    # -- the engine's side --------------------------------------------------------------------
-    def _push(self, event: GenerationEvent) -> None:
+    # -- the producer's side (the engine thread, or a remote backend's reader) ----------------
+    def push(self, event: GenerationEvent) -> None:
+        """Deliver one event to the reader (the last one has `finish_reason` set)."""
         with self._cond:
             self._text.append(event.text)
             self._ids += event.token_ids
@@ -130,7 +132,8 @@ class RequestHandle:
                 self._final = event
             self._append(event)
 
-    def _fail(self, error: BaseException) -> None:
+    def fail(self, error: BaseException) -> None:
+        """End the request with `error` (raised to the reader), unless it already ended."""
         with self._cond:
             if self.done:
                 return

@@ -203,11 +203,11 @@ class RemoteBackend:
             raise NoReplicaLeft(f"No replica could answer: {'; '.join(tried)}; start or fix a "
                                 "server, or add endpoints.")
         except asyncio.CancelledError:
-            handle._push(GenerationEvent("", [], [], "cancelled", Timings()))
+            handle.push(GenerationEvent("", [], [], "cancelled", Timings()))
         except Exception as e:  # noqa: BLE001 - handed to the reader of the handle
             with self._lock:
                 self._totals["failed"] += 1
-            handle._fail(e if isinstance(e, ForkvError) else RemoteError(
+            handle.fail(e if isinstance(e, ForkvError) else RemoteError(
                 f"The remote request failed ({type(e).__name__}: {e})."))
         finally:
             with self._lock:
@@ -252,7 +252,7 @@ class RemoteBackend:
                     state["first"] = state["first"] or time.perf_counter()
                     state["text"] += new
                     state["lps"] += len(new_lps)
-                    handle._push(GenerationEvent(new, [], new_lps))
+                    handle.push(GenerationEvent(new, [], new_lps))
         if finish is None:
             raise _ReplicaFailed("the stream ended before a finish_reason")
         return usage or {}, finish
@@ -274,7 +274,7 @@ class RemoteBackend:
         if progress is not None:
             progress(prompt - cached, prompt, cached)
         reason = "length" if finish == "length" else "stop"
-        handle._push(GenerationEvent("", ids, [], reason, timings))
+        handle.push(GenerationEvent("", ids, [], reason, timings))
 
     # -- the rest of the engine surface -------------------------------------------------------
     def stream(self, prompt, params: SamplingParams | None = None, images=None, **kw):
