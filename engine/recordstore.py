@@ -85,7 +85,10 @@ class RecordStore:
                 self._count("decode_errors")
                 tier.discard(key, kind)
                 continue
-            if record.kind == kind and blob.meta.get("ns", "") == record.namespace.hex():
+            # The payload's namespace is the record's (sealed with it); a tier that keeps the
+            # metadata (the encrypted one binds it into the associated data) must agree.
+            if record.kind == kind and blob.meta.get("ns", record.namespace.hex()) \
+                    == record.namespace.hex():
                 return record
         if byte_tiers:
             self._count("disk_misses")

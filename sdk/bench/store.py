@@ -117,7 +117,8 @@ class _PlainFilesStore:
         src = io.BytesIO(data) if fd is None else f"/proc/self/fd/{fd}"
         arrays, meta = mx.load(src, format="safetensors", return_metadata=True)
         tokens = np.array(arrays.pop("__tokens__"), dtype="<i4").tobytes()
-        return Record(kind, int(meta["block"]), tokens, arrays)
+        return Record(kind, int(meta["block"]), tokens, arrays,
+                      bytes.fromhex(meta.get("namespace", "")))
 
     def contains(self, key, kind):
         return (key, kind) in self.files
