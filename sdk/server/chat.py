@@ -11,6 +11,7 @@ work is in `generation`; tenants in `auth`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from typing import Any
@@ -21,7 +22,7 @@ from starlette.responses import JSONResponse
 
 from .auth import namespace_of
 from .errors import APIError
-from .generation import collect, events, start, watch_disconnect
+from .generation import collect, interleaved, start, stream_error, watch_disconnect
 from .inputs import Sampling, decode_image, parse_body, read_json, sampling_params
 from .sse import sse_response
 from .tools import CallStream, history, plan_tools
@@ -153,16 +154,8 @@ def _usage(handles, reused: list[int], completion: int) -> dict:
 
 
 async def _stream(state, handles, head, include_usage: bool, logprobs: bool, tok, t0, plan):
-    queue: asyncio.Queue = asyncio.Queue()
     calls = [CallStream(plan) for _ in handles]  # holds back text once a tool call starts
     reused, generated = [0] * len(handles), [0] * len(handles)
-
-    async def pump(i, handle):
-        try:
-            async for event in events(state, handle, t0):
-                await queue.put((i, event, None))
-        except Exception as e:  # noqa: BLE001 - ends the stream with an error chunk
-            await queue.put((i, None, e))
 
     def chunk(choices, usage=None):
         body = {**head, "object": "chat.completion.chunk", "choices": choices}
@@ -170,16 +163,12 @@ async def _stream(state, handles, head, include_usage: bool, logprobs: bool, tok
             body["usage"] = usage
         return body
 
-    tasks = [asyncio.create_task(pump(i, h)) for i, h in enumerate(handles)]
-    try:
+    async with contextlib.aclosing(interleaved(state, handles, t0)) as stream:
         yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
                       "logprobs": None, "finish_reason": None} for i in range(len(handles))])
-        left = len(handles)
-        while left:
-            i, event, error = await queue.get()
+        async for i, event, error in stream:
             if error is not None:
-                yield {"error": {"message": f"Generation failed ({type(error).__name__}).",
-                                 "type": "server_error", "param": None, "code": None}}
+                yield stream_error(error)
                 return
             generated[i] += len(event.token_ids)
             text, deltas = calls[i].feed(event.text), []
@@ -194,13 +183,9 @@ async def _stream(state, handles, head, include_usage: bool, logprobs: bool, tok
                                             event.top_logprobs)
                       if logprobs else None, "finish_reason": None}
             if event.finish_reason is not None:
-                left -= 1
                 reused[i] = event.timings.reused_tokens
                 choice["finish_reason"] = "tool_calls" if deltas else _finish(event.finish_reason)
             if text or event.finish_reason is not None or logprobs:
                 yield chunk([choice])
         if include_usage:
             yield chunk([], _usage(handles, reused, sum(generated)))
-    finally:
-        for t in tasks:
-            t.cancel()

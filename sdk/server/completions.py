@@ -13,6 +13,7 @@ engine work is in `generation`, as for chat.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from dataclasses import replace
@@ -26,7 +27,7 @@ from forkv.engine.sampling import vocab_limit
 
 from .auth import namespace_of
 from .errors import APIError
-from .generation import collect, events, start, watch_disconnect
+from .generation import collect, interleaved, start, stream_error, watch_disconnect
 from .inputs import Sampling, parse_body, read_json, sampling_params
 from .sse import sse_response
 
@@ -194,16 +195,8 @@ def _usage(handles, n: int, reused: list[int], completion: int) -> dict:
 
 async def _stream(state, handles, head, include_usage: bool, logprobs: bool, tok, t0,
                   echoes: list[str], n: int):
-    queue: asyncio.Queue = asyncio.Queue()
     reused, generated = [0] * len(handles), [0] * len(handles)
     offsets = [len(e) for e in echoes]  # characters sent per choice, for text_offset
-
-    async def pump(i, handle):
-        try:
-            async for event in events(state, handle, t0):
-                await queue.put((i, event, None))
-        except Exception as e:  # noqa: BLE001 - ends the stream with an error chunk
-            await queue.put((i, None, e))
 
     def chunk(choices, usage=None):
         body = {**head, "object": "text_completion", "choices": choices}
@@ -211,17 +204,13 @@ async def _stream(state, handles, head, include_usage: bool, logprobs: bool, tok
             body["usage"] = usage
         return body
 
-    tasks = [asyncio.create_task(pump(i, h)) for i, h in enumerate(handles)]
-    try:
+    async with contextlib.aclosing(interleaved(state, handles, t0)) as stream:
         if any(echoes):
             yield chunk([{"index": i, "text": e, "logprobs": None, "finish_reason": None}
                          for i, e in enumerate(echoes)])
-        left = len(handles)
-        while left:
-            i, event, error = await queue.get()
+        async for i, event, error in stream:
             if error is not None:
-                yield {"error": {"message": f"Generation failed ({type(error).__name__}).",
-                                 "type": "server_error", "param": None, "code": None}}
+                yield stream_error(error)
                 return
             generated[i] += len(event.token_ids)
             choice = {"index": i, "text": event.text, "logprobs": None, "finish_reason": None}
@@ -230,13 +219,9 @@ async def _stream(state, handles, head, include_usage: bool, logprobs: bool, tok
                                                     event.top_logprobs, offsets[i])
                 offsets[i] += sum(len(t) for t in lp["tokens"])
             if event.finish_reason is not None:
-                left -= 1
                 reused[i] = event.timings.reused_tokens
                 choice["finish_reason"] = _finish(event.finish_reason)
             if event.text or event.finish_reason is not None or event.token_ids and logprobs:
                 yield chunk([choice])
         if include_usage:
             yield chunk([], _usage(handles, n, reused, sum(generated)))
-    finally:
-        for t in tasks:
-            t.cancel()

@@ -20,7 +20,8 @@ from forkv.engine.errors import ContextTooLong, check_context
 from .backend import QueueFull
 from .errors import APIError
 
-__all__ = ["Collected", "collect", "events", "start", "watch_disconnect"]
+__all__ = ["Collected", "collect", "events", "interleaved", "start", "stream_error",
+           "watch_disconnect"]
 
 
 def _prepare(state, prompt, params: SamplingParams, images, namespace: str):
@@ -96,6 +97,40 @@ async def events(state, handle, t0: float) -> AsyncIterator[GenerationEvent]:
         if not finished:
             state.metrics.cancel()
             cancel([handle])
+
+
+async def interleaved(state, handles, t0: float):
+    """The events of several handles (a request's choices) as they come, as (choice index,
+    event, None) until every one has finished, or (index, None, error) once when one fails.
+    Use it under `contextlib.aclosing`, so that leaving early stops the readers."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i, handle):
+        try:
+            async for event in events(state, handle, t0):
+                await queue.put((i, event, None))
+        except Exception as e:  # noqa: BLE001 - handed to the consumer, which ends the stream
+            await queue.put((i, None, e))
+
+    tasks = [asyncio.create_task(pump(i, h)) for i, h in enumerate(handles)]
+    try:
+        left = len(handles)
+        while left:
+            i, event, error = await queue.get()
+            yield i, event, error
+            if error is not None:
+                return
+            if event.finish_reason is not None:
+                left -= 1
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+def stream_error(error: BaseException) -> dict:
+    """The SSE chunk that ends a stream whose generation failed (no details leak)."""
+    return {"error": {"message": f"Generation failed ({type(error).__name__}).",
+                      "type": "server_error", "param": None, "code": None}}
 
 
 @dataclass(slots=True)
