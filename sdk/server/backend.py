@@ -40,7 +40,6 @@ class Backend:
         self.engine = engine or Engine(lm, max_seqs=max_seqs)
         self._live: set = set()  # handles not known to be done
         self._seen: OrderedDict[str, float] = OrderedDict()  # namespace -> last request
-        self.last_used = time.monotonic()
         self._lock = threading.Lock()
 
     # -- requests -----------------------------------------------------------------------------
@@ -59,7 +58,7 @@ class Backend:
         handle = self.engine.submit(prompt, params, images=images, namespace=namespace)
         with self._lock:
             self._live.add(handle)
-            self._seen[namespace] = self.last_used = time.monotonic()
+            self._seen[namespace] = time.monotonic()
             self._seen.move_to_end(namespace)
             while len(self._seen) > _NAMESPACES_SEEN:
                 self._seen.popitem(last=False)

@@ -59,6 +59,7 @@ class ServedModel:
         self.reasoning = reasoning_format(lm.tokenizer, server.config.reasoning)
         self.template_kwargs: dict = {}
         self.loaded_at = time.time()
+        self.weight_bytes = weight_bytes(lm)  # (for the pool's memory budget; fixed once loaded)
 
     # The server-wide parts, so a route holds one object.
     @property
@@ -79,10 +80,6 @@ class ServedModel:
 
     def check_model(self, name: str) -> None:
         """(The pool already resolved the name to this model.)"""
-
-    @property
-    def weight_bytes(self) -> int:
-        return weight_bytes(self.lm)
 
 
 def weight_bytes(lm) -> int:
