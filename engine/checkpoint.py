@@ -126,6 +126,22 @@ class Checkpointer:
         stats.restore_s += time.perf_counter() - t0
         return Restored(cache, n, keys, extra.arrays if extra is not None else {}, keyer)
 
+    def restore_bound(self, tokens: Sequence[int]) -> int:
+        """The furthest position any record could restore `tokens` to (one token left)."""
+        bound = (len(tokens) - 1) // self.block_size * self.block_size if self.enabled else 0
+        if self.enabled and self.turns is not None:
+            bound = max([bound, *self.turns.ends(tokens[:len(tokens) - 1])])
+        return bound
+
+    def count_restore(self, total: int, reused: int) -> None:
+        """Count tokens restored without the records (a live cache, live.py): `total` > 0
+        counts a request of that many tokens; `reused` moves tokens from computed to
+        reused."""
+        if total:
+            self.stats.requests += 1
+        self.stats.tokens_reused += reused
+        self.stats.tokens_computed += total - reused
+
     def _global_run(self, keys, n_max: int, tokens) -> int:
         """How many leading blocks have global records (all blocks, if there are no global
         layers); restores can go no further."""
@@ -135,6 +151,20 @@ class Checkpointer:
             if not self.store.contains(keys[k], CacheKind.GLOBAL):
                 return k
         return n_max
+
+    def load_global_run(self, keys, tokens, k: int, tag: bytes) -> list[dict] | None:
+        """The arrays of the global records of blocks 0..k-1, verified; None at a miss. (All
+        blocks, if the model has no global layers: then there is nothing to read.)"""
+        if CacheKind.GLOBAL not in self.kinds:
+            return []
+        out = []
+        for b in range(k):
+            end = (b + 1) * self.block_size
+            record = self._load(keys[b], CacheKind.GLOBAL, tokens_bytes(tokens[end - self.block_size:end]), tag)
+            if record is None:
+                return None
+            out.append(record.arrays)
+        return out
 
     def _load(self, key: bytes, kind: str, expect: bytes, tag: bytes) -> Record | None:
         record = self.store.get(key, kind)
@@ -187,11 +217,20 @@ class Checkpointer:
 
     def restore_run(self, tokens: Sequence[int], count: bool = True,
                     keyer: BlockKeyer | None = None) -> Restored:
-        """`restore` for a text run: the longest block prefix, then on to a turn end in the
-        next block if one is checkpointed."""
+        """`restore` for a text run: the furthest checkpointed turn end in the block after the
+        leading run of global records, built from those and its own checkpoint alone
+        (turns.py); else the longest block prefix, then on to a turn end in the next
+        block."""
+        tried = None
+        if self.turns is not None and self.enabled:
+            t0 = time.perf_counter()
+            direct, tried = self.turns.restore_direct(tokens, keyer or self.keyer, count)
+            if direct is not None:
+                self.stats.restore_s += time.perf_counter() - t0
+                return direct
         r = self.restore(tokens, count=count, keyer=keyer)
         if self.turns is not None:
-            self.turns.restore(r, tokens, count)
+            self.turns.restore(r, tokens, count, tried)
         return r
 
     def model_for(self, tokens: Sequence[int], keys: Sequence[bytes] | None = None,

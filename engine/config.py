@@ -41,6 +41,11 @@ class EngineConfig(BaseModel):
         None, ge=1, description="prompt tokens one step prefills (default: one block)")
     namespace: str = Field("", description="tenant salt of the block keys")
     checkpoints: bool = True
+    reuse: str = Field(
+        "exact", description="exact (restore records only: bit for bit a fresh run's logits) "
+        "or fast (also continue a recently finished request's cache at any token)")
+    live_cache_mib: int = Field(
+        512, ge=0, description="RAM for the caches fast reuse continues (0: none kept)")
     dtype: str = Field("auto", description="weights dtype: auto, float32, bfloat16, float16")
     quantized: str = Field(
         "auto", description="quantized weights: auto (dequantize on the CPU when they fit in "
@@ -52,6 +57,13 @@ class EngineConfig(BaseModel):
     def _dtype(cls, value: str) -> str:
         if value not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError("must be one of auto, float32, bfloat16, float16")
+        return value
+
+    @field_validator("reuse")
+    @classmethod
+    def _reuse(cls, value: str) -> str:
+        if value not in ("exact", "fast"):
+            raise ValueError("must be exact or fast")
         return value
 
     @field_validator("quantized")

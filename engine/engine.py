@@ -29,6 +29,7 @@ from .config import EngineConfig
 from .errors import ForkvWarning, GenerationError, check_context
 from .events import GenerationEvent, GenerationResult
 from .handle import RequestHandle
+from .live import REUSE_MODES, LivePool
 from .loader import LoadedModel, load_model
 from .recordstore import RecordStore
 from .runner import make_runner
@@ -67,7 +68,8 @@ class Engine:
         self._requests: dict[int, tuple[RequestHandle, Any]] = {}
         self._ids = itertools.count()
         self._vision = None
-        self._worker = EngineThread("forkv-engine", self._has_work, self.step_once)
+        self._worker = EngineThread("forkv-engine", self._has_work, self.step_once,
+                                    self._wait_s)
         # An engine nobody holds (and no handle of it is alive) ends its thread.
         weakref.finalize(self, self._worker.close_soon)
         try:
@@ -94,6 +96,10 @@ class Engine:
                     f"forkv cannot batch {self.lm.name}: its {blocker} caches cannot be "
                     "merged, so requests will run one at a time.", ForkvWarning, stacklevel=2)
             self.runner = make_runner(self)
+            # Caches fast-reuse requests continue (text models with checkpoints; live.py).
+            self.live = (LivePool(self.lm.make_cache, self.config.live_cache_mib << 20)
+                         if self.checkpointer is not None and self.checkpointer.enabled
+                         and getattr(self.runner, "keeps_live", False) else None)
             self.scheduler = Scheduler(self.runner, self.block_size, self.config.max_seqs,
                                        self.config.prefill_budget, mergeable=self.is_batched,
                                        make_job=self._record_job)
@@ -127,14 +133,20 @@ class Engine:
 
     # -- the request path --------------------------------------------------------------------
     def submit(self, prompt, params: SamplingParams | None = None, images=None, *,
-               namespace: str | None = None, progress=None, **kwargs) -> RequestHandle:
+               namespace: str | None = None, progress=None, reuse: str | None = None,
+               **kwargs) -> RequestHandle:
         """Queue a completion of `prompt` and return its handle at once (safe from any thread
         or event loop). Keyword arguments build a SamplingParams. `images` (bytes, paths or
         PIL images) fill the prompt's image parts on vision models. `namespace` (a tenant:
         None is the engine's own) salts the request's checkpoint keys and tags its records:
         it restores only what requests of the same namespace recorded, while it batches with
         every other. `progress(computed, total, restored)` is called on the engine thread
-        after each prefill chunk."""
+        after each prefill chunk. `reuse` ("exact" or "fast"; None: the engine's setting):
+        fast may continue a recently finished request's cache at any token instead of only
+        records (see live.py: fewer tokens computed, logits within rounding of a fresh run's)."""
+        if reuse is not None and reuse not in REUSE_MODES:
+            raise GenerationError(f"reuse={reuse!r} is not a reuse mode; use 'exact' (records "
+                                  "only, bit for bit a fresh run) or 'fast'.")
         if params is not None and kwargs:
             raise GenerationError("Pass either a SamplingParams or sampling keywords, not both.")
         params = params or SamplingParams(**kwargs)
@@ -144,6 +156,7 @@ class Engine:
         seq = make_sequence(rid, tokens, params, self.lm, self._vocab_limit)
         seq.request, seq.progress = request, progress
         seq.keyer = self._keyer(namespace)
+        seq.reuse = reuse or self.config.reuse
         seq.keys = seq.keyer.keys(tokens) if seq.keyer else []  # (image hashes aside: only
         # for scheduling)
         ck = self.checkpointer
@@ -175,7 +188,7 @@ class Engine:
         """Wait until the engine has nothing left to do: every request finished and every
         deferred decode record written (benchmarks and tests that read records at once)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self._worker.is_alive and self._worker.call(self._has_work):
+        while self._worker.is_alive and self._worker.call(self._pending):
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"the engine still had work after {timeout} s")
             time.sleep(0.005)
@@ -200,6 +213,14 @@ class Engine:
     # -- the engine thread -------------------------------------------------------------------
     def _has_work(self) -> bool:
         return self.scheduler is not None and self.scheduler.has_work
+
+    def _pending(self) -> bool:
+        """Work left, due or not (record jobs wait for the engine to stay idle a moment)."""
+        s = self.scheduler
+        return s is not None and (s.has_work or bool(s.jobs or s.job))
+
+    def _wait_s(self) -> float | None:
+        return self.scheduler.jobs_due_in() if self.scheduler is not None else None
 
     def step_once(self) -> StepReport:
         """One scheduler step (admit, prefill up to the budget, decode every row once), on
@@ -270,14 +291,23 @@ class Engine:
 
     def release(self, keys: Sequence[bytes]) -> int:
         """Drop the checkpoints stored under `keys` (e.g. blocks only a removed branch used);
-        how many records were dropped. Record jobs that would write any of them are dropped
-        first, so nothing released comes back."""
+        how many were dropped (records, and live caches that held any of them). Live caches
+        and record jobs that would write any of them go first, so nothing released comes
+        back."""
         if self.checkpointer is None:
             return 0
         keys = list(keys)
+        dropped = 0
         if self._worker.is_alive:
-            self._worker.call(self.scheduler.drop_jobs, frozenset(keys))
-        return self.checkpointer.release(keys)
+            dropped = self._worker.call(self._release_live, frozenset(keys))
+        return dropped + self.checkpointer.release(keys)
+
+    def _release_live(self, keys: frozenset) -> int:
+        """Forget the live caches holding released tokens, then the jobs that would record
+        them (engine thread); how many live caches went."""
+        dropped = self.live.release(keys) if self.live is not None else 0
+        self.scheduler.drop_jobs(keys)
+        return dropped
 
     def stats(self) -> dict:
         """Reuse, hits/misses per record kind, bytes per tier, evictions, and the queue."""
@@ -308,6 +338,8 @@ class Engine:
     def _cancel_all(self) -> None:
         for rid in list(self._requests):
             self._cancel_now(rid)
+        if self.live is not None:
+            self.live.clear()
 
     def __enter__(self) -> Engine:
         return self

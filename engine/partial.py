@@ -117,6 +117,32 @@ def apply(ck, cache: list, arrays: dict, end: int) -> bool:
     return True
 
 
+def build(ck, blocks: list[dict], arrays: dict, end: int) -> list | None:
+    """Fresh caches at `end` straight from the global records of the blocks before it
+    (`blocks`: each block's arrays, in order) and a partial checkpoint's arrays: each global
+    layer's K/V concatenated once, every other layer the checkpoint's copy (no block records
+    of theirs needed). None when they do not fit this model."""
+    import mlx.core as mx
+
+    global_layers, others = split_layers(ck)
+    fresh = ck.lm.make_cache()
+    try:
+        for i in global_layers:
+            c = fresh[i]
+            ks = [b[f"{i}.k"] for b in blocks] + [arrays[f"{i}.k"]]
+            vs = [b[f"{i}.v"] for b in blocks] + [arrays[f"{i}.v"]]
+            if sum(x.shape[2] for x in ks) != end or sum(x.shape[2] for x in vs) != end:
+                raise ValueError(f"layer {i}: the records do not cover {end} tokens")
+            c.keys, c.values = mx.concatenate(ks, axis=2), mx.concatenate(vs, axis=2)
+            c.offset = end
+        for i in others:
+            _set_attrs(fresh[i], arrays, f"{i}:")
+    except (KeyError, TypeError, ValueError):
+        return None
+    mx.eval([c.state for c in fresh])
+    return fresh
+
+
 def put(ck, key: bytes, cache: list, end: int, tokens, extra: dict | None = None, *,
         namespace: bytes) -> bool:
     """Record the partial checkpoint of `cache` at `end` under `key` (with `extra` arrays, and

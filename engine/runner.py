@@ -18,6 +18,7 @@ from .images import has_image_parts
 class TextRunner:
     # Blocks decoded past a boundary are recorded later by a prefill-only job of the tokens.
     defers_decode_records = True
+    keeps_live = True  # fast reuse continues finished rows' caches (live.py)
 
     def __init__(self, engine):
         self.engine = engine
@@ -40,12 +41,51 @@ class TextRunner:
             seq.cache, seq.pos, seq.hook = self.engine.lm.make_cache(), 0, None
             return
         t0 = time.perf_counter()
-        restored = ck.restore_run(seq.tokens, count=not seq.is_record_job, keyer=seq.keyer)
+        live = self.engine.live if seq.reuse == "fast" and not seq.is_record_job else None
+        entry, u = live.best(seq.tokens, seq.keyer.tag) if live is not None else (None, 0)
+        bound = ck.restore_bound(seq.tokens) if entry is not None else 0
+        if entry is not None and u >= bound:
+            # No record could restore more: do not read them.
+            ck.count_restore(len(seq.tokens), 0)
+            restored, n, past = None, 0, bound
+        else:
+            restored = ck.restore_run(seq.tokens, count=not seq.is_record_job, keyer=seq.keyer)
+            n = past = restored.position
+        if entry is not None and u > n:
+            # Continue the live cache: nothing this run computes is recorded from it (its
+            # chunks start off the canonical cuts); a record job does that when it leaves.
+            ck.count_restore(0, u - n)
+            seq.cache, seq.pos, seq.hook = live.take(entry, u), u, None
+            seq.model, seq.live_from, seq.recorded_to = self.engine.lm.model, u, n
+            live.stats.hits += 1
+            live.stats.tokens += u
+            live.stats.beyond_records += u - past  # (past the most records could give)
+        else:
+            seq.cache, seq.pos, seq.hook = restored.cache, n, ck.recorder(
+                restored.keys, keyer=restored.keyer)
+            seq.model = ck.model_for(seq.tokens, restored.keys, restored.keyer)
         seq.timings.restore_s = time.perf_counter() - t0
-        seq.timings.reused_tokens = restored.position
-        seq.cache, seq.pos, seq.hook = restored.cache, restored.position, ck.recorder(
-            restored.keys, keyer=restored.keyer)
-        seq.model = ck.model_for(seq.tokens, restored.keys, restored.keyer)
+        seq.timings.reused_tokens = seq.pos
+
+    def keep_live(self, seq, cache: list, n_tokens: int) -> None:
+        """Offer a fast request's cache (holding its first `n_tokens` tokens; the pool owns
+        it now) to later fast requests of its namespace. A request that continued a live
+        cache leaves with its record job: when this entry leaves the pool, its tokens are
+        prefilled canonically and recorded (a second job of the same tokens finds them
+        recorded and does nothing)."""
+        engine = self.engine
+        live, ck = engine.live, engine.checkpointer
+        if live is None or seq.reuse != "fast" or seq.is_record_job or n_tokens < 1:
+            return
+        tokens = seq.tokens[:n_tokens]
+        on_leave = None
+        if seq.live_from:
+            B = engine.block_size
+            upto = max(seq.prompt_len, n_tokens // B * B)
+            job_tokens, first, keyer = seq.tokens[:upto], seq.recorded_to // B, seq.keyer
+            on_leave = lambda: engine.scheduler.jobs.append(  # noqa: E731
+                engine._record_job(job_tokens, first, keyer))
+        live.put(tokens, cache, seq.keyer.tag, ck.checkpoint_keys(tokens, seq.keyer), on_leave)
 
     def decode(self, rows, inputs, caches):
         return self.engine.lm.model(inputs, cache=caches)
@@ -54,7 +94,13 @@ class TextRunner:
         """Whether every record of `seq`'s last block exists (a record job with nothing to do:
         a request that needed those blocks prefilled them itself)."""
         ck = self.engine.checkpointer
-        return bool(seq.keys) and all(ck.store.contains(seq.keys[-1], k) for k in ck.kinds)
+        if not (seq.keys and all(ck.store.contains(seq.keys[-1], k) for k in ck.kinds)):
+            return False
+        # and the turn ends after that block (a fast request's job records those too)
+        ends = ck.turns.keys(seq.tokens, seq.keys, seq.keyer) if ck.turns else {}
+        B = self.engine.block_size
+        return all(ck.store.contains(key, "extra") for end, key in ends.items()
+                   if end > len(seq.keys) * B)
 
 
 class VisionRunner:

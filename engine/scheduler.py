@@ -6,7 +6,8 @@ block-aligned chunks, then joins the batch of decoding rows. Each `step()`:
 
 1. admits waiting sequences into free slots (FIFO), except one that starts with blocks another
    sequence is prefilling right now: it waits until those blocks are recorded and then
-   restores them, so forks and `n > 1` compute a shared prefix once;
+   restores them, so forks and `n > 1` compute a shared prefix once (a fast-reuse request
+   waits instead for the other's whole prompt, whose cache it then continues: live.py);
 2. prefills whole chunks, round-robin over the prefilling sequences, until the step has spent
    `max_prefill_tokens` (at least one chunk, so prefill always progresses); a chunk is never
    split, since other chunk edges would change the arithmetic and make records non-canonical;
@@ -14,16 +15,17 @@ block-aligned chunks, then joins the batch of decoding rows. Each `step()`:
    others for more than one step's prefill budget.
 
 Before admitting, a step runs one chunk of a record job (below) if a waiting request needs its
-blocks or the engine has nothing else to do.
+blocks or the engine has been idle a moment.
 
 Decode boundaries. A state reached by decoding rounds differently from a block-aligned prefill,
 so its blocks are recorded by recomputing them as chunks (see `recorder.py`). For text rows
 that work is deferred: a row that crosses boundaries while decoding keeps decoding, and when
 it finishes, one record job (a prefill-only sequence of its tokens up to the last boundary)
-is queued. Jobs run one chunk per step when the engine has nothing else to do, or at once
-when a waiting request starts with blocks a job would record (that request then restores
-them), so no row ever stalls for another row's records and records nobody asks for while the
-engine is busy cost nothing until it is idle. Rows of runners that cannot defer (vision: the
+is queued (as is one for a fast-reuse request's tokens when its live cache leaves the pool).
+Jobs run one chunk per step once the engine has had no request for `JOB_IDLE_S`, or at once
+when a waiting exact request starts with blocks a job would record (that request then
+restores them), so no row ever stalls for another row's records and records nobody asks for
+while the engine is busy cost nothing until it is idle. Rows of runners that cannot defer (vision: the
 job would need the request's images) recompute in the step that reaches the boundary, and
 the canonical state replaces the row in the batch. Knows nothing about threads, handles, or
 what kind of model runs the rows (the runner does).
@@ -72,6 +74,13 @@ class StepTotals:
         return {k: getattr(self, k) for k in self.__slots__}
 
 
+_LIVE_WAIT_MIN = 32  # a fast request waits for another's prefill to share at least this
+# Record jobs start only once no request has been in the engine for this long: a client's
+# next request usually follows its last answer within milliseconds, and a job chunk that has
+# started (up to a block of prefill) would hold that request back.
+JOB_IDLE_S = 0.3
+
+
 class Scheduler:
     def __init__(self, runner, block_size: int, max_seqs: int, max_prefill_tokens: int,
                  mergeable: bool = True, make_job=None):
@@ -89,13 +98,25 @@ class Scheduler:
         self.make_job = make_job if getattr(runner, "defers_decode_records", False) else None
         self.jobs: deque[Sequence] = deque()
         self.job: Sequence | None = None  # the job prefilling now
+        self.last_busy = 0.0  # (monotonic) when a request was last in the engine
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.prefilling or self.rows)
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.prefilling or self.rows or self.jobs or self.job)
+        return self.busy or (bool(self.jobs or self.job) and self.jobs_due_in() == 0)
+
+    def jobs_due_in(self) -> float | None:
+        """Seconds until queued record jobs may run (0: now; None: no job waits)."""
+        if not (self.jobs or self.job) or self.busy:
+            return None
+        return max(0.0, self.last_busy + JOB_IDLE_S - time.monotonic())
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
+        self.last_busy = time.monotonic()
 
     def clear(self) -> None:
         """Forget every sequence (after a failed step)."""
@@ -122,6 +143,8 @@ class Scheduler:
 
     def step(self) -> StepReport:
         report, totals = StepReport(), self.totals
+        if self.busy:
+            self.last_busy = time.monotonic()
         t = time.perf_counter()
         self._record_job(report)
         t0 = time.perf_counter()
@@ -156,11 +179,17 @@ class Scheduler:
     def _awaits_shared_prefill(self, seq: Sequence) -> bool:
         """Whether a prefilling sequence (or record job) has yet to record blocks this one
         starts with, or a turn end past them (forks of one prompt: tree of thought)."""
-        if not (seq.keys or seq.turn_ends):
+        fast = seq.reuse == "fast"
+        if not (seq.keys or seq.turn_ends or fast):
             return False
-        for p in [*self.prefilling, *([self.job] if self.job else [])]:
+        for p in [*self.prefilling, *([self.job] if self.job and not fast else [])]:
             if not _same_namespace(seq, p):
                 continue  # its records are never restored for seq: never wait on them
+            if fast and p.reuse == "fast" and not p.is_record_job:
+                ahead = _shared(seq.tokens[:-1], p.tokens)
+                if ahead > p.pos and ahead >= _LIVE_WAIT_MIN:
+                    return True  # its prompt's cache, once prefilled, serves seq (live.py)
+                continue
             shared = _shared(seq.keys, p.keys)
             if shared and p.pos < shared * self.block_size:
                 return True
@@ -210,7 +239,14 @@ class Scheduler:
             job.cache, self.job = None, None
 
     def _needed(self, job: Sequence) -> bool:
-        return any(_shared(seq.keys, job.keys) > job.first_block for seq in self.waiting)
+        # (fast requests continue live caches rather than wait for records)
+        return any(_shared(seq.keys, job.keys) > job.first_block for seq in self.waiting
+                   if seq.reuse != "fast")
+
+    def _clone(self, cache: list) -> list:
+        from .live import clone
+
+        return clone(cache, self.runner.engine.lm.make_cache)
 
     def _needed_job(self) -> Sequence | None:
         """A queued job whose blocks some waiting request starts with."""
@@ -241,6 +277,13 @@ class Scheduler:
 
     def _start_decoding(self, seq: Sequence, logits, report: StepReport) -> None:
         """Sample the first token from the prefill logits; join the batch unless done."""
+        keep = getattr(self.runner, "keep_live", None)
+        if keep is not None and seq.reuse == "fast" and not seq.is_record_job:
+            # The prompt's cache, for later forks of it (its sliding-window rings still hold
+            # the last chunk: more room to cut back than after decoding). The batch merges
+            # copies of it, so only an unmerged row (used in place) needs its own.
+            cache = seq.cache if self.batch.mergeable else self._clone(seq.cache)
+            keep(seq, cache, seq.prompt_len)
         if seq.params.max_tokens == 0:
             report.events.append((seq, seq.finish("length")))
             return
@@ -283,12 +326,16 @@ class Scheduler:
                     report.recomputed += B
 
         done = []
+        keep = getattr(self.runner, "keep_live", None)
         for i, seq in enumerate(rows):
             event = seq.accept(tokens[i], picked[i], tops[i])
             report.events.append((seq, event))
             if event.finish_reason is not None:
                 done.append(i)
                 self._defer(seq)
+                if keep is not None and seq.reuse == "fast" and i not in swapped:
+                    # Everything the row was fed (the last sampled token never was).
+                    keep(seq, self.batch.extract(i), seq.pos)
         self._reshape(done, swapped)
 
     def _reshape(self, done: list[int], swapped: dict[int, list]) -> None:

@@ -50,6 +50,9 @@ class Sequence:
     is_record_job: bool = False  # a prefill-only job that records decoded blocks
     first_block: int = 0  # record jobs: the first block they exist to record
     turn_ends: list = field(default_factory=list)  # restorable turn ends of the prompt
+    reuse: str = "exact"  # "fast": may continue a live cache (live.py)
+    live_from: int = 0  # tokens taken from a live cache (0: restored from records, or none)
+    recorded_to: int = 0  # tokens the records restored when it was admitted
 
     @property
     def is_prefilling(self) -> bool:

@@ -17,6 +17,10 @@ def engine_stats(engine) -> dict:
     if ck is None:
         return {"checkpoints": False, **out}
     out = {"checkpoints": ck.enabled, **ck.stats.as_dict(), **out}
+    live = getattr(engine, "live", None)
+    if live is not None:
+        out["live"] = {**live.stats.as_dict(), "entries": len(live.entries), "bytes": live.nbytes,
+                       "budget_bytes": live.budget_bytes}
     store = engine.store
     tiers = store.stats
     out["ram"] = {"bytes": tiers.ram_bytes, "records": tiers.ram_records,

@@ -153,10 +153,42 @@ class Turns:
         keyer = keyer or self.ck.keyer
         return {e: turn_key(keyer, block_keys, tokens, e) for e in self.ends(tokens)}
 
-    def restore(self, restored, tokens: Sequence[int], count: bool = True) -> int:
+    def restore_direct(self, tokens: Sequence[int], keyer, count: bool = True):
+        """(a `Restored` at the furthest turn end in the block after the leading run of
+        global records, built from those records and the turn end's checkpoint alone — one
+        concatenation per global layer, the window and state block records not read — or
+        None, and the block whose turn ends were tried). With None a block restore, and
+        `restore` after it, decide."""
+        from .checkpoint import Restored
+
+        ck, B = self.ck, self.ck.block_size
+        keys = keyer.keys(tokens)
+        k = ck._global_run(keys, min(len(keys), (len(tokens) - 1) // B), tokens)
+        for end in reversed([e for e in self.ends(tokens[:len(tokens) - 1]) if e // B == k]):
+            record = partial.load(ck, turn_key(keyer, keys, tokens, end), tokens, end,
+                                  namespace=keyer.tag)
+            if record is None:
+                ck.stats.misses[TURN_END] += 1
+                continue
+            blocks = ck.load_global_run(keys, tokens, k, keyer.tag)
+            cache = partial.build(ck, blocks, record.arrays, end) if blocks is not None else None
+            if cache is None:
+                ck.stats.rejected += 1
+                return None, k
+            ck.stats.hits[TURN_END] += 1
+            if count:
+                ck.count_restore(len(tokens), end)
+            return Restored(cache, end, keys, {}, keyer), k
+        return None, k
+
+    def restore(self, restored, tokens: Sequence[int], count: bool = True,
+                tried: int | None = None) -> int:
         """Move a block restore (`restored`, at a boundary) on to the furthest turn end after
-        it in the same block, leaving at least one token to compute; the new position."""
+        it in the same block, leaving at least one token to compute; the new position.
+        `tried`: a block whose turn ends `restore_direct` found missing (not read again)."""
         ck, n, B = self.ck, restored.position, self.ck.block_size
+        if tried is not None and n // B == tried:
+            return n
         keyer = restored.keyer or ck.keyer
         for end in reversed(self.ends(tokens[:len(tokens) - 1])):
             if end <= n:

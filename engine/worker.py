@@ -31,9 +31,12 @@ _live: weakref.WeakSet[EngineThread] = weakref.WeakSet()
 
 
 class EngineThread:
-    def __init__(self, name: str, has_work: Callable[[], bool], step: Callable[[], Any]):
+    def __init__(self, name: str, has_work: Callable[[], bool], step: Callable[[], Any],
+                 wait_s: Callable[[], float | None] | None = None):
         self._has_work = weakref.WeakMethod(has_work)
         self._step = weakref.WeakMethod(step)
+        # seconds until work that is not due yet will be (None: none): the idle wait's timeout
+        self._wait_s = weakref.WeakMethod(wait_s) if wait_s is not None else None
         self._cond = threading.Condition()
         self._calls: deque[tuple[Callable, Future | None]] = deque()
         self._closing = False
@@ -87,6 +90,10 @@ class EngineThread:
             self._calls.append((lambda: fn(*args), future))
             self._cond.notify_all()
 
+    def _timeout(self) -> float | None:
+        wait_s = self._wait_s() if self._wait_s is not None else None
+        return None if wait_s is None else wait_s()
+
     def _work(self) -> bool:
         has_work = self._has_work()
         return has_work is not None and not self.paused and has_work()
@@ -95,7 +102,7 @@ class EngineThread:
         while True:
             with self._cond:
                 while not (self._calls or self._closing or self._work()):
-                    self._cond.wait()
+                    self._cond.wait(self._timeout())
                 calls = list(self._calls)
                 self._calls.clear()
                 if (self._closing or self._step() is None) and not calls:

@@ -41,6 +41,7 @@ class ServerConfig:
     api_keys: tuple[str, ...] = ()
     max_queue: int = 64
     max_seqs: int = 8
+    reuse: str = "fast"  # exact | fast: how requests reuse earlier computation (live.py)
     max_body: int = DEFAULT_MAX_BODY
     reasoning: str = "auto"  # auto | on | off: emit reasoning items for thinking formats
     aliases: tuple[str, ...] = field(default_factory=tuple)

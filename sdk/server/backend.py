@@ -34,10 +34,10 @@ class Backend:
     """One model served to many tenants (see the module docstring)."""
 
     def __init__(self, lm, *, max_queue: int = 64, max_seqs: int = 8,
-                 engine: Engine | None = None):
+                 engine: Engine | None = None, reuse: str | None = None):
         self.lm = lm
         self.max_queue, self.max_seqs = max_queue, max_seqs
-        self.engine = engine or Engine(lm, max_seqs=max_seqs)
+        self.engine = engine or Engine(lm, max_seqs=max_seqs, reuse=reuse)
         self._live: set = set()  # handles not known to be done
         self._seen: OrderedDict[str, float] = OrderedDict()  # namespace -> last request
         self._lock = threading.Lock()

@@ -105,7 +105,8 @@ class ModelPool:
     def add(self, name: str, lm, backend: Backend | None = None, *, pinned: bool = True,
             aliases: tuple[str, ...] = ()) -> ServedModel:
         config = self.server.config
-        backend = backend or Backend(lm, max_queue=config.max_queue, max_seqs=config.max_seqs)
+        backend = backend or Backend(lm, max_queue=config.max_queue, max_seqs=config.max_seqs,
+                                     reuse=config.reuse)
         served = ServedModel(self.server, name, lm, backend, pinned, aliases)
         with self._lock:
             self._models[name] = served

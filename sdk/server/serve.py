@@ -83,6 +83,7 @@ def run_serve(args) -> int:
                           max_queue=args.max_queue, max_seqs=args.max_seqs,
                           max_models=args.max_models, model_memory=memory,
                           max_body=args.max_body, reasoning=args.reasoning,
+                          reuse=args.reuse or os.environ.get("FORKV_REUSE") or "fast",
                           chat_template=getattr(args, "chat_template", None))
     serve(config)  # BindRefused is a ValueError: the CLI prints it and exits 2
     return 0
@@ -108,6 +109,11 @@ def add_arguments(p) -> None:
                         "was loaded on demand is unloaded")
     p.add_argument("--model-memory", type=float, default=None, metavar="GIB",
                    help="also unload idle models while the weights loaded exceed this")
+    p.add_argument("--reuse", choices=("exact", "fast"), default=None,
+                   help="fast (default): a request may continue a recently finished request's "
+                        "cache at any token, as llama.cpp continues a slot (logits within "
+                        "rounding of a fresh run's); exact: restore records only, bit for bit "
+                        "a fresh run with the same chunking (FORKV_REUSE)")
     p.add_argument("--max-body", type=int, default=32 << 20, help="largest request body, bytes")
     p.add_argument("--reasoning", choices=("auto", "on", "off"), default="auto",
                    help="Responses API: split thinking into reasoning items (auto: when the "

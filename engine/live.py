@@ -1,0 +1,226 @@
+"""Live caches: "fast" reuse continues a recently finished request's cache at any token.
+
+Records restore only at canonical cuts (block boundaries, turn ends), so an exact request
+recomputes everything after the last cut before it diverges: up to a block. A request in
+`reuse="fast"` mode may instead continue the cache of a request that just finished (or just
+finished its prefill), cut back to the longest prefix the two share, as llama.cpp continues a
+slot's KV: global layers are sliced to any length, a sliding-window ring can go back as far as
+it still holds the window (a ring right after prefill holds W-1 tokens plus its last chunk,
+after decoding W), and recurrent state only to the very token it holds. The tokens after the
+cut are then prefilled in chunks that begin there, so the logits differ from a fresh run's by
+the rounding of another chunk split (`forkv bench serve` publishes the drift). Nothing a fast
+request computes is recorded from its own cache: when its entry leaves the pool, a record job
+prefills the same tokens canonically, so records stay exact for every later restore.
+
+Entries are kept per namespace (a request continues only its own tenant's caches), in RAM
+only, bounded in bytes and count, least recently used first out. Caches handed out are new
+objects over the entry's arrays (mlx arrays are values), so an entry serves any number of
+forks.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from . import kinds as _kinds
+from .partial import _copy_attrs, _set_attrs
+
+REUSE_MODES = ("exact", "fast")
+
+
+@dataclass(slots=True, eq=False)
+class LiveEntry:
+    tokens: list[int]  # what the cache holds, in order
+    cache: list  # single-row caches; never mutated (take() hands out new objects)
+    tag: bytes  # the namespace's tag
+    keys: frozenset  # checkpoint keys of `tokens` (release drops entries that hold any)
+    nbytes: int
+    on_leave: Callable | None = None  # queues the record job of a fast request's tokens
+    hits: int = field(default=0)
+
+
+@dataclass(slots=True)
+class LiveStats:
+    puts: int = 0
+    hits: int = 0  # requests that continued a live cache
+    tokens: int = 0  # tokens those requests took from live caches
+    beyond_records: int = 0  # of which past what the records would have restored
+    evicted: int = 0
+    released: int = 0
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+def _kind(cache) -> str:
+    kind = _kinds.kind_of(cache)
+    return kind.name if kind is not None else ""
+
+
+def _held(cache) -> int:
+    """Tokens a rotating cache still holds (the ring in time order)."""
+    return min(cache.offset, cache._temporal_order(cache.keys).shape[2]) if cache.keys is not None else 0
+
+
+def cut_limit(cache: list, n_tokens: int, want: int) -> int:
+    """The longest prefix <= `want` that `cache` (holding `n_tokens` tokens) can be cut back
+    to; 0 when none."""
+    u = min(want, n_tokens)
+    for c in cache:
+        kind = _kind(c)
+        if kind == "global":
+            continue
+        if kind == "window" and c.keep == 0:
+            # Held tokens are [n - held, n); cut to u, the next query needs the last
+            # min(u, W - 1) before u: all of them from 0, or u >= W - 1 + (n - held).
+            held, W = _held(c), c.max_size
+            if held < n_tokens and u < W - 1 + n_tokens - held:
+                return 0
+            continue
+        if u != n_tokens:  # recurrent state, or a kind we cannot cut: only where it stands
+            return 0
+    return u
+
+
+def cut(cache: list, n_tokens: int, u: int, make_cache: Callable) -> list:
+    """New caches holding the first `u` tokens of `cache` (which must allow it: cut_limit)."""
+    import mlx.core as mx
+
+    fresh = make_cache()
+    out = []
+    for c, new in zip(cache, fresh):
+        kind = _kind(c)
+        if kind == "global":
+            new.keys, new.values = c.keys[..., :u, :], c.values[..., :u, :]
+            new.offset = u
+        elif kind == "window":
+            keys, values = c._temporal_order(c.keys), c._temporal_order(c.values)
+            keep = keys.shape[2] - (n_tokens - u)
+            keys, values = keys[..., :keep, :], values[..., :keep, :]
+            if u >= c.max_size > keep:
+                # A ring past its window holds at least W slots (mlx-lm grows it only from
+                # 0): zeros stand in for the oldest, overwritten before any query reads them.
+                pad = keys.shape[:2] + (c.max_size - keep,)
+                keys = mx.concatenate([mx.zeros(pad + keys.shape[3:], keys.dtype), keys], 2)
+                values = mx.concatenate(
+                    [mx.zeros(pad + values.shape[3:], values.dtype), values], 2)
+            new.keys, new.values = keys, values
+            new.offset, new._idx = u, keys.shape[2]
+        else:
+            _set_attrs(new, _copy_attrs(c, ""), "")
+        out.append(new)
+    mx.eval([c.state for c in out if getattr(c, "keys", True) is not None])
+    return out
+
+
+def cache_nbytes(cache: list) -> int:
+    return sum(int(getattr(c, "nbytes", 0) or 0) for c in cache)
+
+
+def clone(cache: list, make_cache: Callable) -> list:
+    """Caches equal to `cache` that share nothing mutable with it."""
+    import mlx.core as mx
+
+    fresh = make_cache()
+    for c, new in zip(cache, fresh):
+        _set_attrs(new, _copy_attrs(c, ""), "")
+    mx.eval([c.state for c in fresh if getattr(c, "keys", True) is not None])
+    return fresh
+
+
+def _shared(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+class LivePool:
+    """Recently finished caches, by namespace tag, least recently used first out."""
+
+    def __init__(self, make_cache: Callable, budget_bytes: int, max_entries: int = 32):
+        self.make_cache = make_cache
+        self.budget_bytes = budget_bytes
+        self.max_entries = max_entries
+        self.entries: OrderedDict[int, LiveEntry] = OrderedDict()
+        self.nbytes = 0
+        self.stats = LiveStats()
+
+    @property
+    def enabled(self) -> bool:
+        return self.budget_bytes > 0 and self.max_entries > 0
+
+    def put(self, tokens: Sequence[int], cache: list, tag: bytes, keys: Sequence[bytes] = (),
+            on_leave: Callable | None = None) -> LiveEntry | None:
+        """Keep `cache` (holding `tokens`; the pool owns it from now on) for later requests of
+        the namespace `tag`. An entry whose tokens an existing one extends (or repeats) is
+        not kept; one an earlier entry's tokens are a prefix of replaces nothing (both may
+        serve: the shorter one may hold more of the sliding window)."""
+        if not self.enabled or not tokens or any(
+                getattr(c, "offset", len(tokens)) != len(tokens) for c in cache):
+            # (a cache that does not hold exactly `tokens` would be cut in the wrong place)
+            if on_leave is not None:
+                on_leave()
+            return None
+        nbytes = cache_nbytes(cache)
+        if nbytes > self.budget_bytes:
+            if on_leave is not None:
+                on_leave()
+            return None
+        entry = LiveEntry(list(tokens), cache, tag, frozenset(keys), nbytes, on_leave)
+        self.entries[id(entry)] = entry
+        self.nbytes += nbytes
+        self.stats.puts += 1
+        self._trim()
+        return entry
+
+    def _trim(self) -> None:
+        while self.entries and (self.nbytes > self.budget_bytes
+                                or len(self.entries) > self.max_entries):
+            _, entry = self.entries.popitem(last=False)
+            self._leave(entry, evicted=True)
+
+    def _leave(self, entry: LiveEntry, evicted: bool) -> None:
+        self.nbytes -= entry.nbytes
+        if evicted:
+            self.stats.evicted += 1
+        if evicted and entry.on_leave is not None:
+            entry.on_leave()
+        entry.cache, entry.on_leave = [], None
+
+    def best(self, tokens: Sequence[int], tag: bytes) -> tuple[LiveEntry | None, int]:
+        """The entry of namespace `tag` that gives `tokens` the longest usable prefix (always
+        leaving one token to compute), and that prefix's length."""
+        want_max = len(tokens) - 1
+        best, best_u = None, 0
+        for entry in reversed(self.entries.values()):  # most recent first: ties go to it
+            if entry.tag != tag:
+                continue
+            shared = _shared(entry.tokens, tokens[:want_max])
+            if shared <= best_u:
+                continue
+            u = cut_limit(entry.cache, len(entry.tokens), shared)
+            if u > best_u:
+                best, best_u = entry, u
+        return best, best_u
+
+    def take(self, entry: LiveEntry, u: int) -> list:
+        """New caches holding the first `u` tokens of `entry`; marks it recently used."""
+        self.entries.move_to_end(id(entry))
+        entry.hits += 1
+        return cut(entry.cache, len(entry.tokens), u, self.make_cache)
+
+    def release(self, keys) -> int:
+        """Drop the entries holding any of `keys` (a released subtree); how many went."""
+        keys = frozenset(keys)
+        gone = [k for k, e in self.entries.items() if not e.keys.isdisjoint(keys)]
+        for k in gone:
+            self._leave(self.entries.pop(k), evicted=False)
+        self.stats.released += len(gone)
+        return len(gone)
+
+    def clear(self) -> None:
+        for entry in self.entries.values():
+            entry.cache, entry.on_leave = [], None
+        self.entries.clear()
+        self.nbytes = 0

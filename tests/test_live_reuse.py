@@ -1,0 +1,177 @@
+"""Fast reuse (engine/live.py, issue 25 item 1): a request continues a recently finished
+request's cache at any token it shares — global layers sliced, sliding-window rings cut back
+as far as they hold the window, recurrent state only where it stands — in its own namespace
+only; what it computes reaches the records through a record job, canonically; exact requests
+on the same engine stay bit for bit a fresh run."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import load_tiny
+from forkv.engine import Engine, EngineConfigError, GenerationError, SamplingParams
+from forkv.engine.live import cut, cut_limit
+from forkv.engine.recordstore import RecordStore
+from helpers import random_tokens
+
+GREEDY = SamplingParams(max_tokens=6, temperature=0)
+
+
+def _engine(lm, **kw):
+    kw.setdefault("store", RecordStore(1 << 30, None))
+    return Engine(lm, **kw)
+
+
+def _close(a, b, tol=1e-3):
+    """Fast output: the same greedy tokens, logprobs within rounding."""
+    assert a.token_ids == b.token_ids
+    assert all(abs(x - y) < tol for x, y in zip(a.logprobs, b.logprobs))
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3", "qwen3_5"])
+def test_the_next_turn_continues_the_finished_cache(arch):
+    lm = load_tiny(arch)
+    fast = _engine(lm, reuse="fast")
+    a = random_tokens(600, seed=1)
+    try:
+        first = fast.generate(a, GREEDY)
+        fed = a + first.token_ids[:-1]  # the last sampled token is never fed
+        b = fed + random_tokens(40, seed=2)
+        got = fast.generate(b, GREEDY)
+        # every token the first request fed (exact reuse restores block 512 only)
+        assert got.timings.reused_tokens == len(fed)
+        _close(got, Engine(lm, checkpoints=False).generate(b, GREEDY))
+        live = fast.stats()["live"]
+        assert live["hits"] == 1 and live["tokens"] == len(fed)
+        assert live["beyond_records"] == len(fed) - 512
+        assert fast.generate(b, GREEDY, reuse="exact").timings.reused_tokens == 512
+    finally:
+        fast.close()
+
+
+@pytest.mark.parametrize("arch,reused", [("qwen3", 550), ("gemma3", 550), ("qwen3_5", 512)])
+def test_a_fork_cuts_the_prompt_cache_back(arch, reused):
+    """Another question on the same document: global layers cut anywhere; gemma3's rings
+    right after prefill hold their last chunk (88 tokens here), enough to go back 50;
+    recurrent state cannot go back, so qwen3_5 restores its records."""
+    lm = load_tiny(arch)
+    fast = _engine(lm, reuse="fast")
+    doc = random_tokens(550, seed=3)
+    try:
+        fast.generate(doc + random_tokens(50, seed=4), GREEDY)
+        b = doc + random_tokens(30, seed=5)
+        got = fast.generate(b, GREEDY)
+        assert got.timings.reused_tokens == reused
+        _close(got, Engine(lm, checkpoints=False).generate(b, GREEDY))
+    finally:
+        fast.close()
+
+
+def test_a_window_ring_is_cut_only_while_it_holds_the_window():
+    lm = load_tiny("gemma3")  # window 128
+    cache = lm.make_cache()
+    import mlx.core as mx
+
+    tokens = random_tokens(400, seed=6)
+    lm.model(mx.array(tokens)[None], cache=cache)  # one chunk: rings hold 127 + 400
+    assert cut_limit(cache, 400, 399) == 399
+    assert cut_limit(cache, 400, 10) == 10  # the ring still holds every token
+    for t in random_tokens(200, seed=7):  # decoding trims the rings to 128
+        lm.model(mx.array([[t]]), cache=cache)
+    assert cut_limit(cache, 600, 599) == 599  # one token back: still 127 held before it
+    assert cut_limit(cache, 600, 598) == 0
+    short = cut(cache, 600, 599, lm.make_cache)
+    assert all(c.offset == 599 for c in short) and all(c.offset == 600 for c in cache)
+
+
+def test_fast_reuse_stays_inside_its_namespace():
+    lm = load_tiny("qwen3")
+    fast = _engine(lm, reuse="fast")
+    a = random_tokens(300, seed=8)
+    try:
+        first = fast.generate(a, GREEDY, namespace="a")
+        b = a + first.token_ids[:-1] + random_tokens(20, seed=9)
+        assert fast.generate(b, GREEDY, namespace="b").timings.reused_tokens == 0
+        assert fast.generate(b, GREEDY, namespace="a").timings.reused_tokens == len(b) - 20
+    finally:
+        fast.close()
+
+
+def test_release_drops_the_live_caches_that_hold_the_tokens():
+    lm = load_tiny("qwen3")
+    fast = _engine(lm, reuse="fast")
+    a = random_tokens(300, seed=10)
+    try:
+        first = fast.generate(a, GREEDY)
+        b = a + first.token_ids[:-1] + random_tokens(20, seed=11)
+        dropped = fast.release(fast.checkpoint_keys(a)[:1])
+        assert dropped >= 3  # the block record and both live caches (prompt, answer)
+        assert fast.stats()["live"]["entries"] == 0
+        assert fast.generate(b, GREEDY).timings.reused_tokens == 0
+    finally:
+        fast.close()
+
+
+def test_what_a_fast_request_computed_is_recorded_canonically_when_it_leaves():
+    lm = load_tiny("qwen3")
+    fast = _engine(lm, reuse="fast")
+    fast.live.max_entries = 2  # so the next request's caches push these out
+    a = random_tokens(600, seed=12)
+    try:
+        first = fast.generate(a, GREEDY)
+        b = a + first.token_ids[:-1] + random_tokens(300, seed=13)  # past boundary 768
+        assert fast.generate(b, GREEDY).timings.reused_tokens == 605
+        assert fast.stats()["live"]["evicted"] == 2
+        fast.generate(random_tokens(50, seed=14), GREEDY)  # pushes out b's caches: its jobs
+        fast.drain(timeout=60)
+        c = b + random_tokens(10, seed=15)
+        got = fast.generate(c, GREEDY, reuse="exact")
+        assert got.timings.reused_tokens == 768  # the block b's job recorded
+        fresh = Engine(lm, checkpoints=False).generate(c, GREEDY)
+        assert got.token_ids == fresh.token_ids and got.logprobs == fresh.logprobs  # exact
+    finally:
+        fast.close()
+
+
+def test_exact_requests_on_a_fast_engine_are_bit_for_bit():
+    lm = load_tiny("gemma3")
+    fast = _engine(lm, reuse="fast")
+    a = random_tokens(600, seed=16)
+    try:
+        first = fast.generate(a, GREEDY)
+        b = a + first.token_ids[:-1] + random_tokens(40, seed=17)
+        got = fast.generate(b, GREEDY, reuse="exact")
+        assert got.timings.reused_tokens == 512
+        fresh = Engine(lm, checkpoints=False).generate(b, GREEDY)
+        assert got.token_ids == fresh.token_ids and got.logprobs == fresh.logprobs
+    finally:
+        fast.close()
+
+
+def test_branches_of_one_prompt_wait_for_the_first_and_continue_its_cache():
+    lm = load_tiny("qwen3")
+    fast = _engine(lm, reuse="fast", max_seqs=4)
+    prompt = random_tokens(200, seed=18)  # under one block: no record to wait for
+    try:
+        handles = [fast.submit(prompt, max_tokens=3, temperature=0.8, seed=i)
+                   for i in range(3)]
+        reused = sorted(h.result().timings.reused_tokens for h in handles)
+        assert reused == [0, 199, 199]
+    finally:
+        fast.close()
+
+
+def test_bad_reuse_values_are_clear_errors(monkeypatch):
+    lm = load_tiny("qwen3")
+    with pytest.raises(EngineConfigError, match="reuse"):
+        Engine(lm, reuse="quick")
+    monkeypatch.setenv("FORKV_REUSE", "sometimes")
+    with pytest.raises(EngineConfigError, match="FORKV_REUSE|reuse"):
+        Engine(lm)
+    monkeypatch.delenv("FORKV_REUSE")
+    engine = _engine(lm)
+    try:
+        with pytest.raises(GenerationError, match="reuse='later'"):
+            engine.submit([1, 2, 3], max_tokens=1, reuse="later")
+    finally:
+        engine.close()
