@@ -20,6 +20,7 @@ HEADLINES = {
                 "failover_ok", "peer_server_ok", "vllm_ok"},
     "weights": {"dequantized_vs_float32_prefill", "dequantized_vs_kept_prefill",
                 "q4_dequantized_prefill_vs_mlx_lm"},
+    "restore": {"restore_vs_read", "read_ms", "build_ms", "restore_ms"},
 }
 
 

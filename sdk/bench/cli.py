@@ -21,6 +21,7 @@ _WHAT = {
     "serve": "forkv serve vs mlx_lm.server, through the openai client",
     "cluster": "3 forkv serve replicas: prefix-affinity routing vs round robin",
     "weights": "prefill and decode per weight format (f32, bf16, 4-bit kept or dequantized)",
+    "restore": "a long restore split into record reads, cache building and the rest",
 }
 
 
@@ -39,7 +40,8 @@ def add_arguments(p) -> None:
                    help="a benchmark's own setting, repeatable: sizes=512,2048 (rewind), "
                         "prompt_tokens=4096 or modes=none,baseline,forkv (memory), "
                         "context=2048 (agent), prefix=4096 (store), cases=fork,rewind, "
-                        "vllm=on|off|auto, llamacpp=on|off|auto or doc_tokens=2048 (serve)")
+                        "vllm=on|off|auto, llamacpp=on|off|auto, exact=on|off, "
+                        "mlx_lm=on|off, drift=auto|on|off or doc_tokens=2048 (serve)")
     p.add_argument("--json", dest="json_path", default=None, metavar="PATH",
                    help="also write the full results as JSON to PATH ('-': stdout, no table)")
     p.add_argument("--report", default=None, metavar="DIR",

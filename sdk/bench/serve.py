@@ -55,12 +55,18 @@ class _Side:
 
 def run_serve_bench(model: str = "gemma3-270m", quick: bool = False, reps: int = 1,
                     cases: tuple[str, ...] = tuple(CASES), vllm: str = "auto",
-                    llamacpp: str = "auto", sizes: Sizes | None = None, **size: int) -> dict:
+                    llamacpp: str = "auto", exact: str = "on", drift: str = "auto",
+                    mlx_lm: str = "on",
+                    sizes: Sizes | None = None, **size: int) -> dict:
     """Each case on `forkv serve`, then on `mlx_lm.server` (same folder, same BLAS, same
     dtype), vLLM and llama-server (defaults, then tuned). `cases` picks some
     (cases=fork,deep_rewind); `vllm`/`llamacpp`: "auto" runs it when it is installed (built)
     and the run is not --quick, "on" always (llamacpp=on builds llama-server if needed),
-    "off" never; `size` overrides fields of `sizes` (doc_tokens=2048, ...)."""
+    "off" never; `exact` ("on"/"off") also runs `forkv serve --reuse exact` (the server's
+    default is fast reuse); `mlx_lm` ("on"/"off") the mlx_lm.server side; `drift`
+    ("auto": unless --quick) measures fast reuse's logits
+    against exact reuse's in this process (reuse_drift.py); `size` overrides fields of `sizes`
+    (doc_tokens=2048, ...)."""
     from forkv.engine import blas
 
     blas.activate()
@@ -70,6 +76,11 @@ def run_serve_bench(model: str = "gemma3-270m", quick: bool = False, reps: int =
     for name, value in (("vllm", vllm), ("llamacpp", llamacpp)):
         if value not in ("auto", "on", "off"):
             raise ValueError(f"{name} must be auto, on or off, got {value!r}.")
+    for name, value in (("exact", exact), ("mlx_lm", mlx_lm)):
+        if value not in ("on", "off"):
+            raise ValueError(f"{name} must be on or off, got {value!r}.")
+    if drift not in ("auto", "on", "off"):
+        raise ValueError(f"drift must be auto, on or off, got {drift!r}.")
     unknown = set(size) - set(Sizes.__dataclass_fields__)
     if unknown:
         raise ValueError(f"Unknown serve size {', '.join(sorted(unknown))}; choose from "
@@ -86,8 +97,13 @@ def run_serve_bench(model: str = "gemma3-270m", quick: bool = False, reps: int =
     tokenizer = load_tokenizer(folder)
     config = json.loads((Path(folder) / "config.json").read_text())
     dtype = pick_dtype("auto", "bfloat16")  # what forkv computes in on this device
-    sides = {"forkv": _Side(lambda _: start_forkv(model)),
-             "peer": _Side(lambda _: start_peer(str(folder), dtype), takes_n=False)}
+    sides = {"forkv": _Side(lambda _: start_forkv(model))}
+    if exact == "on":
+        sides["forkv_exact"] = _Side(lambda _: start_forkv(model, "exact"))
+    if mlx_lm == "on":
+        sides["peer"] = _Side(lambda _: start_peer(str(folder), dtype), takes_n=False)
+    else:
+        notes.append("No mlx_lm.server side (mlx_lm=off): its figures are left out.")
     _add_vllm(sides, vllm, quick, folder, config, notes)
     if llama is not None:
         binary, gguf, template = llama
@@ -106,6 +122,18 @@ def run_serve_bench(model: str = "gemma3-270m", quick: bool = False, reps: int =
                 raise
             notes.append(f"No {name} side: {type(e).__name__}: {e}"[:2000])
     headline_extra = {"llamacpp_ok": None if llama is None else "llamacpp" in runs}
+    if drift == "on" or (drift == "auto" and not quick):
+        from .reuse_drift import measure_drift
+
+        d = measure_drift(model)
+        headline_extra.update(fast_max_abs_dlogit=d["fast_max_abs_dlogit"],
+                              fast_greedy_agreement=d["fast_greedy_agreement"])
+        notes.append("Fast reuse's drift (reuse_drift.py, in the bench process, "
+                     f"{d['dtype']}): fast vs exact logits of a second prompt continued from "
+                     "a live cache, 32 positions teacher-forced per case: " + "; ".join(
+                         f"{r['case']}: {r.get('live_tokens')} of {r['prompt_tokens']} tokens "
+                         f"live, max |dlogit| {r.get('max_abs_dlogit')}, greedy agreement "
+                         f"{r.get('greedy_agreement')}" for r in d["cases"]))
     return _result(model, sz, reps, dtype, runs, cases, notes, headline_extra)
 
 
@@ -214,7 +242,7 @@ _FIGURES = {"extend_ttft_ratio": ("extend", "later_ttft_s", "forkv"),
             "prune_ttft_speedup": ("prune", "ttft_median_s", "peer"),
             "tree_throughput_ratio": ("tree", "tokens_per_s", "forkv")}
 _THROUGHPUT = ("concurrent_throughput_ratio", "tree_throughput_ratio")
-_LABELS = {"forkv": "forkv", "peer": "mlx_lm_server", "vllm": "vllm",
+_LABELS = {"forkv": "forkv", "forkv_exact": "forkv_exact", "peer": "mlx_lm_server", "vllm": "vllm",
            "llamacpp": "llama_server", "llamacpp_tuned": "llama_server_tuned"}
 # A rewind where the server had no checkpoint at the branch point: it restored less than this
 # share of the prompt (llama-server falls back to an earlier checkpoint, often a turn back).
@@ -271,12 +299,19 @@ def _summary(runs: list[dict], case: str) -> dict:
 def _result(model: str, sz: Sizes, reps: int, dtype: str, sides: dict,
             ran: tuple[str, ...], notes: list[str], extra: dict | None = None) -> dict:
     f = sides["forkv"]
-    headline = _figures(f, sides["peer"], ran, "")
+    headline = _figures(f, sides["peer"], ran, "") if "peer" in sides else {}
     if "vllm" in sides:
         headline.update(_figures(f, sides["vllm"], ran, "_vs_vllm"))
     for name in ("llamacpp", "llamacpp_tuned"):
         if name in sides:
             headline.update(_llama_figures(f, sides[name], ran, "_vs_" + name))
+            if "forkv_exact" in sides:  # the same figures for `forkv serve --reuse exact`
+                headline.update({"exact_" + k: v for k, v in _llama_figures(
+                    sides["forkv_exact"], sides[name], ran, "_vs_" + name).items()})
+    if "forkv_exact" in sides:  # exact ÷ fast TTFT per case: what fast reuse buys
+        for case in ran:
+            headline[f"fast_ttft_speedup_{case}"] = _ratio(
+                _med(sides["forkv_exact"], case, "ttft_median_s"), _med(f, case, "ttft_median_s"))
     if "kernels" in ran and "llamacpp" in sides:
         for kind in ("prefill", "decode"):
             key = f"{kind}_tokens_per_s"
@@ -286,8 +321,9 @@ def _result(model: str, sz: Sizes, reps: int, dtype: str, sides: dict,
         salted = _med(f, "tenants", "tokens_per_s_salted")
         headline["tenant_throughput_ratio"] = _ratio(salted,
                                                      _med(f, "tenants", "tokens_per_s_one_salt"))
-        headline["tenant_throughput_vs_shared_mlx_lm"] = _ratio(
-            salted, _med(sides["peer"], "tenants", "tokens_per_s_salted"))
+        if "peer" in sides:
+            headline["tenant_throughput_vs_shared_mlx_lm"] = _ratio(
+                salted, _med(sides["peer"], "tenants", "tokens_per_s_salted"))
     headline.update({k: v for k, v in (extra or {}).items() if v is not None})
     for name, runs in sides.items():
         headline[f"{name}_peak_rss_mib"] = max(r["peak_rss_mib"] or 0 for r in runs)

@@ -123,10 +123,10 @@ def _children() -> dict[int, list[int]]:
     return out
 
 
-def start_forkv(model: str) -> ServerProcess:
+def start_forkv(model: str, reuse: str | None = None) -> ServerProcess:
     port = _free_port()
     cmd = [sys.executable, "-m", "forkv.cli", "serve", "--model", model, "--port", str(port),
-           "--reasoning", "off"]
+           "--reasoning", "off", *(["--reuse", reuse] if reuse else [])]
     return ServerProcess("forkv serve", cmd, port, model)
 
 
