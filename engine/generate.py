@@ -30,26 +30,32 @@ def chunk_ends(start: int, end: int, block_size: int) -> list[int]:
     return ends
 
 
+def run_chunk(model, cache: list, tokens: Sequence[int], start: int, end: int):
+    """Feed tokens[start:end] into `cache`, evaluated; the last-token logits when `end` is the
+    end of `tokens` (whose chunk runs the head on its last position only: lasthead.py), else
+    None (the unused logits of inner chunks stay unevaluated). The one chunk step of every
+    prefill: the engine's sequences and `prefill` below."""
+    import mlx.core as mx
+
+    is_last = end == len(tokens)
+    with last_position_only(model) if is_last else contextlib.nullcontext():
+        logits = model(mx.array(tokens[start:end])[None], cache=cache)
+    if not is_last:
+        mx.eval([c.state for c in cache])
+        return None
+    last = logits[0, -1]
+    mx.eval(last, [c.state for c in cache])
+    return last
+
+
 def prefill(model, cache: list, tokens: Sequence[int], start: int, block_size: int,
             on_boundary: BoundaryHook | None = None):
     """Feed tokens[start:] into `cache` (which holds tokens[:start]); return last-token logits."""
-    import mlx.core as mx
-
     assert start < len(tokens), "prefill needs at least one new token"
-    pos, logits = start, None
+    pos, last = start, None
     for end in chunk_ends(start, len(tokens), block_size):
-        # The last chunk's head runs on its last position only (lasthead.py).
-        with last_position_only(model) if end == len(tokens) else contextlib.nullcontext():
-            logits = model(mx.array(tokens[pos:end])[None], cache=cache)
+        last = run_chunk(model, cache, tokens, pos, end)
         pos = end
-        if end == len(tokens):
-            break
-        # Only the cache is needed from inner chunks; the unused logits stay unevaluated.
-        mx.eval([c.state for c in cache])
         if on_boundary is not None and end % block_size == 0:
             on_boundary(end, tokens[:end], cache, False)
-    last = logits[0, -1]
-    mx.eval(last, [c.state for c in cache])
-    if on_boundary is not None and pos % block_size == 0:
-        on_boundary(pos, tokens[:pos], cache, False)
     return last

@@ -43,6 +43,11 @@ class TextRunner:
         t0 = time.perf_counter()
         live = self.engine.live if seq.reuse == "fast" and not seq.is_record_job else None
         entry, u = live.best(seq.tokens, seq.keyer.tag) if live is not None else (None, 0)
+        if entry is not None and u // ck.block_size != seq.prompt_len // ck.block_size:
+            # What is left would cross block boundaries that a run from a live cache cannot
+            # record (its chunks start off the canonical cuts): run it from the records, which
+            # records every block it computes, rather than leave later requests without them.
+            entry, u = None, 0
         bound = ck.restore_bound(seq.tokens) if entry is not None else 0
         if entry is not None and u >= bound:
             # No record could restore more: do not read them.

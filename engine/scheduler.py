@@ -74,7 +74,7 @@ class StepTotals:
         return {k: getattr(self, k) for k in self.__slots__}
 
 
-_LIVE_WAIT_MIN = 32  # a fast request waits for another's prefill to share at least this
+_LIVE_WAIT_MIN = 32  # a fast request waits for another's prompt to share at least this
 # Record jobs start only once no request has been in the engine for this long: a client's
 # next request usually follows its last answer within milliseconds, and a job chunk that has
 # started (up to a block of prefill) would hold that request back.
@@ -186,9 +186,11 @@ class Scheduler:
             if not _same_namespace(seq, p):
                 continue  # its records are never restored for seq: never wait on them
             if fast and p.reuse == "fast" and not p.is_record_job:
+                # p's prompt cache, once prefilled, serves seq (live.py): worth waiting for
+                # unless p has far more left to compute than the two share.
                 ahead = _shared(seq.tokens[:-1], p.tokens)
-                if ahead > p.pos and ahead >= _LIVE_WAIT_MIN:
-                    return True  # its prompt's cache, once prefilled, serves seq (live.py)
+                if ahead >= _LIVE_WAIT_MIN and p.prompt_len - p.pos <= 2 * ahead:
+                    return True
                 continue
             shared = _shared(seq.keys, p.keys)
             if shared and p.pos < shared * self.block_size:

@@ -1,7 +1,8 @@
 """One request on the engine: its tokens, prefill cursor, sampler, text and timings.
 
 A sequence prefills on its own single-row cache, one block-aligned chunk at a time (the same
-chunks and evaluation as `generate.prefill`, and the same model callable — which also cuts at
+chunks as `generate.prefill`, through the same chunk step `generate.run_chunk`, and the same
+model callable — which also cuts at
 turn ends (turns.py) or image ends — so its records and logits match a fresh prefill bit for
 bit), then hands that cache to the batch. Each sampled token goes
 through `accept`, the one place with the stop rules (EOS, stop strings, max_tokens), which
@@ -10,15 +11,13 @@ turns the token into a `GenerationEvent`. Knows nothing about other sequences.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass, field
 
 import logging
 
 from .events import GenerationEvent, Timings
-from .generate import BoundaryHook, chunk_ends
-from .lasthead import last_position_only
+from .generate import BoundaryHook, chunk_ends, run_chunk
 from .sampling import Sampler, SamplingParams
 from .textstream import TextStream
 
@@ -64,21 +63,11 @@ class Sequence:
 
     def prefill_chunk(self, model, block_size: int):
         """Run the next prefill chunk; the last chunk returns the last-token logits."""
-        import mlx.core as mx
-
         t0 = time.perf_counter()
         end = self.pos + self.next_chunk(block_size)
-        is_last = end == self.prompt_len  # its head runs on the last position only
-        with last_position_only(model) if is_last else contextlib.nullcontext():
-            logits = model(mx.array(self.tokens[self.pos:end])[None], cache=self.cache)
+        # (while prefilling, `tokens` is the prompt: nothing has been sampled yet)
+        last = run_chunk(model, self.cache, self.tokens, self.pos, end)
         self.pos = end
-        last = None
-        if end == self.prompt_len:
-            last = logits[0, -1]
-            mx.eval(last, [c.state for c in self.cache])
-        else:
-            # Only the cache is needed from inner chunks; the unused logits stay unevaluated.
-            mx.eval([c.state for c in self.cache])
         self.timings.prefill_s += time.perf_counter() - t0
         if self.hook is not None and end % block_size == 0:
             self.hook(end, self.tokens[:end], self.cache, False)

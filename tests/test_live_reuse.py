@@ -22,6 +22,14 @@ def _engine(lm, **kw):
     return Engine(lm, **kw)
 
 
+def _assert_exact(engine, tokens, reused: int) -> None:
+    """An exact request restores `reused` tokens and gets a fresh run's output bit for bit."""
+    got = engine.generate(tokens, GREEDY, reuse="exact")
+    assert got.timings.reused_tokens == reused
+    fresh = Engine(engine.lm, checkpoints=False).generate(tokens, GREEDY)
+    assert got.token_ids == fresh.token_ids and got.logprobs == fresh.logprobs
+
+
 def _close(a, b, tol=1e-3):
     """Fast output: the same greedy tokens, logprobs within rounding."""
     assert a.token_ids == b.token_ids
@@ -119,16 +127,30 @@ def test_what_a_fast_request_computed_is_recorded_canonically_when_it_leaves():
     a = random_tokens(600, seed=12)
     try:
         first = fast.generate(a, GREEDY)
-        b = a + first.token_ids[:-1] + random_tokens(300, seed=13)  # past boundary 768
-        assert fast.generate(b, GREEDY).timings.reused_tokens == 605
+        b = a + first.token_ids[:-1] + random_tokens(150, seed=13)
+        got = fast.generate(b, SamplingParams(max_tokens=20, temperature=0))  # decodes past 768
+        assert got.timings.reused_tokens == 605
         assert fast.stats()["live"]["evicted"] == 2
         fast.generate(random_tokens(50, seed=14), GREEDY)  # pushes out b's caches: its jobs
         fast.drain(timeout=60)
-        c = b + random_tokens(10, seed=15)
-        got = fast.generate(c, GREEDY, reuse="exact")
-        assert got.timings.reused_tokens == 768  # the block b's job recorded
-        fresh = Engine(lm, checkpoints=False).generate(c, GREEDY)
-        assert got.token_ids == fresh.token_ids and got.logprobs == fresh.logprobs  # exact
+        c = b + got.token_ids[:-1] + random_tokens(10, seed=15)
+        _assert_exact(fast, c, 768)  # the block b's job recorded
+    finally:
+        fast.close()
+
+
+def test_a_fast_request_that_would_cross_a_block_boundary_runs_from_the_records():
+    """From a live cache nothing can be recorded: a prompt with blocks left to compute runs
+    from the records instead, and records them for the next request."""
+    lm = load_tiny("qwen3")
+    fast = _engine(lm, reuse="fast")
+    a = random_tokens(300, seed=19)
+    try:
+        first = fast.generate(a, GREEDY)
+        b = a + first.token_ids[:-1] + random_tokens(400, seed=20)  # past boundary 512
+        assert fast.generate(b, GREEDY).timings.reused_tokens == 256  # not the live 305
+        assert fast.stats()["live"]["hits"] == 0
+        _assert_exact(fast, b + random_tokens(10, seed=21), 512)
     finally:
         fast.close()
 
@@ -139,11 +161,7 @@ def test_exact_requests_on_a_fast_engine_are_bit_for_bit():
     a = random_tokens(600, seed=16)
     try:
         first = fast.generate(a, GREEDY)
-        b = a + first.token_ids[:-1] + random_tokens(40, seed=17)
-        got = fast.generate(b, GREEDY, reuse="exact")
-        assert got.timings.reused_tokens == 512
-        fresh = Engine(lm, checkpoints=False).generate(b, GREEDY)
-        assert got.token_ids == fresh.token_ids and got.logprobs == fresh.logprobs
+        _assert_exact(fast, a + first.token_ids[:-1] + random_tokens(40, seed=17), 512)
     finally:
         fast.close()
 
