@@ -182,16 +182,17 @@ class Scheduler:
         fast = seq.reuse == "fast"
         if not (seq.keys or seq.turn_ends or fast):
             return False
+        # (a fast request never waits on a record job: jobs run for exact requests or idle)
         for p in [*self.prefilling, *([self.job] if self.job and not fast else [])]:
             if not _same_namespace(seq, p):
                 continue  # its records are never restored for seq: never wait on them
             if fast and p.reuse == "fast" and not p.is_record_job:
                 # p's prompt cache, once prefilled, serves seq (live.py): worth waiting for
-                # unless p has far more left to compute than the two share.
+                # when p has little left beyond what they share (branches of one prompt);
+                # otherwise wait only for the records, as an exact request does.
                 ahead = _shared(seq.tokens[:-1], p.tokens)
-                if ahead >= _LIVE_WAIT_MIN and p.prompt_len - p.pos <= 2 * ahead:
+                if ahead >= _LIVE_WAIT_MIN and p.prompt_len - p.pos <= ahead + _LIVE_WAIT_MIN:
                     return True
-                continue
             shared = _shared(seq.keys, p.keys)
             if shared and p.pos < shared * self.block_size:
                 return True

@@ -107,8 +107,10 @@ def run_serve_bench(model: str = "gemma3-270m", quick: bool = False, reps: int =
     _add_vllm(sides, vllm, quick, folder, config, notes)
     if llama is not None:
         binary, gguf, template = llama
+        # (its 4 default slots refuse n > 4: the tree case sends its branches as requests)
         sides["llamacpp"] = _Side(
-            lambda _: start_llama_server(binary, gguf, chat_template=template), optional=True)
+            lambda _: start_llama_server(binary, gguf, chat_template=template), takes_n=False,
+            optional=True)
         sides["llamacpp_tuned"] = _Side(
             lambda slots: start_llama_server(binary, gguf, chat_template=template, tuned=True,
                                              slots=slots), per_case=True, optional=True)
