@@ -157,10 +157,10 @@ class Checkpointer:
         blocks, if the model has no global layers: then there is nothing to read.)"""
         if CacheKind.GLOBAL not in self.kinds:
             return []
-        out = []
+        out, B = [], self.block_size
         for b in range(k):
-            end = (b + 1) * self.block_size
-            record = self._load(keys[b], CacheKind.GLOBAL, tokens_bytes(tokens[end - self.block_size:end]), tag)
+            expect = tokens_bytes(tokens[b * B:(b + 1) * B])
+            record = self._load(keys[b], CacheKind.GLOBAL, expect, tag)
             if record is None:
                 return None
             out.append(record.arrays)

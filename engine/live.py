@@ -61,7 +61,9 @@ def _kind(cache) -> str:
 
 def _held(cache) -> int:
     """Tokens a rotating cache still holds (the ring in time order)."""
-    return min(cache.offset, cache._temporal_order(cache.keys).shape[2]) if cache.keys is not None else 0
+    if cache.keys is None:
+        return 0
+    return min(cache.offset, cache._temporal_order(cache.keys).shape[2])
 
 
 def cut_limit(cache: list, n_tokens: int, want: int) -> int:

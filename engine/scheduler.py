@@ -25,10 +25,10 @@ is queued (as is one for a fast-reuse request's tokens when its live cache leave
 Jobs run one chunk per step once the engine has had no request for `JOB_IDLE_S`, or at once
 when a waiting exact request starts with blocks a job would record (that request then
 restores them), so no row ever stalls for another row's records and records nobody asks for
-while the engine is busy cost nothing until it is idle. Rows of runners that cannot defer (vision: the
-job would need the request's images) recompute in the step that reaches the boundary, and
-the canonical state replaces the row in the batch. Knows nothing about threads, handles, or
-what kind of model runs the rows (the runner does).
+while the engine is busy cost nothing until it is idle. Rows of runners that cannot defer
+(vision: the job would need the request's images) recompute in the step that reaches the
+boundary, and the canonical state replaces the row in the batch. Knows nothing about threads,
+handles, or what kind of model runs the rows (the runner does).
 """
 
 from __future__ import annotations
