@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from . import kinds as _kinds
 from .partial import _copy_attrs, _set_attrs
@@ -38,7 +38,6 @@ class LiveEntry:
     keys: frozenset  # checkpoint keys of `tokens` (release drops entries that hold any)
     nbytes: int
     on_leave: Callable | None = None  # queues the record job of a fast request's tokens
-    hits: int = field(default=0)
 
 
 @dataclass(slots=True)
@@ -132,7 +131,8 @@ def clone(cache: list, make_cache: Callable) -> list:
     return fresh
 
 
-def _shared(a: Sequence[int], b: Sequence[int]) -> int:
+def shared_prefix(a: Sequence, b: Sequence) -> int:
+    """How many leading items (tokens, block keys) `a` and `b` have in common."""
     n = min(len(a), len(b))
     return next((i for i in range(n) if a[i] != b[i]), n)
 
@@ -155,17 +155,13 @@ class LivePool:
     def put(self, tokens: Sequence[int], cache: list, tag: bytes, keys: Sequence[bytes] = (),
             on_leave: Callable | None = None) -> LiveEntry | None:
         """Keep `cache` (holding `tokens`; the pool owns it from now on) for later requests of
-        the namespace `tag`. An entry whose tokens an existing one extends (or repeats) is
-        not kept; one an earlier entry's tokens are a prefix of replaces nothing (both may
-        serve: the shorter one may hold more of the sliding window)."""
-        if not self.enabled or not tokens or any(
-                getattr(c, "offset", len(tokens)) != len(tokens) for c in cache):
-            # (a cache that does not hold exactly `tokens` would be cut in the wrong place)
-            if on_leave is not None:
-                on_leave()
-            return None
+        the namespace `tag`. Entries whose tokens are a prefix of another's stay too (the
+        cache after a prompt holds more of its sliding windows than the one after its
+        answer). One that is not kept leaves at once (`on_leave` runs)."""
         nbytes = cache_nbytes(cache)
-        if nbytes > self.budget_bytes:
+        # (a cache that does not hold exactly `tokens` would be cut in the wrong place)
+        if (not self.enabled or not tokens or nbytes > self.budget_bytes
+                or any(getattr(c, "offset", len(tokens)) != len(tokens) for c in cache)):
             if on_leave is not None:
                 on_leave()
             return None
@@ -198,7 +194,7 @@ class LivePool:
         for entry in reversed(self.entries.values()):  # most recent first: ties go to it
             if entry.tag != tag:
                 continue
-            shared = _shared(entry.tokens, tokens[:want_max])
+            shared = shared_prefix(entry.tokens, tokens[:want_max])
             if shared <= best_u:
                 continue
             u = cut_limit(entry.cache, len(entry.tokens), shared)
@@ -209,7 +205,8 @@ class LivePool:
     def take(self, entry: LiveEntry, u: int) -> list:
         """New caches holding the first `u` tokens of `entry`; marks it recently used."""
         self.entries.move_to_end(id(entry))
-        entry.hits += 1
+        self.stats.hits += 1
+        self.stats.tokens += u
         return cut(entry.cache, len(entry.tokens), u, self.make_cache)
 
     def release(self, keys) -> int:

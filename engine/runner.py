@@ -62,8 +62,6 @@ class TextRunner:
             ck.count_restore(0, u - n)
             seq.cache, seq.pos, seq.hook = live.take(entry, u), u, None
             seq.model, seq.live_from, seq.recorded_to = self.engine.lm.model, u, n
-            live.stats.hits += 1
-            live.stats.tokens += u
             live.stats.beyond_records += u - past  # (past the most records could give)
         else:
             seq.cache, seq.pos, seq.hook = restored.cache, n, ck.recorder(

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 from .batchcache import BatchCache
 from .events import GenerationEvent
+from .live import clone, shared_prefix
 from .sampling import top_logprobs
 from .sequence import Sequence
 
@@ -190,15 +191,16 @@ class Scheduler:
                 # p's prompt cache, once prefilled, serves seq (live.py): worth waiting for
                 # when p has little left beyond what they share (branches of one prompt);
                 # otherwise wait only for the records, as an exact request does.
-                ahead = _shared(seq.tokens[:-1], p.tokens)
+                ahead = shared_prefix(seq.tokens[:-1], p.tokens)
                 if ahead >= _LIVE_WAIT_MIN and p.prompt_len - p.pos <= ahead + _LIVE_WAIT_MIN:
                     return True
-            shared = _shared(seq.keys, p.keys)
+            shared = shared_prefix(seq.keys, p.keys)
             if shared and p.pos < shared * self.block_size:
                 return True
             # turn ends of seq past p's position, in or right after the blocks they share
             ahead = [e for e in seq.turn_ends if e > p.pos and e // self.block_size <= shared]
-            if ahead and any(e <= _shared(seq.tokens[:ahead[-1]], p.tokens) for e in ahead):
+            if ahead and any(e <= shared_prefix(seq.tokens[:ahead[-1]], p.tokens)
+                             for e in ahead):
                 return True
         return False
 
@@ -243,12 +245,10 @@ class Scheduler:
 
     def _needed(self, job: Sequence) -> bool:
         # (fast requests continue live caches rather than wait for records)
-        return any(_shared(seq.keys, job.keys) > job.first_block for seq in self.waiting
+        return any(shared_prefix(seq.keys, job.keys) > job.first_block for seq in self.waiting
                    if seq.reuse != "fast")
 
     def _clone(self, cache: list) -> list:
-        from .live import clone
-
         return clone(cache, self.runner.engine.lm.make_cache)
 
     def _needed_job(self) -> Sequence | None:
@@ -362,10 +362,6 @@ def _same_namespace(a: Sequence, b: Sequence) -> bool:
     ka, kb = a.keyer, b.keyer
     return ka is kb or (ka is not None and kb is not None and ka.tag == kb.tag)
 
-
-def _shared(a: list, b: list) -> int:
-    """How many leading items (block keys, tokens) `a` and `b` have in common."""
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def _top(logprobs, k: int) -> dict | None:

@@ -22,6 +22,13 @@ def _engine(lm, **kw):
     return Engine(lm, **kw)
 
 
+def _after_answer(engine, a, new: int, seed: int, **kw) -> list[int]:
+    """The next prompt after `a`'s greedy answer: `a`, every token the answer fed, and `new`
+    more tokens (the last sampled token is never fed)."""
+    first = engine.generate(a, GREEDY, **kw)
+    return a + first.token_ids[:-1] + random_tokens(new, seed=seed)
+
+
 def _assert_exact(engine, tokens, reused: int) -> None:
     """An exact request restores `reused` tokens and gets a fresh run's output bit for bit."""
     got = engine.generate(tokens, GREEDY, reuse="exact")
@@ -97,8 +104,7 @@ def test_fast_reuse_stays_inside_its_namespace():
     fast = _engine(lm, reuse="fast")
     a = random_tokens(300, seed=8)
     try:
-        first = fast.generate(a, GREEDY, namespace="a")
-        b = a + first.token_ids[:-1] + random_tokens(20, seed=9)
+        b = _after_answer(fast, a, 20, 9, namespace="a")
         assert fast.generate(b, GREEDY, namespace="b").timings.reused_tokens == 0
         assert fast.generate(b, GREEDY, namespace="a").timings.reused_tokens == len(b) - 20
     finally:
@@ -110,8 +116,7 @@ def test_release_drops_the_live_caches_that_hold_the_tokens():
     fast = _engine(lm, reuse="fast")
     a = random_tokens(300, seed=10)
     try:
-        first = fast.generate(a, GREEDY)
-        b = a + first.token_ids[:-1] + random_tokens(20, seed=11)
+        b = _after_answer(fast, a, 20, 11)
         dropped = fast.release(fast.checkpoint_keys(a)[:1])
         assert dropped >= 3  # the block record and both live caches (prompt, answer)
         assert fast.stats()["live"]["entries"] == 0
@@ -126,8 +131,7 @@ def test_what_a_fast_request_computed_is_recorded_canonically_when_it_leaves():
     fast.live.max_entries = 2  # so the next request's caches push these out
     a = random_tokens(600, seed=12)
     try:
-        first = fast.generate(a, GREEDY)
-        b = a + first.token_ids[:-1] + random_tokens(150, seed=13)
+        b = _after_answer(fast, a, 150, 13)
         got = fast.generate(b, SamplingParams(max_tokens=20, temperature=0))  # decodes past 768
         assert got.timings.reused_tokens == 605
         assert fast.stats()["live"]["evicted"] == 2
@@ -146,8 +150,7 @@ def test_a_fast_request_that_would_cross_a_block_boundary_runs_from_the_records(
     fast = _engine(lm, reuse="fast")
     a = random_tokens(300, seed=19)
     try:
-        first = fast.generate(a, GREEDY)
-        b = a + first.token_ids[:-1] + random_tokens(400, seed=20)  # past boundary 512
+        b = _after_answer(fast, a, 400, 20)  # past boundary 512
         assert fast.generate(b, GREEDY).timings.reused_tokens == 256  # not the live 305
         assert fast.stats()["live"]["hits"] == 0
         _assert_exact(fast, b + random_tokens(10, seed=21), 512)
@@ -160,8 +163,7 @@ def test_exact_requests_on_a_fast_engine_are_bit_for_bit():
     fast = _engine(lm, reuse="fast")
     a = random_tokens(600, seed=16)
     try:
-        first = fast.generate(a, GREEDY)
-        _assert_exact(fast, a + first.token_ids[:-1] + random_tokens(40, seed=17), 512)
+        _assert_exact(fast, _after_answer(fast, a, 40, 17), 512)
     finally:
         fast.close()
 

@@ -75,7 +75,7 @@ def measure_drift(model: str = "gemma3-270m", doc_tokens: int = 1500, answer_tok
 
     from forkv.engine import Engine, load_model
     from forkv.engine.generate import prefill
-    from forkv.engine.live import cut, cut_limit
+    from forkv.engine.live import cut, cut_limit, shared_prefix
 
     lm = lm or load_model(model)
     engine = Engine(lm, checkpoints=True, disk=False)
@@ -95,8 +95,7 @@ def measure_drift(model: str = "gemma3-270m", doc_tokens: int = 1500, answer_tok
             else:
                 held = a
                 b = engine.encode(b_of(""))
-            shared = next((i for i, (x, y) in enumerate(zip(held, b)) if x != y),
-                          min(len(held), len(b)))
+            shared = shared_prefix(held, b)
             u = cut_limit(cache, len(held), min(shared, len(b) - 1))
             exact_cache = lm.make_cache()
             exact_first = prefill(ck.model_for(b), exact_cache, b, 0, B)
