@@ -85,6 +85,39 @@ def cut_limit(cache: list, n_tokens: int, want: int) -> int:
     return u
 
 
+def rings(cache: list) -> list:
+    """The sliding-window rings of `cache` in time order (None for other layers): a fast
+    request keeps them from before its last prefill chunk (references, no copy), since the
+    chunk's update trims them to W - 1 tokens and a fork often diverges just before it."""
+    return [(c._temporal_order(c.keys), c._temporal_order(c.values))
+            if _kind(c) == "window" and c.keep == 0 and c.keys is not None else None
+            for c in cache]
+
+
+def widen(cache: list, before: list, n_new: int, make_cache: Callable) -> list:
+    """`cache` with each sliding-window ring holding its `rings` from before the last
+    `n_new` tokens as well, so a later request can cut it back into that last chunk (or
+    `cache` itself when no ring gains a token)."""
+    import mlx.core as mx
+
+    out, fresh, gained = list(cache), None, False
+    for i, (c, old) in enumerate(zip(cache, before)):
+        if old is None or c.keys is None:
+            continue
+        keys, values = c._temporal_order(c.keys), c._temporal_order(c.values)
+        if old[0].shape[2] + n_new <= keys.shape[2]:
+            continue  # the chunk trimmed nothing
+        fresh = fresh or make_cache()
+        new = fresh[i]
+        new.keys = mx.concatenate([old[0], keys[..., -n_new:, :]], 2)
+        new.values = mx.concatenate([old[1], values[..., -n_new:, :]], 2)
+        new.offset, new._idx = c.offset, new.keys.shape[2]
+        out[i], gained = new, True
+    if gained:
+        mx.eval([c.state for c in out if getattr(c, "keys", True) is not None])
+    return out
+
+
 def cut(cache: list, n_tokens: int, u: int, make_cache: Callable) -> list:
     """New caches holding the first `u` tokens of `cache` (which must allow it: cut_limit)."""
     import mlx.core as mx
@@ -98,8 +131,11 @@ def cut(cache: list, n_tokens: int, u: int, make_cache: Callable) -> list:
             new.offset = u
         elif kind == "window":
             keys, values = c._temporal_order(c.keys), c._temporal_order(c.values)
-            keep = keys.shape[2] - (n_tokens - u)
-            keys, values = keys[..., :keep, :], values[..., :keep, :]
+            end = keys.shape[2] - (n_tokens - u)
+            # (at most W: a widened ring holds more than the next query can see)
+            start = max(0, end - c.max_size) if u >= c.max_size else 0
+            keys, values = keys[..., start:end, :], values[..., start:end, :]
+            keep = end - start
             if u >= c.max_size > keep:
                 # A ring past its window holds at least W slots (mlx-lm grows it only from
                 # 0): zeros stand in for the oldest, overwritten before any query reads them.

@@ -13,6 +13,7 @@ import time
 
 from .errors import GenerationError
 from .images import has_image_parts
+from .live import widen
 
 
 class TextRunner:
@@ -43,10 +44,11 @@ class TextRunner:
         t0 = time.perf_counter()
         live = self.engine.live if seq.reuse == "fast" and not seq.is_record_job else None
         entry, u = live.best(seq.tokens, seq.keyer.tag) if live is not None else (None, 0)
-        if entry is not None and u // ck.block_size != seq.prompt_len // ck.block_size:
-            # What is left would cross block boundaries that a run from a live cache cannot
-            # record (its chunks start off the canonical cuts): run it from the records, which
-            # records every block it computes, rather than leave later requests without them.
+        if entry is not None and u // ck.block_size < seq.prompt_len // ck.block_size - 1:
+            # What is left would cross more than one block boundary, which a run from a live
+            # cache cannot record (its chunks start off the canonical cuts; its record job
+            # does, once its cache leaves the pool): run it from the records, which records
+            # every block it computes, rather than leave later requests without them.
             entry, u = None, 0
         bound = ck.restore_bound(seq.tokens) if entry is not None else 0
         if entry is not None and u >= bound:
@@ -78,9 +80,13 @@ class TextRunner:
         recorded and does nothing)."""
         engine = self.engine
         live, ck = engine.live, engine.checkpointer
+        rings_before, seq.rings_before = seq.rings_before, None
         if live is None or seq.reuse != "fast" or seq.is_record_job or n_tokens < 1:
             return
         tokens = seq.tokens[:n_tokens]
+        if rings_before is not None and n_tokens == seq.prompt_len:
+            start, before = rings_before
+            cache = widen(cache, before, n_tokens - start, engine.lm.make_cache)
         on_leave = None
         if seq.live_from:
             B = engine.block_size

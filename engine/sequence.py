@@ -18,6 +18,7 @@ import logging
 
 from .events import GenerationEvent, Timings
 from .generate import BoundaryHook, chunk_ends, run_chunk
+from .live import rings
 from .sampling import Sampler, SamplingParams
 from .textstream import TextStream
 
@@ -52,19 +53,27 @@ class Sequence:
     reuse: str = "exact"  # "fast": may continue a live cache (live.py)
     live_from: int = 0  # tokens taken from a live cache (0: restored from records, or none)
     recorded_to: int = 0  # tokens the records restored when it was admitted
+    # fast requests: (start, window rings) from before the last prefill chunk (live.widen)
+    rings_before: tuple | None = None
 
     @property
     def is_prefilling(self) -> bool:
         return self.pos < self.prompt_len
 
     def next_chunk(self, block_size: int) -> int:
-        """Tokens in the next prefill chunk (chunks end on block boundaries)."""
+        """Tokens in the next prefill chunk (chunks end on block boundaries; a run from a
+        live cache records nothing, so its chunks only keep to the block size)."""
+        if self.live_from:
+            return min(self.prompt_len - self.pos, block_size)
         return chunk_ends(self.pos, self.prompt_len, block_size)[0] - self.pos
 
     def prefill_chunk(self, model, block_size: int):
         """Run the next prefill chunk; the last chunk returns the last-token logits."""
         t0 = time.perf_counter()
         end = self.pos + self.next_chunk(block_size)
+        if (self.reuse == "fast" and not self.is_record_job and end == self.prompt_len
+                and self.pos):
+            self.rings_before = (self.pos, rings(self.cache))
         # (while prefilling, `tokens` is the prompt: nothing has been sampled yet)
         last = run_chunk(model, self.cache, self.tokens, self.pos, end)
         self.pos = end

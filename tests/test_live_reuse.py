@@ -143,17 +143,57 @@ def test_what_a_fast_request_computed_is_recorded_canonically_when_it_leaves():
         fast.close()
 
 
-def test_a_fast_request_that_would_cross_a_block_boundary_runs_from_the_records():
-    """From a live cache nothing can be recorded: a prompt with blocks left to compute runs
-    from the records instead, and records them for the next request."""
+def test_a_fast_request_that_would_cross_block_boundaries_runs_from_the_records():
+    """From a live cache nothing can be recorded until its record job runs: a prompt with
+    blocks left to compute runs from the records instead, and records them for the next
+    request."""
     lm = load_tiny("qwen3")
     fast = _engine(lm, reuse="fast")
     a = random_tokens(300, seed=19)
     try:
-        b = _after_answer(fast, a, 400, 20)  # past boundary 512
+        b = _after_answer(fast, a, 700, 20)  # past boundaries 512 and 768
         assert fast.generate(b, GREEDY).timings.reused_tokens == 256  # not the live 305
         assert fast.stats()["live"]["hits"] == 0
-        _assert_exact(fast, b + random_tokens(10, seed=21), 512)
+        _assert_exact(fast, b + random_tokens(10, seed=21), 768)
+    finally:
+        fast.close()
+
+
+def test_a_fast_request_crosses_one_block_boundary_and_its_job_records_it():
+    lm = load_tiny("qwen3")
+    fast = _engine(lm, reuse="fast")
+    fast.live.max_entries = 2
+    a = random_tokens(400, seed=22)
+    try:
+        b = _after_answer(fast, a, 200, 23)  # 405 live tokens, then past boundary 512
+        got = fast.generate(b, GREEDY)
+        assert got.timings.reused_tokens == 405
+        _close(got, Engine(lm, checkpoints=False).generate(b, GREEDY))
+        fast.generate(random_tokens(50, seed=24), GREEDY)  # pushes out b's caches: its job
+        fast.drain(timeout=60)
+        _assert_exact(fast, b + random_tokens(10, seed=25), 512)
+    finally:
+        fast.close()
+
+
+def test_a_fork_just_before_a_block_boundary_continues_the_prompt_cache():
+    """The prompt's last chunk (19 tokens after boundary 512) trims gemma3's rings to
+    W - 1 = 127 tokens before it: too few to go back one token more. The pool keeps the
+    rings from before that chunk as well, so a question diverging at 511 continues the
+    cache (records alone would give 256)."""
+    lm = load_tiny("gemma3")  # window 128
+    fast = _engine(lm, reuse="fast")
+    doc = random_tokens(511, seed=26)
+    try:
+        fast.generate(doc + random_tokens(20, seed=27), GREEDY)
+        b = doc + random_tokens(20, seed=28)
+        got = fast.generate(b, GREEDY)
+        assert got.timings.reused_tokens == 511
+        _close(got, Engine(lm, checkpoints=False).generate(b, GREEDY))
+        c = doc + random_tokens(20, seed=29)  # from b's prompt cache, itself a fast run
+        got = fast.generate(c, GREEDY)
+        assert got.timings.reused_tokens == 511
+        _close(got, Engine(lm, checkpoints=False).generate(c, GREEDY))
     finally:
         fast.close()
 
