@@ -102,7 +102,7 @@ class Engine:
                          and getattr(self.runner, "keeps_live", False) else None)
             self.scheduler = Scheduler(self.runner, self.block_size, self.config.max_seqs,
                                        self.config.prefill_budget, mergeable=self.is_batched,
-                                       make_job=self._record_job)
+                                       make_job=self._record_job, deliver=self._deliver_all)
         except BaseException:
             self._worker.close()
             raise
@@ -236,9 +236,12 @@ class Engine:
             self._requests.clear()
             self.scheduler.clear()
             raise
-        for seq, event in report.events:
-            self._deliver(seq, event)
+        self._deliver_all(report.events[report.delivered:])
         return report
+
+    def _deliver_all(self, events) -> None:
+        for seq, event in events:
+            self._deliver(seq, event)
 
     def _deliver(self, seq, event: GenerationEvent) -> None:
         handle, _ = self._requests[seq.id]
