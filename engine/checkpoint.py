@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from . import kinds as _kinds
 from .blocks import BlockKeyer, tokens_bytes
+from .cuts import CUT_NAMES, Cuts
 from .generate import BoundaryHook
 from .layout import CacheKind
 from .recorder import SequenceRecorder
@@ -29,7 +30,7 @@ from .recordstore import RecordStore
 from .turns import Turns
 
 
-_STAT_KINDS = sorted(_kinds.record_names() | {"turn_end"})
+_STAT_KINDS = sorted(_kinds.record_names() | set(CUT_NAMES))
 _MAX_KEYERS = 4096  # namespaces whose key builders are kept
 
 
@@ -40,11 +41,12 @@ class CheckpointStats:
     tokens_computed: int = 0
     blocks_recorded: int = 0
     restore_s: float = 0.0
-    # Per record kind, and "turn_end" for the partial-block checkpoints at turn ends (turns.py)
+    # Per record kind, and "turn_end" / "image_end" for the cuts there (cuts.py)
     hits: dict = field(default_factory=lambda: dict.fromkeys(_STAT_KINDS, 0))
     misses: dict = field(default_factory=lambda: dict.fromkeys(_STAT_KINDS, 0))
     rejected: int = 0  # records that failed verification or decoding
     turn_ends_recorded: int = 0
+    image_ends_recorded: int = 0
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__slots__}
@@ -76,6 +78,7 @@ class Checkpointer:
             # boundary is restorable only with its EXTRA record (see vision_ckpt.py).
             self.kinds.add(CacheKind.EXTRA)
         self.stats = CheckpointStats()
+        self.cuts = Cuts(self)  # checkpoints off the block boundaries (turn and image ends)
         # Chunk edges and checkpoints after each generation prompt (None: blocks only).
         self.turns = Turns.for_checkpointer(self)
         self._keyers: dict[str, BlockKeyer] = {}
@@ -263,6 +266,11 @@ class Checkpointer:
         return dropped
 
     # -- record ------------------------------------------------------------------------------
+    def put_record(self, key: bytes, record: Record) -> None:
+        """Store `record` under `key` (a record the kinds do not make: vision position
+        state at a boundary)."""
+        self.store.put(key, record)
+
     def recorder(self, keys: list[bytes], extras: dict | None = None,
                  keyer: BlockKeyer | None = None) -> BoundaryHook | None:
         """The hook that records each block boundary a run reaches (prefill and decode)."""

@@ -1,18 +1,18 @@
 """Checkpoints inside a block: the caches of a run at a position that is not a block boundary.
 
 Image ends (vision_ckpt.py) and turn ends (turns.py) are checkpointed where they fall, usually
-mid-block. Such a checkpoint holds the K/V of the partial block [lo, end) for global layers
-(the rest comes from the block records of boundary lo) and the whole cache object of every
-other layer — sliding-window rings, recurrent state — copied attribute by attribute. Both
+mid-block, through the checkpointer's cuts (cuts.py), which key, store and verify them; this
+module copies the caches in and out. Such a checkpoint holds the K/V of the partial block
+[lo, end) for global layers (the rest comes from the block records of boundary lo) and the
+whole cache object of every other layer — sliding-window rings, recurrent state — copied
+attribute by attribute. Both
 kinds of edge are also chunk edges of every run (a pure function of the tokens), so the caches
 there are exactly what a fresh run of the same tokens holds, and restoring them is exact.
 """
 
 from __future__ import annotations
 
-from .blocks import tokens_bytes
 from .layout import CacheKind
-from .records import Record
 
 _PARTIAL_KINDS = {CacheKind.GLOBAL, CacheKind.WINDOW, CacheKind.STATE, CacheKind.EXTRA}
 _SCALARS = (bool, int, float)
@@ -142,41 +142,3 @@ def build(ck, blocks: list[dict], arrays: dict, end: int) -> list | None:
     mx.eval([c.state for c in fresh])
     return fresh
 
-
-def put(ck, key: bytes, cache: list, end: int, tokens, extra: dict | None = None, *,
-        namespace: bytes) -> bool:
-    """Record the partial checkpoint of `cache` at `end` under `key` (with `extra` arrays, and
-    the run's `namespace` tag), unless it is there; `tokens` are the run's tokens. Whether one
-    was written."""
-    import mlx.core as mx
-
-    if ck.store.contains(key, CacheKind.EXTRA):
-        return False
-    try:
-        arrays = snapshot(ck, cache, end)
-    except ValueError:  # a cache holds something that cannot be copied: not checkpointed
-        return False
-    if extra:
-        arrays.update(extra)
-        mx.eval(arrays)
-    lo = end // ck.block_size * ck.block_size
-    ck.store.put(key, Record(CacheKind.EXTRA, end // ck.block_size, tokens_bytes(tokens[lo:end]),
-                             arrays, namespace))
-    return True
-
-
-def load(ck, key: bytes, tokens, end: int, names: set[str] = frozenset(), *,
-         namespace: bytes) -> Record | None:
-    """The partial checkpoint at `end` under `key`, verified against `tokens` and the request's
-    `namespace` tag (and holding `names` besides the global layers' K/V); one that is not is
-    rejected and dropped."""
-    record = ck.store.get(key, CacheKind.EXTRA)
-    if record is None:
-        return None
-    lo = end // ck.block_size * ck.block_size
-    if (record.tokens != tokens_bytes(tokens[lo:end]) or record.namespace != namespace
-            or not required_names(ck) | set(names) <= set(record.arrays)):
-        ck.stats.rejected += 1  # same key, other content: never reuse
-        ck.store.discard(key, CacheKind.EXTRA)
-        return None
-    return record

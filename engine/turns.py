@@ -19,14 +19,13 @@ model callable of prefill chunks (decode steps are single tokens and never cut).
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Sequence
 
 from . import partial
 from .blocks import tokens_bytes
+from .cuts import TURN_END, cut_key
 
 TURN_END_TAG = b"forkv-turn-end-v1"
-TURN_END = "turn_end"  # their name in the checkpointer's hits and misses
 
 
 def turn_marker(tokenizer) -> tuple[int, ...]:
@@ -61,11 +60,7 @@ def turn_ends(tokens: Sequence[int], marker: Sequence[int], block_size: int) -> 
 def turn_key(keyer, keys: Sequence[bytes], tokens: Sequence[int], end: int) -> bytes:
     """The key of the turn-end checkpoint at `end`: chained from the key of the block before
     (or the seed of the run's namespace, `keyer`) and the tokens since that block's end."""
-    B = keyer.block_size
-    h = hashlib.sha256(TURN_END_TAG)
-    h.update(keys[end // B - 1] if end >= B else keyer.seed)
-    h.update(tokens_bytes(tokens[end // B * B:end]))
-    return h.digest()
+    return cut_key(TURN_END_TAG, keyer, keys, tokens, end)
 
 
 class TurnModel:
@@ -103,9 +98,8 @@ class TurnRecorder:
         ck, keyer = self.ck, self.keyer
         if end // ck.block_size > len(self.keys):
             return  # past the blocks this run knows keys for (decoded tokens)
-        if partial.put(ck, turn_key(keyer, self.keys, self.tokens, end), cache, end,
-                       self.tokens, namespace=keyer.tag):
-            ck.stats.turn_ends_recorded += 1
+        ck.cuts.record(TURN_END, turn_key(keyer, self.keys, self.tokens, end), cache, end,
+                       self.tokens, keyer.tag)
 
 
 class Turns:
@@ -165,17 +159,12 @@ class Turns:
         keys = keyer.keys(tokens)
         k = ck._global_run(keys, min(len(keys), (len(tokens) - 1) // B), tokens)
         for end in reversed([e for e in self.ends(tokens[:len(tokens) - 1]) if e // B == k]):
-            record = partial.load(ck, turn_key(keyer, keys, tokens, end), tokens, end,
-                                  namespace=keyer.tag)
-            if record is None:
-                ck.stats.misses[TURN_END] += 1
-                continue
-            blocks = ck.load_global_run(keys, tokens, k, keyer.tag)
-            cache = partial.build(ck, blocks, record.arrays, end) if blocks is not None else None
+            cache, arrays = ck.cuts.build(TURN_END, turn_key(keyer, keys, tokens, end), tokens,
+                                          end, keys, keyer)
+            if cache is None and arrays is None:
+                continue  # not recorded: an earlier turn end may be
             if cache is None:
-                ck.stats.rejected += 1
-                return None, k
-            ck.stats.hits[TURN_END] += 1
+                return None, k  # its block records are not all there: a block restore decides
             if count:
                 ck.count_restore(len(tokens), end)
             return Restored(cache, end, keys, {}, keyer), k
@@ -195,16 +184,7 @@ class Turns:
                 break
             if end // B * B != n:
                 continue  # its block's start is not restored
-            record = partial.load(ck, turn_key(keyer, restored.keys, tokens, end), tokens, end,
-                                  namespace=keyer.tag)
-            if record is not None and partial.apply(ck, restored.cache, record.arrays, end):
-                if count:
-                    ck.stats.tokens_reused += end - n
-                    ck.stats.tokens_computed -= end - n
-                ck.stats.hits[TURN_END] += 1
-                restored.position = end
+            key = turn_key(keyer, restored.keys, tokens, end)
+            if ck.cuts.move(TURN_END, restored, key, tokens, end, count=count) is not None:
                 return end
-            if record is not None:
-                ck.stats.rejected += 1
-            ck.stats.misses[TURN_END] += 1
         return n

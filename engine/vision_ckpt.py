@@ -21,9 +21,8 @@ same tokens holds there, and restoring them is exact against it.
 
 from __future__ import annotations
 
-import hashlib
-
 from .blocks import tokens_bytes
+from .cuts import IMAGE_END, cut_key
 from .images import VisionPrompt
 from .layout import CacheKind
 from . import partial
@@ -44,14 +43,8 @@ def position_record(block: int, tokens: bytes, state: int, namespace: bytes) -> 
 def image_end_key(keyer, keys: list[bytes], request: VisionPrompt, end: int) -> bytes:
     """Chained from the block before (or the seed of the request's namespace, `keyer`), the
     partial block's tokens and the images in it."""
-    B = keyer.block_size
-    lo = end // B * B
-    h = hashlib.sha256(IMAGE_END_TAG)
-    h.update(keys[end // B - 1] if end >= B else keyer.seed)
-    h.update(tokens_bytes(request.tokens[lo:end]))
-    for extra in request.extras_in(lo, end):
-        h.update(b"\x01" + extra)
-    return h.digest()
+    lo = end // keyer.block_size * keyer.block_size
+    return cut_key(IMAGE_END_TAG, keyer, keys, request.tokens, end, request.extras_in(lo, end))
 
 
 class VisionRecorder:
@@ -75,9 +68,9 @@ class VisionRecorder:
         # not be made, it is simply never used).
         key = self.blocks.keys[pos // B - 1]
         if not ck.store.contains(key, CacheKind.EXTRA):
-            ck.store.put(key, position_record(pos // B - 1, tokens_bytes(tokens[pos - B:pos]),
-                                              self.seq.positions.state_at(pos),
-                                              self.keyer.tag))
+            ck.put_record(key, position_record(pos // B - 1, tokens_bytes(tokens[pos - B:pos]),
+                                               self.seq.positions.state_at(pos),
+                                               self.keyer.tag))
         return recomputed
 
     def record_image_end(self, end: int, cache: list) -> None:
@@ -86,7 +79,7 @@ class VisionRecorder:
         ck = self.ck
         key = image_end_key(self.keyer, self.blocks.keys, self.request, end)
         state = {"next_pos": mx.array([self.seq.positions.state_at(end)], mx.int64)}
-        partial.put(ck, key, cache, end, self.request.tokens, state, namespace=self.keyer.tag)
+        ck.cuts.record(IMAGE_END, key, cache, end, self.request.tokens, self.keyer.tag, state)
 
 
 def restore(ck, request: VisionPrompt, stats, keyer=None) -> tuple[list, int, list[bytes], int]:
@@ -101,10 +94,9 @@ def restore(ck, request: VisionPrompt, stats, keyer=None) -> tuple[list, int, li
                 break
             if end // B * B != n or end >= len(tokens):
                 continue  # the block before the image end is not restored, or nothing left
-            got = _restore_image_end(ck, r, request, end)
+            key = image_end_key(r.keyer, r.keys, request, end)
+            got = ck.cuts.move(IMAGE_END, r, key, tokens, end, {"next_pos"})
             if got is not None:
-                ck.stats.tokens_reused += end - n
-                ck.stats.tokens_computed -= end - n
                 stats.tail_restores += 1
                 return r.cache, end, r.keys, _state(got, end)
     return r.cache, n, r.keys, state
@@ -117,15 +109,3 @@ def _state(extra: dict, position: int) -> int:
         return position  # what a model without the stored state would assume
     return int(extra["next_pos"].item())
 
-
-def _restore_image_end(ck, r, request: VisionPrompt, end: int) -> dict | None:
-    """Append the image end's K/V to the restored global caches (which hold its block's
-    start) and put its copies of the other layers' caches in place (partial.py)."""
-    key = image_end_key(r.keyer, r.keys, request, end)
-    record = partial.load(ck, key, request.tokens, end, {"next_pos"}, namespace=r.keyer.tag)
-    if record is None:
-        return None
-    if not partial.apply(ck, r.cache, record.arrays, end):
-        ck.stats.rejected += 1
-        return None
-    return record.arrays

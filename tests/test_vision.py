@@ -183,6 +183,8 @@ def test_restore_after_image_is_exact_and_needs_position_state(dtype, monkeypatc
         got, start, request = logits_after(eng, prompt, [image(8)])
         end = request.images[0].end
         assert start == end and end % B and eng.vision.stats.tail_restores == 1
+        stats = eng.checkpointer.stats
+        assert stats.hits["image_end"] == 1 and stats.image_ends_recorded >= 1
         assert same(got, fresh_logits(prompt, [image(8)], lm))
         # Shared text after the image reaching a block boundary: a block-aligned restore there.
         eng.generate(ask(after + "Which?"), images=[image(8)], max_tokens=1)
@@ -212,9 +214,11 @@ def test_restore_inside_an_image_is_exact():
         (s,) = request.images
         ck = eng.checkpointer
         keys = ck.keyer.keys(request.tokens, request.extras(B))
-        ck.store.discard(vision_ckpt.image_end_key(ck, keys, request, s.end), CacheKind.EXTRA)
+        ck.store.discard(vision_ckpt.image_end_key(ck.keyer, keys, request, s.end),
+                         CacheKind.EXTRA)
         got, start, _ = logits_after(eng, prompt, [image(9)])
         assert s.start < start == s.end // B * B < s.end
+        assert ck.stats.misses["image_end"] == 1 and ck.stats.hits["image_end"] == 0
         assert eng.vision.features.stats.tower_runs == 1
         assert eng.vision.features.stats.hits == 1
     assert same(got, fresh_logits(prompt, [image(9)]))
