@@ -450,3 +450,28 @@ def test_released_blocks_are_not_recorded_again_by_a_pending_job():
         assert _queue(engine)["record_jobs"] == 0
     engine.drain()
     assert engine.release(keys) == 0  # nothing came back
+
+
+def test_a_first_token_reaches_its_client_before_the_step_decodes():
+    """The first token, sampled from the prefill, is handed over before the same step's
+    batched decode (which would add a whole decode step to every time to first token)."""
+    lm = load_tiny("qwen3")
+    engine = _engine(lm)
+    order = []
+    decode, deliver = engine.runner.decode, engine.scheduler.deliver
+
+    def logged_decode(*a):
+        order.append("decode")
+        return decode(*a)
+
+    def logged_deliver(events):
+        order.append(("deliver", len(events)))
+        return deliver(events)
+
+    engine.runner.decode, engine.scheduler.deliver = logged_decode, logged_deliver
+    with engine.paused():
+        handle = engine.submit(random_tokens(40, seed=120), max_tokens=4)
+        engine.step_once()
+        assert order == [("deliver", 1), "decode"]
+        assert not handle.done and handle.finish_reason is None
+    engine.close()
