@@ -96,8 +96,9 @@ def rings(cache: list) -> list:
 
 def widen(cache: list, before: list, n_new: int, make_cache: Callable) -> list:
     """`cache` with each sliding-window ring holding its `rings` from before the last
-    `n_new` tokens as well, so a later request can cut it back into that last chunk (or
-    `cache` itself when no ring gains a token)."""
+    `n_new` tokens as well, so a later request can cut it back into those tokens (the last
+    prefill chunk, or an answer: decoding trims a ring to W), or `cache` itself when no ring
+    gains a token."""
     import mlx.core as mx
 
     out, fresh, gained = list(cache), None, False
@@ -105,8 +106,8 @@ def widen(cache: list, before: list, n_new: int, make_cache: Callable) -> list:
         if old is None or c.keys is None:
             continue
         keys, values = c._temporal_order(c.keys), c._temporal_order(c.values)
-        if old[0].shape[2] + n_new <= keys.shape[2]:
-            continue  # the chunk trimmed nothing
+        if old[0].shape[2] + n_new <= keys.shape[2] or n_new > keys.shape[2]:
+            continue  # nothing was trimmed, or the ring no longer holds all the new tokens
         fresh = fresh or make_cache()
         new = fresh[i]
         new.keys = mx.concatenate([old[0], keys[..., -n_new:, :]], 2)

@@ -13,7 +13,7 @@ import time
 
 from .errors import GenerationError
 from .images import has_image_parts
-from .live import widen
+from .live import rings, widen
 
 
 class TextRunner:
@@ -84,9 +84,12 @@ class TextRunner:
         if live is None or seq.reuse != "fast" or seq.is_record_job or n_tokens < 1:
             return
         tokens = seq.tokens[:n_tokens]
-        if rings_before is not None and n_tokens == seq.prompt_len:
+        if rings_before is not None and n_tokens > rings_before[0]:
             start, before = rings_before
             cache = widen(cache, before, n_tokens - start, engine.lm.make_cache)
+        if n_tokens == seq.prompt_len and live.enabled:
+            # the prompt's rings, for the answer's cache (decoding trims them to W)
+            seq.rings_before = (n_tokens, rings(cache))
         on_leave = None
         if seq.live_from:
             B = engine.block_size

@@ -82,6 +82,23 @@ def test_a_fork_cuts_the_prompt_cache_back(arch, reused):
         fast.close()
 
 
+def test_a_next_turn_that_rewrites_the_answer_end_continues_the_answer_cache():
+    """Decoding trims gemma3's rings to W; the answer's cache keeps the prompt's rings joined
+    to the decoded tokens, so a client that sends back the answer without its last words
+    continues it up to where the two differ (not only to the prompt's end)."""
+    lm = load_tiny("gemma3")  # window 128
+    fast = _engine(lm, reuse="fast")
+    a = random_tokens(300, seed=30)
+    try:
+        first = fast.generate(a, SamplingParams(max_tokens=20, temperature=0))
+        b = a + first.token_ids[:17] + random_tokens(20, seed=31)  # 2 fed tokens rewritten
+        got = fast.generate(b, GREEDY)
+        assert got.timings.reused_tokens == 317
+        _close(got, Engine(lm, checkpoints=False).generate(b, GREEDY))
+    finally:
+        fast.close()
+
+
 def test_a_window_ring_is_cut_only_while_it_holds_the_window():
     lm = load_tiny("gemma3")  # window 128
     cache = lm.make_cache()
