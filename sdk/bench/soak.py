@@ -38,6 +38,9 @@ NUM_KEYS = 4  # API-key tenants; the rest are salts on top of them
 # Small checkpoint tiers, full well before the warm-up sample: from there eviction must hold
 # the bytes flat (with the 4 GiB default disk tier a 30-minute run would only be filling it).
 RAM_BUDGET, DISK_BUDGET = "4MiB", "16MiB"
+# The same for fast reuse's live caches (512 MiB by default: a 3-minute run on tiny models
+# was still filling it after its warm-up sample, RSS +10% on a bounded cache).
+LIVE_CACHE_MIB = "16"
 # curve -> (relative allowance, absolute slack): limit = max(warm * (1 + rel), warm + slack)
 LIMITS = {"rss_mib": (0.10, 0.0), "store_bytes": (0.10, float(1 << 20)), "files": (0.10, 4.0),
           "threads": (0.10, 2.0)}
@@ -229,7 +232,8 @@ def run_soak(minutes: float = 30.0, tenants: int = 16, models: tuple[str, ...] =
     duration = minutes * 60
     notes: list[str] = []
     keys = [f"soak-key-{i}" for i in range(min(NUM_KEYS, tenants))]
-    env = {"FORKV_RAM_BUDGET": ram_budget, "FORKV_DISK_BUDGET": disk_budget}
+    env = {"FORKV_RAM_BUDGET": ram_budget, "FORKV_DISK_BUDGET": disk_budget,
+           "FORKV_LIVE_CACHE_MIB": LIVE_CACHE_MIB}
     server = _start(list(models), keys, env, notes)
     url = f"http://127.0.0.1:{server.port}"
     http = openai.DefaultHttpxClient()  # one pool: at most one connection per client thread
@@ -264,6 +268,7 @@ def run_soak(minutes: float = 30.0, tenants: int = 16, models: tuple[str, ...] =
     settings = {"minutes": minutes, "tenants": tenants, "api_keys": len(keys),
                 "models": list(models), "clients": clients, "sample_s": sample_s, "seed": seed,
                 "warmup_s": warmup_s, "ram_budget": ram_budget, "disk_budget": disk_budget,
+                "live_cache_mib": LIVE_CACHE_MIB,
                 "store_budget_bytes": len(served) * (parse_size(ram_budget) +
                                                      parse_size(disk_budget))}
     res = _result(samples, tally, left, duration, served, notes, settings)
@@ -317,9 +322,11 @@ def _result(samples: list[dict], tally: Tally, in_flight_left: int, duration: fl
          f"{SOCKET_SLACK}."),
         (f"The server runs with FORKV_RAM_BUDGET={settings['ram_budget']} and "
          f"FORKV_DISK_BUDGET={settings['disk_budget']} per model "
-         f"({settings['store_budget_bytes'] / 2**20:.0f} MiB for {len(served)}), so its tiers "
-         "fill early and eviction then has to hold them. Every figure sums the server's "
-         "process tree; checkpoint bytes are forkv_tier_bytes (RAM and disk) from /metrics."),
+         f"({settings['store_budget_bytes'] / 2**20:.0f} MiB for {len(served)}) and "
+         f"FORKV_LIVE_CACHE_MIB={settings.get('live_cache_mib', LIVE_CACHE_MIB)}, so its "
+         "tiers and live caches fill early and eviction then has to hold them. Every "
+         "figure sums the server's process tree; checkpoint bytes are forkv_tier_bytes (RAM "
+         "and disk) from /metrics."),
         ("Expected 4xx: invalid JSON (400), no model (400), an unknown model (404), a deleted "
          "response's child (404); any other 4xx, a 5xx, a timeout or a dropped connection is "
          "unexpected."),
