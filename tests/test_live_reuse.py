@@ -37,10 +37,14 @@ def _assert_exact(engine, tokens, reused: int) -> None:
     assert got.token_ids == fresh.token_ids and got.logprobs == fresh.logprobs
 
 
-def _close(a, b, tol=1e-3):
-    """Fast output: the same greedy tokens, logprobs within rounding."""
-    assert a.token_ids == b.token_ids
-    assert all(abs(x - y) < tol for x, y in zip(a.logprobs, b.logprobs))
+def _assert_fast(engine, tokens, reused: int) -> None:
+    """A fast request reuses `reused` tokens and gets a fresh run's greedy tokens, with
+    logprobs within rounding."""
+    got = engine.generate(tokens, GREEDY)
+    assert got.timings.reused_tokens == reused
+    fresh = Engine(engine.lm, checkpoints=False).generate(tokens, GREEDY)
+    assert got.token_ids == fresh.token_ids
+    assert all(abs(x - y) < 1e-3 for x, y in zip(got.logprobs, fresh.logprobs))
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "gemma3", "qwen3_5"])
@@ -52,10 +56,8 @@ def test_the_next_turn_continues_the_finished_cache(arch):
         first = fast.generate(a, GREEDY)
         fed = a + first.token_ids[:-1]  # the last sampled token is never fed
         b = fed + random_tokens(40, seed=2)
-        got = fast.generate(b, GREEDY)
         # every token the first request fed (exact reuse restores block 512 only)
-        assert got.timings.reused_tokens == len(fed)
-        _close(got, Engine(lm, checkpoints=False).generate(b, GREEDY))
+        _assert_fast(fast, b, len(fed))
         live = fast.stats()["live"]
         assert live["hits"] == 1 and live["tokens"] == len(fed)
         assert live["beyond_records"] == len(fed) - 512
@@ -75,9 +77,7 @@ def test_a_fork_cuts_the_prompt_cache_back(arch, reused):
     try:
         fast.generate(doc + random_tokens(50, seed=4), GREEDY)
         b = doc + random_tokens(30, seed=5)
-        got = fast.generate(b, GREEDY)
-        assert got.timings.reused_tokens == reused
-        _close(got, Engine(lm, checkpoints=False).generate(b, GREEDY))
+        _assert_fast(fast, b, reused)
     finally:
         fast.close()
 
@@ -92,9 +92,7 @@ def test_a_next_turn_that_rewrites_the_answer_end_continues_the_answer_cache():
     try:
         first = fast.generate(a, SamplingParams(max_tokens=20, temperature=0))
         b = a + first.token_ids[:17] + random_tokens(20, seed=31)  # 2 fed tokens rewritten
-        got = fast.generate(b, GREEDY)
-        assert got.timings.reused_tokens == 317
-        _close(got, Engine(lm, checkpoints=False).generate(b, GREEDY))
+        _assert_fast(fast, b, 317)
     finally:
         fast.close()
 
@@ -183,9 +181,7 @@ def test_a_fast_request_crosses_one_block_boundary_and_its_job_records_it():
     a = random_tokens(400, seed=22)
     try:
         b = _after_answer(fast, a, 200, 23)  # 405 live tokens, then past boundary 512
-        got = fast.generate(b, GREEDY)
-        assert got.timings.reused_tokens == 405
-        _close(got, Engine(lm, checkpoints=False).generate(b, GREEDY))
+        _assert_fast(fast, b, 405)
         fast.generate(random_tokens(50, seed=24), GREEDY)  # pushes out b's caches: its job
         fast.drain(timeout=60)
         _assert_exact(fast, b + random_tokens(10, seed=25), 512)
@@ -204,13 +200,9 @@ def test_a_fork_just_before_a_block_boundary_continues_the_prompt_cache():
     try:
         fast.generate(doc + random_tokens(20, seed=27), GREEDY)
         b = doc + random_tokens(20, seed=28)
-        got = fast.generate(b, GREEDY)
-        assert got.timings.reused_tokens == 511
-        _close(got, Engine(lm, checkpoints=False).generate(b, GREEDY))
+        _assert_fast(fast, b, 511)
         c = doc + random_tokens(20, seed=29)  # from b's prompt cache, itself a fast run
-        got = fast.generate(c, GREEDY)
-        assert got.timings.reused_tokens == 511
-        _close(got, Engine(lm, checkpoints=False).generate(c, GREEDY))
+        _assert_fast(fast, c, 511)
     finally:
         fast.close()
 
