@@ -47,10 +47,6 @@ class Cuts:
     def __init__(self, ck):
         self.ck = ck
 
-    @property
-    def enabled(self) -> bool:
-        return partial.supports_partial(self.ck)
-
     def record(self, name: str, key: bytes, cache: list, end: int, tokens: Sequence[int],
                tag: bytes, extra: dict | None = None) -> bool:
         """Checkpoint `cache` (holding `tokens[:end]`) at the cut `end` of kind `name` under
