@@ -7,7 +7,8 @@ folder, what the name pointed at, a one-line description):
 2. an existing path — an MLX / Hugging Face folder (config.json + *.safetensors), a folder
    holding one `.gguf` (as LM Studio keeps them), or a `.gguf` file; GGUFs are converted
    once into forkv's cache (engine/gguf_cache.py);
-3. a named model the registry ships, such as `gemma3-270m` (engine/named.py);
+3. a named model the registry ships: `smollm2-135m` (chat) or `gemma3-270m` (a base model;
+   engine/named.py), fetched on first use where it is not installed;
 4. `org/name`: a folder in LM Studio's models folder (engine/lmstudio.py), then
 5. `org/name[@revision]` on the Hugging Face hub, through huggingface_hub's cache exactly as
    mlx-lm resolves it: a cached snapshot first, a download only when that misses and the
@@ -134,7 +135,7 @@ def _named(name: str, download: bool) -> ModelSource | None:
     if name not in NAMED_MODELS:
         raise _Miss(f"not a demo name (demo:<arch>[:<size>]) or a named model "
                     f"({', '.join(NAMED_MODELS)})")
-    folder = ensure_named_model(name)
+    folder = ensure_named_model(name, download=download)
     return ModelSource(name, "named", folder, "gguf", NAMED_MODELS[name].describe(folder))
 
 
@@ -216,11 +217,8 @@ def local_models() -> list[tuple[str, str]]:
 
     out = [(f"demo:{a}", "demo") for a in ARCHS + VISION_ARCHS]
     for name, named in NAMED_MODELS.items():
-        try:
-            named.import_package()
-        except Exception:  # noqa: BLE001 - not installed: not available
-            continue
-        out.append((name, "named"))
+        if named.is_local():  # installed, or fetched into forkv's cache before
+            out.append((name, "named"))
     for root in models_folders():
         for folder in sorted(p for p in root.glob("*/*") if p.is_dir()):
             out.append((f"{folder.parent.name}/{folder.name}", "lmstudio"))

@@ -98,7 +98,7 @@ def test_an_unknown_name_lists_what_was_tried(lmstudio, hf_cache):
         resolve_source("org/nothing")
     message = str(e.value)
     assert "\n" not in message
-    for part in ("no folder or file 'org/nothing'", "named model (gemma3-270m)",
+    for part in ("no folder or file 'org/nothing'", "named model (smollm2-135m, gemma3-270m)",
                  "not in LM Studio's models folder", str(lmstudio), "Hugging Face cache"):
         assert part in message
     with pytest.raises(ModelLoadError, match="not an org/name"):

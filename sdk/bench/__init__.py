@@ -78,11 +78,9 @@ def run_benchmark(name: str, models: list[str] | None = None, quick: bool = Fals
 
 
 def _has_named(model: str) -> bool:
-    import importlib.util
-
     from forkv.engine.named import NAMED_MODELS
 
-    return importlib.util.find_spec(NAMED_MODELS[model].package) is not None
+    return NAMED_MODELS[model].is_local()
 
 
 def _worst(runs: list[dict]) -> dict:

@@ -166,7 +166,7 @@ def gguf_of(model: str) -> tuple[str, str | None] | None:
 
     if model in NAMED_MODELS:
         named = NAMED_MODELS[model]
-        return str(named.import_package().assemble()), named.chat_template
+        return str(named.gguf_path()), named.chat_template
     if model.endswith(".gguf") and Path(model).is_file():
         return model, None
     return None
