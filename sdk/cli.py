@@ -103,8 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serve(sub.add_parser(
         "serve", help="serve a model over the OpenAI API (chat completions, responses)",
-        description="Serve /v1/chat/completions, /v1/responses, /v1/models, /health and "
-                    "/metrics on loopback (another --host needs --api-key)."))
+        description="Serve models over the OpenAI API (endpoints below), on 127.0.0.1:8000 "
+                    "by default;\nanother --host needs --api-key."))
 
     from .convert_cmd import add_arguments as add_convert
 

@@ -2,7 +2,7 @@
 
 `running_server(args)` starts it with the same Python, waits for GET /health and yields its
 base URL; the process is stopped (SIGINT, then kill) on exit and its stderr is shown if it
-failed to come up. `shared_server(args)` gives every test module that asks for the same
+failed to come up. Pass `log=` a binary file to keep its output (stdout and stderr) there. `shared_server(args)` gives every test module that asks for the same
 arguments one server for the whole session (starting one costs seconds), stopped at exit.
 """
 
@@ -29,9 +29,10 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_server(*args: str, timeout: float = 180.0):
+def running_server(*args: str, timeout: float = 180.0, log=None):
     port = free_port()
-    log = tempfile.TemporaryFile()
+    own_log = log is None
+    log = tempfile.TemporaryFile() if own_log else log
     cmd = [sys.executable, "-m", "forkv.cli", "serve", "--port", str(port), *args]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
     url = f"http://127.0.0.1:{port}"
@@ -55,7 +56,8 @@ def running_server(*args: str, timeout: float = 180.0):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        log.close()
+        if own_log:
+            log.close()
 
 
 _shared: dict[tuple[str, ...], str] = {}

@@ -27,6 +27,17 @@ def test_refuses_other_addresses_without_a_key():
     assert "--api-key" in out.stderr and "0.0.0.0" in out.stderr
 
 
+def test_help_lists_the_endpoints_and_the_default_address():
+    out = subprocess.run([sys.executable, "-m", "forkv.cli", "serve", "--help"],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0
+    for endpoint in ("POST /v1/chat/completions", "POST /v1/completions", "POST /v1/responses",
+                     "/v1/responses/{id}", "GET /v1/models", "/health", "/metrics"):
+        assert endpoint in out.stdout, endpoint
+    assert "127.0.0.1:8000" in out.stdout and "(default 8000)" in out.stdout
+    assert "(default 127.0.0.1" in out.stdout and "--quiet" in out.stdout
+
+
 def _env() -> dict:
     import os
 

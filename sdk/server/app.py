@@ -24,6 +24,7 @@ from .backend import Backend
 from .chat import chat_completions
 from .completions import completions
 from .errors import APIError, install_handlers
+from .logs import AccessLog, note_model
 from .metrics import Metrics
 from .models import DEFAULT_MAX_MODELS, ModelPool, ServedModel, model_card
 from .responses import create_response, delete_response, get_response
@@ -76,6 +77,7 @@ class ServerState:
     async def model(self, name: str) -> ServedModel:
         """The loaded model `name` names (loading it if this server serves any name); a 404
         APIError when it cannot."""
+        note_model(name)
         return await self.models.get(name)
 
     def find_response(self, namespace: str, response_id: str):
@@ -180,4 +182,5 @@ def make_app(state: ServerState) -> Starlette:
     app.state.forkv = state
     install_handlers(app)
     app.add_middleware(_CountRequests, state=state)
+    app.add_middleware(AccessLog)  # outermost: it times the whole request, streams included
     return app

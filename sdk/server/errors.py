@@ -14,6 +14,8 @@ from starlette.responses import JSONResponse
 from forkv.engine import GenerationError
 from forkv.errors import ForkvError
 
+from .logs import note_error
+
 __all__ = ["APIError", "error_body", "install_handlers"]
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -41,6 +43,7 @@ def error_body(status: int, message: str, code: str | None = None,
 
 
 async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+    note_error(exc.code or str(exc.status))
     return exc.response()
 
 
@@ -59,6 +62,7 @@ async def _bad_generation_input(request: Request, exc: Exception) -> JSONRespons
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     # Starlette re-raises after this response is sent, so the traceback reaches the log.
+    note_error(type(exc).__name__)
     return JSONResponse(
         error_body(500, f"The server failed on this request ({type(exc).__name__}); it keeps "
                         "serving - see its log for details.", "internal_error"),

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from forkv.engine import GenerationError, GenerationEvent, SamplingParams, Timings
 from forkv.engine.errors import ContextTooLong, check_context
 
+from . import logs
 from .backend import QueueFull
 from .errors import APIError
 
@@ -70,6 +71,7 @@ async def start(state, prompt, params: SamplingParams, namespace: str, images=No
     except BaseException:
         cancel(handles)
         raise
+    logs.note_prompt(handles)
     return handles
 
 
@@ -90,6 +92,7 @@ async def events(state, handle, t0: float) -> AsyncIterator[GenerationEvent]:
                 state.metrics.ttft(time.perf_counter() - t0)
                 first = False
             state.metrics.tokens(len(event.token_ids))
+            logs.note_event(handle, event)
             if event.finish_reason is not None:
                 finished = True
             yield event

@@ -23,6 +23,7 @@ from collections import OrderedDict
 
 from forkv.graph import ReasoningFormat
 
+from . import logs
 from .backend import Backend
 from .conversations import Conversations
 from .errors import APIError
@@ -160,15 +161,16 @@ class ModelPool:
         from forkv.engine import EngineConfig, load_model
 
         engine = EngineConfig.from_env()
-        t0 = time.perf_counter()
+        t0 = logs.loading(name)
         try:
             lm = load_model(name, engine.dtype, engine.quantized, download=False)
             served = self.add(name, lm, pinned=False)
         except Exception as e:  # noqa: BLE001 - any load failure is this request's 404
+            logs.load_failed(name, t0, e)
             raise APIError(404, f"The model {name!r} cannot be loaded here: {e}",
                            "model_not_found", "model") from None
         self.loads += 1
-        _log.info("loaded %s in %.1f s", name, time.perf_counter() - t0)
+        logs.ready(name, t0)
         return served
 
     def _surplus(self) -> list[ServedModel]:

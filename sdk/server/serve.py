@@ -1,12 +1,14 @@
 """`forkv serve`: check where to listen, load the model, run the app under uvicorn.
 
 Listens on loopback by default; binding any other address needs at least one API key
-(`--api-key` or `FORKV_API_KEY`), else the command refuses with a message saying so. Knows
-the command line, not the endpoints.
+(`--api-key` or `FORKV_API_KEY`), else the command refuses with a message saying so. The
+command sets up the server's log on stderr (`logs.setup`; `--quiet` keeps only warnings).
+Knows the command line (its help lists the endpoints), not how the endpoints work.
 """
 
 from __future__ import annotations
 
+import argparse
 import ipaddress
 import os
 import sys
@@ -43,17 +45,20 @@ def serve(config) -> None:
     from forkv.engine import EngineConfig, load_model
     from forkv.engine.chat_template import require_chat_template, use_chat_template
 
+    from . import logs
     from .app import ServerState, make_app
 
     check_bind(config.host, config.api_keys)
     engine = EngineConfig.from_env()  # FORKV_DTYPE, FORKV_QUANTIZED, as an Engine reads them
     state = ServerState(config)
     for name in config.pinned:
+        t0 = logs.loading(name)
         lm = load_model(name, engine.dtype, engine.quantized)
         if config.chat_template is not None:
             use_chat_template(lm, config.chat_template)
         require_chat_template(lm.tokenizer, lm.name)  # chat routes render messages
         state.models.add(name, lm, aliases=config.aliases if name == config.model else ())
+        logs.ready(name, t0)
     app = make_app(state)
     what = ", ".join(config.pinned) or "no model yet"
     if config.on_demand:
@@ -61,7 +66,8 @@ def serve(config) -> None:
     print(f"forkv serve: {what} on http://{config.host}:{config.port}/v1 "
           f"({'API keys required' if config.api_keys else 'no API key'})", file=sys.stderr,
           flush=True)
-    uvicorn.run(app, host=config.host, port=config.port, log_level="warning",
+    # Our access log (logs.py) writes one line per request, streams included: not uvicorn's.
+    uvicorn.run(app, host=config.host, port=config.port, log_level="warning", access_log=False,
                 timeout_graceful_shutdown=5)
 
 
@@ -74,8 +80,10 @@ def run_serve(args) -> int:
     keys = tuple(args.api_key or ())
     if not keys and os.environ.get("FORKV_API_KEY"):
         keys = (os.environ["FORKV_API_KEY"],)
+    from . import logs
     from .app import ServerConfig
 
+    logs.setup(quiet=getattr(args, "quiet", False))
     models = tuple(args.model or ())
     memory = None if args.model_memory is None else int(args.model_memory * (1 << 30))
     config = ServerConfig(model=models[0] if len(models) == 1 else None, models=models,
@@ -89,6 +97,19 @@ def run_serve(args) -> int:
     return 0
 
 
+_EPILOG = """endpoints (OpenAI-compatible, at http://127.0.0.1:8000 unless --host/--port):
+  POST /v1/chat/completions       chat messages in, choices out (stream: true for SSE)
+  POST /v1/completions            legacy text completions of a prompt
+  POST /v1/responses              Responses API; previous_response_id forks and rewinds
+  GET|DELETE /v1/responses/{id}   a stored response; delete it and what was built on it
+  GET /v1/models[/{id}]           models loaded, and (without --model) any loadable here
+  GET /health, GET /metrics       liveness; Prometheus metrics
+
+logs: a line when a model starts loading and when it is ready, and one line per request
+(method, path, model, status, prompt/cached/generated tokens, time to first token, total)
+on stderr; --quiet keeps only warnings."""
+
+
 def add_arguments(p) -> None:
     """The subcommand's options, on an argparse parser."""
     p.add_argument("--model", action="append", default=None,
@@ -96,8 +117,14 @@ def add_arguments(p) -> None:
                         "demo:<arch>) to load now and serve alone; repeat it to load several "
                         "and serve any other name too; leave it out to serve any model name "
                         "this machine has, each loaded on the first request naming it")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
-    p.add_argument("--port", type=int, default=8000)
+    p.formatter_class = argparse.RawDescriptionHelpFormatter  # keep the endpoint list's lines
+    p.epilog = _EPILOG
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1, loopback only)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    p.add_argument("--quiet", action="store_true",
+                   help="no model-load or access lines on stderr, only warnings (5xx, a full "
+                        "queue, a model that fails to load)")
     p.add_argument("--api-key", action="append", default=None, metavar="KEY",
                    help="require this bearer key; repeat for several tenants (each its own "
                         "checkpoint namespace)")
