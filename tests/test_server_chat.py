@@ -157,6 +157,15 @@ def test_bad_input_is_an_openai_error(url, body, status, code):
     assert error["code"] == code and error["message"] and error["type"]
 
 
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_a_huge_max_tokens_is_blamed_on_its_field(client, field):
+    # The prompt is short: the 400 names the field that overflows the context, not messages.
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                       **{field: 10 ** 9})
+    assert e.value.code == "context_length_exceeded" and e.value.param == field
+
+
 def test_errors_through_the_client_and_no_500(client, url):
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])

@@ -180,7 +180,7 @@ def test_disconnect_mid_stream_cancels(url):
     ({"prompt": "x", "echo": True, "logprobs": 1}, "echo", "unsupported_value"),
     ({"prompt": "x", "temperature": 9}, "temperature", "invalid_value"),
     ({"prompt": "x", "max_tokens": 0}, "max_tokens", "invalid_value"),
-    ({"prompt": "x", "max_tokens": 10 ** 6}, "prompt", "context_length_exceeded"),
+    ({"prompt": "x", "max_tokens": 10 ** 9}, "max_tokens", "context_length_exceeded"),
     ({"prompt": "x", "presence_penalty": 3}, "presence_penalty", "invalid_value"),
     ({"prompt": "x", "n": 0}, "n", "invalid_value"),
 ])

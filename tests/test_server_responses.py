@@ -140,3 +140,9 @@ def test_bad_responses_requests(client, url):
     assert status == 400 and body["error"]["code"] == "image_not_supported"
     status, body = http("DELETE", f"{url}/v1/responses/resp_missing")
     assert status == 404 and body["error"]["code"] == "response_not_found"
+
+
+def test_a_huge_max_output_tokens_is_blamed_on_it(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model=MODEL, input="x", max_output_tokens=10 ** 9)
+    assert e.value.code == "context_length_exceeded" and e.value.param == "max_output_tokens"

@@ -117,7 +117,8 @@ async def chat_completions(request: Request) -> Any:
     prompt = plan.prompt(state.lm.tokenizer, history(req.messages, messages),
                          state.template_kwargs, images)
     t0 = time.perf_counter()
-    handles = await start(state, prompt, params, namespace, images or None, req.n)
+    handles = await start(state, prompt, params, namespace, images or None, req.n,
+                          "max_completion_tokens" if req.max_completion_tokens else "max_tokens")
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": req.model, "system_fingerprint": state.fingerprint}
     tok = state.lm.tokenizer

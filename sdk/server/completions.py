@@ -169,8 +169,8 @@ async def _start(state, where: str, prompt, params, namespace: str, n: int) -> l
     try:
         return await start(state, prompt, params, namespace, None, n)
     except APIError as e:
-        if e.param != "messages" and e.code != "context_length_exceeded":
-            raise  # not about the prompt (a full queue, say)
+        if e.param != "messages":
+            raise  # not about the prompt (a full queue, a huge max_tokens)
         raise APIError(e.status, e.message.replace("the messages", "the prompt"), e.code,
                        where) from None
 

@@ -25,7 +25,14 @@ __all__ = ["Collected", "collect", "events", "interleaved", "start", "stream_err
            "watch_disconnect"]
 
 
-def _prepare(state, prompt, params: SamplingParams, images, namespace: str):
+def _too_long(e: ContextTooLong, max_param: str) -> APIError:
+    """A 400 naming the larger share of the overflow: the prompt (`messages`) or the
+    request's max-tokens field (`max_param`: a huge max_tokens is that field's fault)."""
+    param = max_param if e.max_tokens > e.prompt_tokens else "messages"
+    return APIError(400, str(e), "context_length_exceeded", param)
+
+
+def _prepare(state, prompt, params: SamplingParams, images, namespace: str, max_param: str):
     """Token ids of a text prompt (context checked), or the messages as they are (images)."""
     if images:
         return prompt
@@ -42,13 +49,14 @@ def _prepare(state, prompt, params: SamplingParams, images, namespace: str):
         check_context(state.lm, len(tokens), params.max_tokens,
                       "shorten the messages or lower max_tokens")
     except ContextTooLong as e:
-        raise APIError(400, str(e), "context_length_exceeded", "messages") from None
+        raise _too_long(e, max_param) from None
     return tokens
 
 
 async def start(state, prompt, params: SamplingParams, namespace: str, images=None,
-                n: int = 1) -> list:
-    """Submit `n` completions of `prompt` for `namespace`; their handles."""
+                n: int = 1, max_param: str = "max_tokens") -> list:
+    """Submit `n` completions of `prompt` for `namespace`; their handles. `max_param` is the
+    request's name for `params.max_tokens`, for a 400 that blames it."""
     def submit(index: int, tokens):
         # Choices of one prompt differ by seed (as OpenAI's n does) when a seed is given.
         p = replace(params, seed=params.seed + index) if index and params.seed is not None \
@@ -58,12 +66,13 @@ async def start(state, prompt, params: SamplingParams, namespace: str, images=No
         except QueueFull:
             raise APIError(429, f"The server's queue is full ({state.backend.max_queue} "
                                 "requests in flight); retry shortly.", "queue_full") from None
+        except ContextTooLong as e:
+            raise _too_long(e, max_param) from None
         except GenerationError as e:
-            code = ("context_length_exceeded" if isinstance(e, ContextTooLong)
-                    else "invalid_request")
-            raise APIError(400, str(e), code) from None
+            raise APIError(400, str(e), "invalid_request") from None
 
-    tokens = await asyncio.to_thread(_prepare, state, prompt, params, images, namespace)
+    tokens = await asyncio.to_thread(_prepare, state, prompt, params, images, namespace,
+                                     max_param)
     handles = []
     try:
         for i in range(n):

@@ -133,7 +133,8 @@ async def create_response(request: Request) -> Any:
                         template_kwargs=state.template_kwargs)
         images = path_images(tree, gen_ids[0])
         t0 = time.perf_counter()
-        handles = await start(state, prompt.token_ids, params, ns, images or None)
+        handles = await start(state, prompt.token_ids, params, ns, images or None,
+                              max_param="max_output_tokens")
     except BaseException:
         conv.remove(ns, first)
         raise
