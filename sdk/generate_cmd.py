@@ -10,13 +10,16 @@ from __future__ import annotations
 import logging
 import sys
 
-__all__ = ["add_arguments", "read_prompt", "run_generate", "sampling_from_args"]
+__all__ = ["DEFAULT_MODEL", "add_arguments", "read_prompt", "run_generate",
+           "sampling_from_args"]
+
+DEFAULT_MODEL = "demo:qwen3:tiny"  # the model of `forkv generate` without --model
 
 
 def add_arguments(p) -> None:
     p.add_argument("prompt", help="the text to complete; '-' reads it from stdin")
-    p.add_argument("--model", default="demo:qwen3:tiny",
-                   help="a model name, see `forkv --help` (default demo:qwen3:tiny)")
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"a model name, see `forkv --help` (default {DEFAULT_MODEL})")
     p.add_argument("--chat", action="store_true",
                    help="send the prompt as a user turn through the chat template")
     p.add_argument("--system", default=None, help="with --chat: a system prompt before it")
@@ -87,16 +90,21 @@ def run_generate(args) -> int:
         prompt = ([{"role": "system", "content": args.system}] if args.system else []) + [
             {"role": "user", "content": text}]
     engine = forkv.load(args.model, chat_template=getattr(args, "chat_template", None))
-    event = None
+    event, last = None, None  # the last character printed
     try:
         with PrefillBar(force=False if args.no_progress else None) as bar:
             for event in engine.stream(prompt, params, progress=bar):
                 bar.close()  # the first token ends the prefill
                 print(event.text, end="", flush=True)
+                last = event.text[-1:] or last
     finally:
         engine.close()
+        if last not in (None, "\n"):  # end the text's line (interrupted too): `> file` ends
+            print(flush=True)           # in exactly one newline, as a shell tool's output does
+    if last is None:
+        print(flush=True)  # an empty completion is still one (empty) line
     t = event.timings
-    print(f"\n[{event.finish_reason}] prompt {t.prompt_tokens} tok ({t.reused_tokens} restored), "
+    print(f"[{event.finish_reason}] prompt {t.prompt_tokens} tok ({t.reused_tokens} restored), "
           f"prefill {t.prefill_tps:.0f} tok/s, decode {t.decode_tps:.1f} tok/s, first token "
           f"{t.first_token_s * 1000:.0f} ms", file=sys.stderr)
     return 0
