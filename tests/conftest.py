@@ -12,8 +12,34 @@ import tempfile
 import pytest
 
 # Keep test models out of the user's cache, but share them across test runs on this machine.
+_USER_CACHE = os.environ.get("FORKV_CACHE_DIR") or os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "forkv")
 os.environ.setdefault("FORKV_CACHE_DIR", os.path.join(tempfile.gettempdir(), "forkv-test-cache"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _share_pulled_files() -> None:
+    """Hard-link the named models' files that `forkv pull` fetched into the user's cache (e.g.
+    smollm2-135m's GGUF) into the test cache: the tests never download, but use what is here."""
+    src = os.path.join(_USER_CACHE, "named", "files")
+    dst = os.path.join(os.environ["FORKV_CACHE_DIR"], "named", "files")
+    if os.path.realpath(src) == os.path.realpath(dst) or not os.path.isdir(src):
+        return
+    for release in os.listdir(src):
+        for name in os.listdir(os.path.join(src, release)):
+            target = os.path.join(dst, release, name)
+            if name.startswith(".") or os.path.exists(target):
+                continue
+            os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
+            for folder in (os.path.dirname(dst), dst, os.path.dirname(target)):
+                os.chmod(folder, 0o700)  # forkv refuses cache folders open to others
+            try:
+                os.link(os.path.join(src, release, name), target)
+            except OSError:
+                pass  # another file system: the tests that need it skip
+
+
+_share_pulled_files()
 
 from forkv.engine import blas  # noqa: E402
 
