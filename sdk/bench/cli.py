@@ -4,6 +4,7 @@ writing JSON (and reports)."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 from . import BENCHMARKS, available, run_benchmark
@@ -46,6 +47,9 @@ def add_arguments(p) -> None:
                    help="also write the full results as JSON to PATH ('-': stdout, no table)")
     p.add_argument("--report", default=None, metavar="DIR",
                    help="(bench all) write JSON, plots and a summary into DIR")
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 if any figure misses its target, with a line naming each on "
+                        "stderr (without it a miss shows as NO and the exit status is 0)")
     soak = p.add_argument_group("soak (forkv bench soak: one forkv serve under mixed traffic)")
     soak.add_argument("--minutes", type=float, default=30.0, help="how long (default 30)")
     soak.add_argument("--tenants", type=int, default=16, help="tenants (default 16)")
@@ -91,6 +95,14 @@ def run_cli(args) -> int:
         from .report import write_report
 
         write_report(results, args.report)
+    if args.check:
+        from .report import missed_targets
+
+        missed = missed_targets(results)
+        if missed:
+            print(f"forkv bench: {len(missed)} target{'s' * (len(missed) > 1)} missed: "
+                  + "; ".join(missed), file=sys.stderr)
+            return 1
     return 0
 
 

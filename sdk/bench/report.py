@@ -1,7 +1,8 @@
 """`forkv bench all --report DIR`: plots and a Markdown summary of benchmark results.
 
 Reads the dicts the benchmarks return (one per name, possibly with per-model `runs`) and
-writes PNG plots with matplotlib (the `bench` extra) plus `summary.md`.
+writes PNG plots with matplotlib (the `bench` extra) plus `summary.md`; `missed_targets` lists
+the figures that missed their targets (`forkv bench --check`).
 """
 
 from __future__ import annotations
@@ -90,6 +91,20 @@ def readme_table(results: dict) -> str:
         target = (runs[0]["targets"].get(key) or {}).get("target", "")
         lines.append(f"| {name} | {what} | {values} | {target} | `forkv bench {name}` |")
     return "\n".join(lines) + "\n"
+
+
+def missed_targets(results: dict) -> list[str]:
+    """Each figure that missed its target in `results` (benchmark name -> result), as
+    "rewind speedup_8k (gemma3:tiny) 12.3, target >= 20"; empty when every target was met."""
+    out = []
+    for name, res in results.items():
+        for run in _runs(res):
+            model = str(run.get("model", "")).replace("demo:", "")
+            for key, target in (run.get("targets") or {}).items():
+                if target.get("met") is False:
+                    value = _fmt(run.get("headline", {}).get(key))
+                    out.append(f"{name} {key} ({model}) {value}, target {target.get('target')}")
+    return out
 
 
 def _summary(results: dict, plots: list[str]) -> str:
