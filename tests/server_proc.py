@@ -2,8 +2,9 @@
 
 `running_server(args)` starts it with the same Python, waits for GET /health and yields its
 base URL; the process is stopped (SIGINT, then kill) on exit and its stderr is shown if it
-failed to come up. Pass `log=` a binary file to keep its output (stdout and stderr) there. `shared_server(args)` gives every test module that asks for the same
-arguments one server for the whole session (starting one costs seconds), stopped at exit.
+failed to come up; pass `log=` a binary file to keep its output (stdout and stderr) there.
+`shared_server(args)` gives every test module that asks for the same arguments one server for
+the whole session (starting one costs seconds), stopped at exit.
 """
 
 from __future__ import annotations

@@ -105,3 +105,37 @@ def test_quiet_prints_no_load_or_access_lines(tmp_path):
     assert "forkv serve:" in text  # (the log is this server's)
     assert not [line for line in text.splitlines() if ACCESS.match(line)], text
     assert "loading" not in text and " ready in " not in text, text
+
+
+def test_a_failing_route_is_one_warning_naming_its_exception():
+    import logging
+
+    from starlette.applications import Starlette
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    from forkv.server.errors import install_handlers
+    from forkv.server.logs import AccessLog
+
+    async def boom(request):
+        raise RuntimeError("a bug")
+
+    app = Starlette(routes=[Route("/boom", boom)])
+    install_handlers(app)
+    app.add_middleware(AccessLog)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    log = logging.getLogger("forkv.server")
+    old_level = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        with TestClient(app, raise_server_exceptions=False) as client:
+            assert client.get("/boom").status_code == 500
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(old_level)
+    assert len(records) == 1 and records[0].levelno == logging.WARNING
+    assert re.fullmatch(r"GET /boom model=- 500 total=[\d.]+s error=RuntimeError",
+                        records[0].getMessage())

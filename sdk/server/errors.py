@@ -62,7 +62,6 @@ async def _bad_generation_input(request: Request, exc: Exception) -> JSONRespons
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     # Starlette re-raises after this response is sent, so the traceback reaches the log.
-    note_error(type(exc).__name__)
     return JSONResponse(
         error_body(500, f"The server failed on this request ({type(exc).__name__}); it keeps "
                         "serving - see its log for details.", "internal_error"),

@@ -10,10 +10,10 @@ INFO by default, WARNING with `--quiet`, DEBUG with `-vv`. Lines:
 
 `AccessLog` (ASGI middleware) times each request from its arrival to the last byte of its
 response, so a stream is logged when it ends, and writes its line. The routes feed it through
-three hooks that need no request object (a context variable carries the request's record;
-outside a request they do nothing): `note_model` when a request names its model,
-`note_prompt` when its generation starts, `note_event` for each piece generated, and
-`note_error` with the code of an error answer (`error=context_length_exceeded`). The token
+hooks that need no request object (a context variable carries the request's record; outside
+a request they do nothing): `note_model` when a request names its model, `note_prompt` when
+its generation starts, `note_event` for each piece generated, `note_error` with the code of
+an error answer (`error=context_length_exceeded`; a 5xx names its exception). The token
 counts are the response's `usage`: a prompt counted once for its n choices, cached as its
 first choice found it, generated tokens of every choice. A 5xx, a 429 (the server is full)
 and a model that fails to load are warnings; GET /health and /metrics are debug (probes).
@@ -102,7 +102,7 @@ def note_prompt(handles) -> None:
 
 
 def note_error(code: str) -> None:
-    """The current request is answered with an error (its OpenAI code, or an exception name)."""
+    """The current request is answered with an error (its OpenAI error code)."""
     rec = _current.get()
     if rec is not None:
         rec.error = code
@@ -170,9 +170,9 @@ class AccessLog:
 
         try:
             await self.app(scope, receiving, sending)
-        except BaseException:
-            if rec.status is None:
-                rec.status = 500  # what the outermost error middleware answers
+        except BaseException as e:
+            if rec.status is None:  # answered by Starlette's outermost error middleware
+                rec.status, rec.error = 500, rec.error or type(e).__name__
             raise
         finally:
             _current.reset(token)
