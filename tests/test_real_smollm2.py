@@ -97,15 +97,6 @@ def test_a_session_answers_and_follows_up():
         assert follow.result.stats.tokens_reused >= answer.result.stats.tokens_computed
 
 
-def test_the_cli_chats():
-    out = subprocess.run([sys.executable, "-m", "forkv.cli", "generate",
-                          "What is the capital of France? Answer in one sentence.", "--chat",
-                          "--model", NAME, "--max-tokens", "32"],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert "Paris" in out.stdout, out.stdout
-
-
 def test_restores_are_bit_exact_on_smollm2():
     import mlx.core as mx
 
@@ -125,3 +116,28 @@ def test_restores_are_bit_exact_on_smollm2():
         assert position == cut
         assert mx.array_equal(got, fresh_logits(lm, tokens)).item(), cut
     engine.close()
+
+
+README = (__import__("pathlib").Path(__file__).resolve().parents[1] / "README.md").read_text()
+
+
+def test_the_readme_server_example_runs(url, capsys):
+    import re
+
+    (code,) = re.findall(r"```py\n(.*?)```", README, flags=re.S)
+    exec(compile(code.replace("http://127.0.0.1:8000", url), "README.md", "exec"),  # noqa: S102
+         {"__name__": "__readme__"})
+    assert "Paris" in capsys.readouterr().out
+
+
+def test_the_readme_cli_example_runs():
+    import re
+    import shlex
+
+    (line,) = [ln for ln in re.findall(r"```bash\n(.*?)```", README, flags=re.S)
+               if "--model smollm2-135m" in ln]
+    args = shlex.split(line.strip())
+    assert args[:2] == ["forkv", "generate"]
+    out = subprocess.run([sys.executable, "-m", "forkv.cli", *args[1:]], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0 and "Paris" in out.stdout, out.stdout + out.stderr

@@ -13,7 +13,8 @@ from forkv.bench.cluster import start_replica
 from forkv.remote import remote
 
 ROOT = Path(__file__).resolve().parents[1]
-README_FIRST = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.DOTALL)[0]
+README_FIRST = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "sdk.md").read_text(),
+                          re.DOTALL)[0]  # the SDK page's first example
 pytestmark = pytest.mark.slow
 
 
@@ -52,7 +53,7 @@ def test_docs_run_unchanged_on_a_remote_backend(case, backends, monkeypatch, cap
         local = forkv.Session
         monkeypatch.setattr(forkv, "Session", lambda model, *a, **kw: local(backends(model),
                                                                             *a, **kw))
-        exec(compile(README_FIRST, "README.md", "exec"), {"__name__": "__readme__"})  # noqa: S102
+        exec(compile(README_FIRST, "docs/sdk.md", "exec"), {"__name__": "__readme__"})  # noqa: S102
         out = capsys.readouterr().out
         reused = int(re.search(r"follow-up: tokens_reused=(\d+)", out).group(1))
         assert reused >= 512, out

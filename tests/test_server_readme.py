@@ -1,5 +1,6 @@
-"""The README's server examples (its ```py and curl blocks) run as written against a real
-`forkv serve` on the tiny demo model (model name and port substituted)."""
+"""The server page's examples (docs/server.md: its ```py and curl blocks) run as written
+against a real `forkv serve` on the tiny demo model (model name and port substituted); the
+README's own server example runs on the real chat model in tests/test_real_smollm2.py."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ pytest.importorskip("openai")
 from server_proc import TINY, shared_server  # noqa: E402
 
 MODEL = "demo:qwen3:tiny"
-README = Path(__file__).resolve().parents[1] / "README.md"
-SECTION = README.read_text().split("## Server", 1)[1].split("\n## ", 1)[0]
+README = Path(__file__).resolve().parents[1] / "docs" / "server.md"
+SECTION = README.read_text()
 PY = re.findall(r"```py\n(.*?)```", SECTION, flags=re.S)
 CURL = [b for b in re.findall(r"```bash\n(.*?)```", SECTION, flags=re.S) if "curl" in b]
 
