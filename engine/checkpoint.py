@@ -60,6 +60,9 @@ class Restored:
     keys: list[bytes]  # keys of every full block of the requested tokens
     extra: dict = field(default_factory=dict)  # arrays of the EXTRA record at `position`
     keyer: BlockKeyer | None = None  # the request's namespace
+    # The last token's logits when `position` is the whole prompt (a turn end's record
+    # holds them): nothing is left to compute.
+    logits: object = None
 
 
 class Checkpointer:
@@ -102,8 +105,8 @@ class Checkpointer:
     def restore(self, tokens: Sequence[int], extras: dict | None = None,
                 barriers: Sequence[int] = (), count: bool = True,
                 keyer: BlockKeyer | None = None) -> Restored:
-        """Caches for the longest restorable prefix of `tokens` (always leaving one token to
-        compute) in `keyer`'s namespace. A boundary inside a span in `barriers` ((start, end)
+        """Caches for the longest restorable block prefix of `tokens` (always leaving one
+        token to compute) in `keyer`'s namespace. A boundary inside a span in `barriers` ((start, end)
         pairs) is skipped. `count=False` (the engine's own record jobs) leaves the request and
         token counters alone; record hits and misses still count."""
         t0 = time.perf_counter()
@@ -130,10 +133,11 @@ class Checkpointer:
         return Restored(cache, n, keys, extra.arrays if extra is not None else {}, keyer)
 
     def restore_bound(self, tokens: Sequence[int]) -> int:
-        """The furthest position any record could restore `tokens` to (one token left)."""
+        """The furthest position any record could restore `tokens` to (one token left, unless
+        `tokens` ends at a turn end, whose record holds the last logits)."""
         bound = (len(tokens) - 1) // self.block_size * self.block_size if self.enabled else 0
         if self.enabled and self.turns is not None:
-            bound = max([bound, *self.turns.ends(tokens[:len(tokens) - 1])])
+            bound = max([bound, *self.turns.ends(tokens)])
         return bound
 
     def count_restore(self, total: int, reused: int) -> None:
@@ -223,7 +227,8 @@ class Checkpointer:
         """`restore` for a text run: the furthest checkpointed turn end in the block after the
         leading run of global records, built from those and its own checkpoint alone
         (turns.py); else the longest block prefix, then on to a turn end in the next
-        block."""
+        block. A turn end at the very end of `tokens` restores all of them, with the last
+        logits in `logits`."""
         tried = None
         if self.turns is not None and self.enabled:
             t0 = time.perf_counter()

@@ -73,9 +73,10 @@ class Cuts:
         return True
 
     def _load(self, key: bytes, tokens: Sequence[int], end: int, tag: bytes,
-              names: set[str]) -> Record | None:
+              names: set[str], needs: set[str] = frozenset()) -> Record | None:
         """The cut record under `key`, verified against `tokens[:end]`, `tag` and the arrays
-        it must hold (the global layers' K/V and `names`); one that is not is dropped."""
+        it must hold (the global layers' K/V and `names`); one that is not is dropped. One
+        without `needs` (what this restore needs beyond those) is a miss, and kept."""
         ck = self.ck
         record = ck.store.get(key, CacheKind.EXTRA)
         if record is None:
@@ -86,15 +87,16 @@ class Cuts:
             ck.stats.rejected += 1  # same key, other content: never reuse
             ck.store.discard(key, CacheKind.EXTRA)
             return None
-        return record
+        return record if needs <= set(record.arrays) else None
 
     def move(self, name: str, restored, key: bytes, tokens: Sequence[int], end: int,
-             names: set[str] = frozenset(), count: bool = True) -> dict | None:
+             names: set[str] = frozenset(), count: bool = True,
+             needs: set[str] = frozenset()) -> dict | None:
         """Move `restored` (a block restore at the boundary before `end`) on to the cut `end`;
         the cut's arrays, or None (a miss: `restored` untouched)."""
         ck = self.ck
         tag = (restored.keyer or ck.keyer).tag
-        record = self._load(key, tokens, end, tag, names)
+        record = self._load(key, tokens, end, tag, names, needs)
         if record is not None and partial.apply(ck, restored.cache, record.arrays, end):
             if count:
                 ck.stats.tokens_reused += end - restored.position
@@ -108,13 +110,14 @@ class Cuts:
         return None
 
     def build(self, name: str, key: bytes, tokens: Sequence[int], end: int, keys, keyer,
-              names: set[str] = frozenset()) -> tuple[list | None, dict | None]:
+              names: set[str] = frozenset(), needs: set[str] = frozenset()
+              ) -> tuple[list | None, dict | None]:
         """(caches at the cut `end` built from the global records of every block before it
         and the cut's record — one concatenation per global layer, no other block record
         read — and the cut's arrays); (None, None) when the cut is missing, (None, arrays)
         when the block records are."""
         ck, B = self.ck, self.ck.block_size
-        record = self._load(key, tokens, end, keyer.tag, names)
+        record = self._load(key, tokens, end, keyer.tag, names, needs)
         if record is None:
             ck.stats.misses[name] += 1
             return None, None

@@ -161,7 +161,7 @@ class Engine:
         # for scheduling)
         ck = self.checkpointer
         if ck is not None and ck.turns is not None and request is None:
-            seq.turn_ends = ck.turns.ends(tokens[:-1])
+            seq.turn_ends = ck.turns.ends(tokens)  # (its end too: restored whole)
         self._worker.post(self._add, handle, seq)
         return handle
 

@@ -35,8 +35,9 @@ class TextRunner:
 
     def prepare(self, seq) -> None:
         """Give `seq` a cache restored from the longest checkpointed prefix (a block boundary,
-        or a turn end after it), its position, its boundary recorder and the model callable
-        that cuts and records its turn ends."""
+        or a turn end after it — its whole prompt, with the last logits, when it ends at
+        one), its position, its boundary recorder and the model callable that cuts and
+        records its turn ends."""
         ck = self.engine.checkpointer
         if ck is None:
             seq.cache, seq.pos, seq.hook = self.engine.lm.make_cache(), 0, None
@@ -69,6 +70,7 @@ class TextRunner:
             seq.cache, seq.pos, seq.hook = restored.cache, n, ck.recorder(
                 restored.keys, keyer=restored.keyer)
             seq.model = ck.model_for(seq.tokens, restored.keys, restored.keyer)
+            seq.last_logits = restored.logits  # (the whole prompt restored: no prefill)
         seq.timings.restore_s = time.perf_counter() - t0
         seq.timings.reused_tokens = seq.pos
 

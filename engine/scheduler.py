@@ -10,7 +10,9 @@ block-aligned chunks, then joins the batch of decoding rows. Each `step()`:
    waits instead for the other's whole prompt, whose cache it then continues: live.py);
 2. prefills whole chunks, round-robin over the prefilling sequences, until the step has spent
    `max_prefill_tokens` (at least one chunk, so prefill always progresses); a chunk is never
-   split, since other chunk edges would change the arithmetic and make records non-canonical;
+   split, since other chunk edges would change the arithmetic and make records non-canonical
+   (a sequence restored whole — its prompt ends at a recorded turn end, whose record holds
+   the last logits — goes straight to decoding);
 3. runs one decode step for every row together, so a long prompt arriving never stalls the
    others for more than one step's prefill budget.
 
@@ -215,6 +217,13 @@ class Scheduler:
         spent = 0
         while self.prefilling:
             seq = self.prefilling[0]
+            if not seq.is_prefilling:  # restored whole, with its last logits (a turn end)
+                self.prefilling.popleft()
+                logits, seq.last_logits = seq.last_logits, None
+                assert logits is not None, "a sequence restored whole needs its last logits"
+                seq.report_progress()
+                self._start_decoding(seq, logits, report)
+                continue
             n = seq.next_chunk(self.block_size)
             if spent and spent + n > self.max_prefill_tokens:
                 break

@@ -55,6 +55,8 @@ class Sequence:
     recorded_to: int = 0  # tokens the records restored when it was admitted
     # fast requests: (start, window rings) from before the last prefill chunk (live.widen)
     rings_before: tuple | None = None
+    # the prompt's last logits when it was restored whole (a turn end at its end): no prefill
+    last_logits: object = None
 
     @property
     def is_prefilling(self) -> bool:
@@ -80,14 +82,19 @@ class Sequence:
         self.timings.prefill_s += time.perf_counter() - t0
         if self.hook is not None and end % block_size == 0:
             self.hook(end, self.tokens[:end], self.cache, False)
+        self.report_progress()
+        return last
+
+    def report_progress(self) -> None:
+        """Tell the progress callback how far the prefill is (after a chunk, or a restore of
+        the whole prompt)."""
         if self.progress is not None:
             t = self.timings
             try:
-                self.progress(end - t.reused_tokens, self.prompt_len, t.reused_tokens)
+                self.progress(self.pos - t.reused_tokens, self.prompt_len, t.reused_tokens)
             except Exception:  # noqa: BLE001 - a broken callback must not stop the batch
                 logging.getLogger(__name__).exception("forkv progress callback failed")
                 self.progress = None
-        return last
 
     def accept(self, token: int, logprob: float, top: dict | None = None) -> GenerationEvent:
         """Take one sampled token; the event is final (finish_reason set) when it ends the run."""

@@ -9,7 +9,10 @@ tokens, like block boundaries: a fresh run of the same tokens cuts at the same p
 every record stays exact against it), and the caches there are checkpointed as a partial-block
 checkpoint (partial.py) under a key chained from the previous block's key and the tokens since.
 A later prompt that goes through the same marker restores to right after it, and a conversation
-rewound to an earlier turn restores to that turn's end.
+rewound to an earlier turn restores to that turn's end. The record also holds the logits of the
+turn end's last position (the head run on that one row, as in the last chunk of a fresh run of
+the tokens up to there), so a prompt that ends right there — a fork of a final answer, a
+repeated request, the other choices of n > 1 — restores whole and computes nothing.
 
 The marker is what the tokenizer's chat template adds for `add_generation_prompt=True`; models
 without a chat template get no turn ends. The marker is folded into the block keys' seed, so
@@ -19,13 +22,17 @@ model callable of prefill chunks (decode steps are single tokens and never cut).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 
 from . import partial
 from .blocks import tokens_bytes
 from .cuts import TURN_END, cut_key
+from .layout import CacheKind
+from .lasthead import last_position_only
 
 TURN_END_TAG = b"forkv-turn-end-v1"
+LOGITS = "logits"  # a turn end's record: the logits of its last position
 
 
 def turn_marker(tokenizer) -> tuple[int, ...]:
@@ -65,8 +72,8 @@ def turn_key(keyer, keys: Sequence[bytes], tokens: Sequence[int], end: int) -> b
 
 class TurnModel:
     """A text model callable that ends a chunk at every turn end inside it, and calls
-    `on_end(end, cache)` with the evaluated caches at each turn end it reaches (chunk ends
-    included)."""
+    `on_end(end, cache, logits)` with the evaluated caches at each turn end it reaches (chunk
+    ends included), and the last position's logits where `on_end.wants(end)` (else None)."""
 
     def __init__(self, model, ends: Sequence[int], on_end: Callable | None = None):
         self.model = model
@@ -80,10 +87,18 @@ class TurnModel:
         last = first + inputs.shape[1]
         logits, a = None, first
         for b in [e for e in self.ends if first < e < last] + [last]:
-            logits = self.model(inputs[:, a - first:b - first], cache=cache)
-            if self.on_end is not None and b in self.ends:
-                mx.eval([c.state for c in cache])
-                self.on_end(b, cache)
+            at_end = self.on_end is not None and b in self.ends
+            # At a turn end to be recorded the head runs on the last position only, as in the
+            # last chunk of a fresh run of the tokens up to there: those logits, recorded,
+            # serve a prompt that ends right there (a fork, a repeat) bit for bit. (Only
+            # then: a head row costs ~0.1 s on a 262K vocabulary.)
+            head = at_end and self.on_end.wants(b)
+            with last_position_only(self.model) if head else contextlib.nullcontext():
+                logits = self.model(inputs[:, a - first:b - first], cache=cache)
+            if at_end:
+                end_logits = logits[0, -1] if head else None
+                mx.eval([c.state for c in cache], *([end_logits] if head else []))
+                self.on_end(b, cache, end_logits)
             a = b
         return logits
 
@@ -94,12 +109,21 @@ class TurnRecorder:
     def __init__(self, ck, keys: Sequence[bytes], tokens: Sequence[int], keyer):
         self.ck, self.keys, self.tokens, self.keyer = ck, keys, tokens, keyer
 
-    def __call__(self, end: int, cache: list) -> None:
-        ck, keyer = self.ck, self.keyer
-        if end // ck.block_size > len(self.keys):
-            return  # past the blocks this run knows keys for (decoded tokens)
-        ck.cuts.record(TURN_END, turn_key(keyer, self.keys, self.tokens, end), cache, end,
-                       self.tokens, keyer.tag)
+    def _key(self, end: int) -> bytes | None:
+        if end // self.ck.block_size > len(self.keys):
+            return None  # past the blocks this run knows keys for (decoded tokens)
+        return turn_key(self.keyer, self.keys, self.tokens, end)
+
+    def wants(self, end: int) -> bool:
+        """Whether the turn end `end` is to be recorded (not there yet)."""
+        key = self._key(end)
+        return key is not None and not self.ck.store.contains(key, CacheKind.EXTRA)
+
+    def __call__(self, end: int, cache: list, logits=None) -> None:
+        key = self._key(end)
+        if key is not None:
+            self.ck.cuts.record(TURN_END, key, cache, end, self.tokens, self.keyer.tag,
+                                {LOGITS: logits} if logits is not None else None)
 
 
 class Turns:
@@ -147,6 +171,19 @@ class Turns:
         keyer = keyer or self.ck.keyer
         return {e: turn_key(keyer, block_keys, tokens, e) for e in self.ends(tokens)}
 
+    def restorable(self, tokens: Sequence[int], key_of: Callable[[int], bytes]
+                   ) -> Iterator[tuple[int, bytes, frozenset]]:
+        """(end, key, arrays its record must hold) of each turn end a restore of `tokens`
+        may go to, furthest first. One at the very end of `tokens` (a fork of a final
+        answer, a repeated request: nothing left to compute) counts only when it is recorded
+        with its logits, which stand in for that last token's; its absence is no miss."""
+        for end in reversed(self.ends(tokens)):
+            key = key_of(end)
+            if end < len(tokens):
+                yield end, key, frozenset()
+            elif self.ck.store.contains(key, CacheKind.EXTRA):
+                yield end, key, frozenset({LOGITS})
+
     def restore_direct(self, tokens: Sequence[int], keyer, count: bool = True):
         """(a `Restored` at the furthest turn end in the block after the leading run of
         global records, built from those records and the turn end's checkpoint alone — one
@@ -158,33 +195,40 @@ class Turns:
         ck, B = self.ck, self.ck.block_size
         keys = keyer.keys(tokens)
         k = ck._global_run(keys, min(len(keys), (len(tokens) - 1) // B), tokens)
-        for end in reversed([e for e in self.ends(tokens[:len(tokens) - 1]) if e // B == k]):
-            cache, arrays = ck.cuts.build(TURN_END, turn_key(keyer, keys, tokens, end), tokens,
-                                          end, keys, keyer)
+        ends = [e for e in self.ends(tokens) if e // B == k]
+        for end, key, needs in self.restorable(
+                tokens, lambda e: turn_key(keyer, keys, tokens, e)):
+            if end not in ends:
+                continue
+            cache, arrays = ck.cuts.build(TURN_END, key, tokens, end, keys, keyer,
+                                          needs=needs)
             if cache is None and arrays is None:
                 continue  # not recorded: an earlier turn end may be
             if cache is None:
                 return None, k  # its block records are not all there: a block restore decides
             if count:
                 ck.count_restore(len(tokens), end)
-            return Restored(cache, end, keys, {}, keyer), k
+            return Restored(cache, end, keys, {}, keyer, arrays.get(LOGITS) if needs else None), k
         return None, k
 
     def restore(self, restored, tokens: Sequence[int], count: bool = True,
                 tried: int | None = None) -> int:
         """Move a block restore (`restored`, at a boundary) on to the furthest turn end after
-        it in the same block, leaving at least one token to compute; the new position.
+        it in the same block (the end of `tokens` too, with its logits); the new position.
         `tried`: a block whose turn ends `restore_direct` found missing (not read again)."""
         ck, n, B = self.ck, restored.position, self.ck.block_size
         if tried is not None and n // B == tried:
             return n
         keyer = restored.keyer or ck.keyer
-        for end in reversed(self.ends(tokens[:len(tokens) - 1])):
+        for end, key, needs in self.restorable(
+                tokens, lambda e: turn_key(keyer, restored.keys, tokens, e)):
             if end <= n:
                 break
             if end // B * B != n:
                 continue  # its block's start is not restored
-            key = turn_key(keyer, restored.keys, tokens, end)
-            if ck.cuts.move(TURN_END, restored, key, tokens, end, count=count) is not None:
+            arrays = ck.cuts.move(TURN_END, restored, key, tokens, end, count=count,
+                                  needs=needs)
+            if arrays is not None:
+                restored.logits = arrays.get(LOGITS) if needs else None
                 return end
         return n

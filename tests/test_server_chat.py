@@ -83,6 +83,21 @@ def test_n_choices_share_the_prompt(client, url):
     assert {c.choices[0].index for c in streamed if c.choices} == {0, 1}
 
 
+def test_choices_and_repeats_of_a_prompt_restore_it_whole(client, url):
+    """A chat prompt ends at the generation prompt, where its turn end is recorded with the
+    last logits: the other choices of n > 1 and a repeat of the request compute nothing."""
+    messages = [{"role": "user", "content": "Whole: " + LONG}]
+    computed = metric(url, "forkv_tokens_computed_total")
+    forks = client.chat.completions.create(model=MODEL, messages=messages, n=3, max_tokens=2,
+                                           temperature=1.0)
+    prompt, cached = forks.usage.prompt_tokens, forks.usage.prompt_tokens_details.cached_tokens
+    assert prompt % 256 and cached < prompt
+    # Only the first choice computes (the rest of) the prompt.
+    assert metric(url, "forkv_tokens_computed_total") - computed == prompt - cached
+    again = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
+    assert again.usage.prompt_tokens_details.cached_tokens == prompt
+
+
 def test_logprobs(client):
     out = client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=5,

@@ -219,6 +219,37 @@ def test_turn_ends_are_reused_and_released_with_the_subtree_that_made_them(sessi
     assert not any(has(k) for k in mine) and all(has(k) for k in kept)
 
 
+@pytest.mark.parametrize("model", ["demo:gemma3", "demo:qwen3_5"])
+def test_forks_of_either_kind_restore_to_the_turn_end(model):
+    """After a final answer ran, forks of final answers restore its whole prompt (its turn
+    end's record holds the last logits) and reasoning forks the same turn end; each final
+    fork samples what the same fork of a fresh session does."""
+    code = "".join(f"def scale_{i}(xs, k={i}):\n    return [x * k - {i} for x in xs]\n"
+                   for i in range(20))  # ~1,100 tokens: the turn end is mid-block
+
+    def tree(s):
+        return s.system("You review code.").user("Review:\n" + code)
+
+    with forkv.Session(model) as s:
+        u = tree(s)
+        first = u.final({"max_tokens": 4})
+        s.run(first)
+        end = first.result.stats.tokens_reused + first.result.stats.tokens_computed
+        assert end % 256 and first.result.stats.tokens_reused == 0
+        finals = u.fork(3, kind="final", gen={"max_tokens": 4})
+        s.run(finals)
+        assert [b.result.stats.tokens_reused for b in finals] == [end] * 3
+        assert [b.result.stats.tokens_computed for b in finals] == [0] * 3
+        thoughts = u.fork(3, gen={"max_tokens": 4})
+        s.run(thoughts)
+        assert [b.result.stats.tokens_reused for b in thoughts] == [end] * 3
+        assert all(0 < b.result.stats.tokens_computed < 8 for b in thoughts)  # <think>
+    with forkv.Session(model) as fresh:
+        again = tree(fresh).fork(3, kind="final", gen={"max_tokens": 4})
+        fresh.run(again)
+        assert [b.text for b in again] == [b.text for b in finals]
+
+
 def test_session_over_an_engine_and_settings_rules():
     engine = Engine(load_tiny("qwen3"), checkpoints=False)
     s = forkv.Session(engine)

@@ -209,3 +209,71 @@ def test_forks_of_one_prompt_wait_for_its_turn_end_and_compute_it_once():
             r.token_ids
     plain.close()
     engine.close()
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "qwen3_5"])
+def test_a_prompt_that_ends_at_a_recorded_turn_end_restores_whole_with_exact_logits(arch):
+    """A fork of a final answer or a repeated request asks for exactly the last prompt: its
+    turn end's record holds the logits of its last position, so nothing is left to compute,
+    and those logits are a fresh run's bit for bit — also when the turn end was recorded
+    inside a longer prompt's chunk (a later turn's), not at the end of a run."""
+    import mlx.core as mx
+
+    lm = load_tiny(arch)
+    B = 256
+    longer = _chat(2) + [{"role": "assistant", "content": "Answer 1."},
+                         {"role": "user", "content": "Next: " + "cedar " * 300}]
+    for recorded_by in (_chat(2), longer):
+        engine = _engine(lm)
+        ck = engine.checkpointer
+        first = engine.encode(_chat(2))
+        tokens = engine.encode(recorded_by)
+        assert tokens[:len(first)] == first and len(first) % B
+        if len(tokens) > len(first):
+            assert len(tokens) // B > len(first) // B  # the end fell in an inner chunk
+        engine.generate(recorded_by, max_tokens=1)
+        engine.drain()
+        r = ck.restore_run(first)
+        assert r.position == len(first) and r.logits is not None, arch
+        want = _fresh(lm, first, ck.turns.marker)
+        assert mx.array_equal(r.logits, want).item(), arch
+        assert ck.stats.hits["turn_end"] == 1
+        engine.close()
+
+
+def test_forks_of_a_final_prompt_restore_it_whole_and_sample_what_a_fresh_run_does():
+    lm = load_tiny("qwen3")
+    engine = _engine(lm)
+    prompt = engine.encode(_chat(1))  # ends at the generation prompt: a final answer's
+    handles = [engine.submit(prompt, max_tokens=3, temperature=0.7, seed=i) for i in range(4)]
+    results = [h.result() for h in handles]
+    # The first computes the prompt; the others wait for its turn end and compute nothing.
+    assert [r.timings.reused_tokens for r in results] == [0] + [len(prompt)] * 3
+    assert [r.timings.computed_tokens for r in results] == [len(prompt)] + [0] * 3
+    again = engine.generate(prompt, max_tokens=3, temperature=0.7, seed=0)  # a repeat
+    assert again.timings.computed_tokens == 0 and again.token_ids == results[0].token_ids
+    plain = Engine(lm, checkpoints=False)
+    for i, r in enumerate(results):
+        assert plain.generate(prompt, max_tokens=3, temperature=0.7, seed=i).token_ids == \
+            r.token_ids
+    plain.close()
+    engine.close()
+
+
+def test_a_turn_end_record_without_logits_serves_longer_prompts_only(engine):
+    """A record made before turn ends held their logits (a persistent store) is no miss for a
+    longer prompt and is kept; the prompt it ends computes its last chunk."""
+    from forkv.engine.records import Record
+
+    ck = engine.checkpointer
+    first, key = _first_turn(engine)
+    good = ck.store.get(key, CacheKind.EXTRA)
+    assert "logits" in good.arrays
+    ck.store.discard(key, CacheKind.EXTRA)
+    old = {k: v for k, v in good.arrays.items() if k != "logits"}
+    ck.store.put(key, Record(CacheKind.EXTRA, good.block, good.tokens, old, good.namespace))
+    r = ck.restore_run(first)
+    assert r.position == len(first) // engine.block_size * engine.block_size
+    assert r.logits is None and ck.store.contains(key, CacheKind.EXTRA)
+    assert ck.restore_run(engine.encode(_chat(3))).position == len(first)
+    assert ck.stats.rejected == 0
