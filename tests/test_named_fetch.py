@@ -93,3 +93,15 @@ def test_smollm2_offline_is_a_clear_miss(monkeypatch, tmp_path):
         named.gguf_path()
     assert not named.is_base and named.chat_template is None  # the GGUF's ChatML template
     assert NAMED_MODELS["gemma3-270m"].is_base
+
+
+def test_forkv_pull(monkeypatch, tmp_path, capsys):
+    from forkv.cli import main
+
+    assert main(["pull", "demo:qwen3:tiny"]) == 0
+    assert "demo" in capsys.readouterr().out
+    monkeypatch.setenv("FORKV_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(["pull", "smollm2-135m"]) == 2  # one line, no download, no traceback
+    err = capsys.readouterr().err
+    assert err.startswith("forkv: error:") and "HF_HUB_OFFLINE" in err and "Traceback" not in err
