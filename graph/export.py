@@ -206,7 +206,10 @@ def to_html(tree: Tree, title: str = "forkv tree", max_text: int = 600) -> str:
 
 
 def write_html(tree: Tree, path: str | Path, title: str = "forkv tree") -> Path:
-    """Write `to_html(tree)` to `path` and return the path (what `forkv show` calls)."""
+    """Write `to_html(tree)` to `path`, readable by its owner only (0600, as the tree it
+    draws), and return the path (what `forkv show` calls)."""
+    from forkv.security import write_private_file
+
     path = Path(path)
-    path.write_text(to_html(tree, title), encoding="utf-8")
+    write_private_file(path, to_html(tree, title))
     return path

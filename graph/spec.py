@@ -276,10 +276,13 @@ class WorkflowSpec(BaseModel):
         return cls.from_json(json.dumps(obj), source)
 
     def save(self, path: str | Path) -> None:
-        """Write JSON, or YAML when the suffix is .yaml/.yml."""
+        """Write JSON, or YAML when the suffix is .yaml/.yml, readable by its owner only
+        (0600): a spec holds prompts, and its results the generated text."""
+        from forkv.security import write_private_file
+
         path = Path(path)
         yaml = path.suffix in (".yaml", ".yml")
-        path.write_text(self.to_yaml() if yaml else self.to_json(indent=1), encoding="utf-8")
+        write_private_file(path, self.to_yaml() if yaml else self.to_json(indent=1))
 
     @classmethod
     def load(cls, path: str | Path) -> WorkflowSpec:

@@ -8,7 +8,6 @@ the engine. Building never triggers inference.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -345,13 +344,12 @@ class Tree(BranchingMixin, ResultsMixin):
         return tree
 
     def save(self, path: str | Path, indent: int | None = 1) -> None:
-        """Write the tree as JSON to a file only its owner can read (0600): it holds the
-        conversation's text. A symlink at `path` is refused."""
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
-        fd = os.open(path, flags, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            os.fchmod(fd, 0o600)  # an existing file may have been readable by others
-            f.write(self.to_json(indent))
+        """Write the tree as JSON to a file only its owner can read (0600 from the start, also
+        over an existing file): it holds the conversation's text. A symlink at `path` is
+        refused (`forkv.security.write_private_file`)."""
+        from forkv.security import write_private_file
+
+        write_private_file(path, self.to_json(indent))
 
     @classmethod
     def load(cls, path: str | Path, model_id: str | None = None) -> Tree:

@@ -9,7 +9,6 @@ only (0600) for `forkv show`. Knows the public SDK only.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -84,16 +83,6 @@ def _print_row(node, event, totals: list[int]) -> None:
 def save_private(tree, path: str | Path) -> Path:
     """Write `tree` as JSON readable by its owner only (0600), also over an existing file."""
     path = Path(path)
-    data = tree.to_json(1)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        if hasattr(os, "fchmod"):
-            os.fchmod(fd, 0o600)  # an existing file keeps its old mode otherwise
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            fd = -1
-            f.write(data)
-    finally:
-        if fd >= 0:
-            os.close(fd)
+    tree.save(path)
     return path
 

@@ -127,9 +127,7 @@ class Session:
     def save(self, path: str | Path) -> None:
         """Save the tree as JSON (results, stats and spans included) to a private file
         (0600, yours, not a symlink, in a folder other users cannot rewrite)."""
-        from forkv.security import write_private_file
-
-        write_private_file(path, self.tree.to_json(1).encode("utf-8"))
+        self.tree.save(path)
 
     def load(self, path: str | Path) -> Tree:
         """Load a saved tree into this session; it must have been made with this model."""

@@ -4,11 +4,14 @@ Knows: how to make a folder only we can enter (``mkdtemp`` 0700, checked with ``
 ``fstat``), which parent folders are safe (none that other users can write without the sticky
 bit), how to open a data file no other user can open and no path names, ever
 (``O_TMPFILE|O_EXCL``, else ``O_EXCL|O_NOFOLLOW`` then an immediate unlink), and how to
-recognise and remove folders left by dead forkv processes. Does not know: what goes into the file.
+recognise and remove folders left by dead forkv processes; and how to write a named file
+only we can read (``write_private_file``: trees, pages, specs). Does not know: what goes
+into the files.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -87,29 +90,33 @@ def check_parents(path: str, what: str) -> None:
         folder = parent
 
 
-def write_private_file(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` (conversation text, say) to a file only we can read: mode 0600, ours, no
-    symlink followed, in a folder other users cannot rewrite. Replaces its contents."""
+def write_private_file(path: str | os.PathLike, data: bytes | str) -> None:
+    """Write ``data`` (conversation text, say; a str is written as UTF-8) to a file only we can
+    read, in a folder other users cannot rewrite: a new file beside it, created 0600 and
+    exclusively, is renamed over ``path``, so the data is never in a file others can open —
+    not even when ``path`` was 0644, or held open by someone — and a crash leaves the old file
+    whole. A symlink, or a file that is not a regular file of ours, at ``path`` is refused.
+    The one way forkv writes a file that holds conversation content."""
     path = os.fspath(path)
     check_parents(path, f"File {path}")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
     try:
-        fd = os.open(path, flags, 0o600)
-    except OSError as exc:
-        if os.path.islink(path):
-            raise UnsafePathError(f"{path} is a symlink; write to a real file.") from None
-        raise exc from None
+        info = os.lstat(path)
+    except FileNotFoundError:
+        info = None
+    if info is not None and stat.S_ISLNK(info.st_mode):
+        raise UnsafePathError(f"{path} is a symlink; write to a real file.")
+    if info is not None and (not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid()):
+        raise UnsafePathError(f"{path} is not a regular file of yours; pick another path.")
+    folder, name = os.path.split(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)  # 0600, O_EXCL
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
-            raise UnsafePathError(f"{path} is not a regular file of yours; pick another path.")
-        os.fchmod(fd, 0o600)  # an existing file may have been 0644
-        os.ftruncate(fd, 0)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-    finally:
-        os.close(fd)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def make_private_folder(io: DiskIO, parent: str | None = None) -> PrivateFolder:

@@ -87,8 +87,12 @@ def _meets(value, target: str) -> bool | None:
 
 
 def write_json(data: dict, path: str | os.PathLike) -> None:
+    """Write a benchmark's results, readable by their owner only (0600): they may quote
+    prompts and answers."""
+    from forkv.security import write_private_file
+
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(data, indent=2, default=str) + "\n")
+    write_private_file(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
 def random_tokens(n: int, seed: int, vocab: int = 256) -> list[int]:
