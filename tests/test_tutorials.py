@@ -93,3 +93,21 @@ def test_06_tool_agent_forks_calls_tools_and_keeps_one_plan():
     assert all("reused     0" not in line for line in steps[1:])  # every later turn restores
     assert "removed the other 3" in out
     assert out.strip().splitlines()[-1].count("tool:") == 2
+
+
+@pytest.mark.slow
+def test_the_tutorials_on_the_real_chat_model():
+    """01 and 03 on `smollm2-135m` (`forkv pull smollm2-135m`): the same reuse, real text."""
+    from forkv.engine.named import NAMED_MODELS
+
+    if not NAMED_MODELS["smollm2-135m"].is_local():
+        pytest.skip("smollm2-135m is not on this machine (forkv pull smollm2-135m)")
+    out = run("01_conversation.py", "smollm2-135m")
+    streamed = next(line for line in out.splitlines() if line.startswith("turn 2 streaming:"))
+    words = streamed.split(":", 1)[1].split()
+    assert len(words) >= 8 and sum(w.isascii() for w in words) >= len(words) - 1, streamed
+    assert "turn 2 -> f5: reused 1" in out  # the first turn's prompt, restored
+    out = run("03_tree_of_thought.py", "smollm2-135m")
+    branches = [line for line in out.splitlines() if line.startswith("branch ")]
+    assert len(branches) == 4 and "reused     0" in branches[0]
+    assert all("reused     0" not in b for b in branches[1:])

@@ -9,6 +9,7 @@ What it shows:
 - `forkv.graph.to_mermaid(tree)` draws the tree.
 
 Run:  python tutorials/01_conversation.py [MODEL]     (default: demo:qwen3:tiny)
+Real text: python tutorials/01_conversation.py smollm2-135m     (a real chat model, fetched once)
 The demo models have random weights, so their text is noise; the token counts are real.
 """
 

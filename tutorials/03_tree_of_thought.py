@@ -10,6 +10,7 @@ What it shows:
 - the best branch continues with a final answer and a follow-up.
 
 Run:  python tutorials/03_tree_of_thought.py [MODEL]     (default: demo:qwen3_5:tiny)
+Real text: python tutorials/03_tree_of_thought.py smollm2-135m     (a real chat model, fetched once)
 """
 
 import sys
