@@ -1,8 +1,9 @@
 """forkv.server: an OpenAI-compatible HTTP server over the forkv engine (`forkv serve`).
 
-Serves /v1/chat/completions, /v1/responses (a server-side conversation tree whose responses
-fork and rewind on checkpoints), /v1/models, /health and /metrics. Importing this package
-imports nothing heavy: Starlette loads with `make_app`, mlx when the model loads.
+Serves /v1/chat/completions, /v1/completions, /v1/responses (a server-side conversation tree
+whose responses fork and rewind on checkpoints), /v1/models, /health and /metrics, with a log
+on stderr (`logs`). Importing this package imports nothing heavy: Starlette loads with
+`make_app`, mlx when the model loads.
 """
 
 from __future__ import annotations
