@@ -120,6 +120,10 @@ def test_the_next_chat_turn_restores_the_turn_end_exactly():
     assert len(first) % engine.block_size  # the turn ends inside a block
     out = engine.generate(chat, max_tokens=8)
     engine.drain()
+    # The same prompt again (a fork of the answer): restored whole, a fresh run's logits
+    whole = ck.restore_run(first)
+    assert whole.position == len(first)
+    assert mx.array_equal(whole.logits, _fresh(lm, first, ck.turns.marker)).item()
     nxt = chat + [{"role": "assistant", "content": out.text},
                   {"role": "user", "content": "Say it again, shorter."}]
     tokens = engine.encode(nxt)
