@@ -132,12 +132,15 @@ class Checkpointer:
         stats.restore_s += time.perf_counter() - t0
         return Restored(cache, n, keys, extra.arrays if extra is not None else {}, keyer)
 
-    def restore_bound(self, tokens: Sequence[int]) -> int:
+    def restore_bound(self, tokens: Sequence[int], keyer: BlockKeyer | None = None) -> int:
         """The furthest position any record could restore `tokens` to (one token left, unless
-        `tokens` ends at a turn end, whose record holds the last logits)."""
+        `tokens` ends at a turn end recorded in `keyer`'s namespace, whose record holds the
+        last logits)."""
         bound = (len(tokens) - 1) // self.block_size * self.block_size if self.enabled else 0
         if self.enabled and self.turns is not None:
-            bound = max([bound, *self.turns.ends(tokens)])
+            bound = max([bound, *self.turns.ends(tokens[:len(tokens) - 1])])
+            if self.turns.is_recorded_end(tokens, keyer or self.keyer):
+                bound = len(tokens)
         return bound
 
     def count_restore(self, total: int, reused: int) -> None:

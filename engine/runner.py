@@ -51,7 +51,7 @@ class TextRunner:
             # does, once its cache leaves the pool): run it from the records, which records
             # every block it computes, rather than leave later requests without them.
             entry, u = None, 0
-        bound = ck.restore_bound(seq.tokens) if entry is not None else 0
+        bound = ck.restore_bound(seq.tokens, seq.keyer) if entry is not None else 0
         if entry is not None and u >= bound:
             # No record could restore more: do not read them.
             ck.count_restore(len(seq.tokens), 0)

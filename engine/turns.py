@@ -171,6 +171,15 @@ class Turns:
         keyer = keyer or self.ck.keyer
         return {e: turn_key(keyer, block_keys, tokens, e) for e in self.ends(tokens)}
 
+    def is_recorded_end(self, tokens: Sequence[int], keyer) -> bool:
+        """Whether `tokens` ends at a turn end recorded in `keyer`'s namespace (a restore of
+        them all, with the last logits, may be there)."""
+        ends = self.ends(tokens)
+        if not ends or ends[-1] != len(tokens):
+            return False
+        key = turn_key(keyer, keyer.keys(tokens), tokens, len(tokens))
+        return self.ck.store.contains(key, CacheKind.EXTRA)
+
     def restorable(self, tokens: Sequence[int], key_of: Callable[[int], bytes]
                    ) -> Iterator[tuple[int, bytes, frozenset]]:
         """(end, key, arrays its record must hold) of each turn end a restore of `tokens`
