@@ -106,9 +106,9 @@ class Checkpointer:
                 barriers: Sequence[int] = (), count: bool = True,
                 keyer: BlockKeyer | None = None) -> Restored:
         """Caches for the longest restorable block prefix of `tokens` (always leaving one
-        token to compute) in `keyer`'s namespace. A boundary inside a span in `barriers` ((start, end)
-        pairs) is skipped. `count=False` (the engine's own record jobs) leaves the request and
-        token counters alone; record hits and misses still count."""
+        token to compute) in `keyer`'s namespace. A boundary inside a span in `barriers`
+        ((start, end) pairs) is skipped. `count=False` (the engine's own record jobs) leaves the
+        request and token counters alone; record hits and misses still count."""
         t0 = time.perf_counter()
         stats = self.stats if count else type(self.stats)()
         stats.requests += 1
