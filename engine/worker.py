@@ -151,10 +151,37 @@ def _run(fn: Callable, future: Future | None) -> None:
 
 
 @atexit.register
-def _close_all() -> None:
-    """Stop every engine thread before the interpreter finalizes (and the stores close)."""
+def close_all() -> None:
+    """Stop every engine thread before the interpreter finalizes (and the stores close), then
+    drop the main thread's own mlx state (see `_clear_main_thread`). Also the CLI's interrupt
+    path, before it leaves with `os._exit`."""
     for worker in list(_live):
-        try:
-            worker.close()
-        except Exception:  # noqa: BLE001 - best effort at exit
-            pass
+        for _ in range(3):  # a Ctrl-C here interrupts one join, not the shutdown order:
+            try:           # a thread left inside mlx at finalization aborts the process
+                worker.close()
+                break
+            except KeyboardInterrupt:
+                continue
+            except Exception:  # noqa: BLE001 - best effort at exit
+                break
+    _clear_main_thread()
+
+
+def _clear_main_thread() -> None:
+    """Clear the mlx streams and compile cache of the main thread while Python still runs.
+
+    mlx keeps one compile cache per thread, and a compiled function (mlx-lm's `@mx.compile`
+    helpers) forgets its entries only in the cache of the thread that called it last. A
+    program that runs the model on the main thread and then on the engine thread leaves the
+    main thread's entries behind; they hold Python objects and are destroyed with the
+    thread's other thread-locals after the interpreter is gone: a segfault at exit. Threads
+    other than the main one run their thread-local destructors when they end, with Python
+    alive, or never (daemon threads at exit), so only the main thread needs this."""
+    mx = sys.modules.get("mlx.core")
+    if mx is None or threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        mx.synchronize()  # nothing of the main thread's still queued on the streams we drop
+        mx.clear_streams()
+    except Exception:  # noqa: BLE001 - best effort at exit
+        pass

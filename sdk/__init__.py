@@ -7,12 +7,16 @@ model. Everything else lives in the submodules: `forkv.graph` (nodes, trees, ren
 Importing forkv does not import mlx.
 """
 
-from forkv.engine import Engine, EngineConfig, SamplingParams
-from forkv.graph import Node, Tree, WorkflowSpec
+from . import interrupts
 
-from .errors import ForkvError, ForkvWarning
-from .remote import remote
-from .session import Session
+interrupts.guard_startup()  # first: a Ctrl-C while the CLI imports is one line, exit 130
+
+from forkv.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
+from forkv.graph import Node, Tree, WorkflowSpec  # noqa: E402
+
+from .errors import ForkvError, ForkvWarning  # noqa: E402
+from .remote import remote  # noqa: E402
+from .session import Session  # noqa: E402
 
 __version__ = "0.1.0"
 

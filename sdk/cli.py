@@ -18,6 +18,7 @@ import os
 import sys
 from pathlib import Path
 
+from forkv import interrupts
 from forkv.engine import blas
 
 # command -> "module:function" taking the parsed args and returning an exit status
@@ -145,14 +146,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    setup_logging(args.verbose)
-    if args.harden:
-        from forkv.security import harden_process
+    """Run one command; its exit status. Without `argv` this is the process entry (the console
+    script, `python -m forkv.cli`), and it also owns how the process ends (`interrupts`)."""
+    code = _main(argv)
+    return code if argv is not None else interrupts.finish(code)
 
-        harden_process()
-    blas.activate()  # before anything imports mlx
+
+def _main(argv: list[str] | None) -> int:
     try:
+        interrupts.take_over()  # from here a Ctrl-C is the KeyboardInterrupt caught below
+        args = build_parser().parse_args(argv)  # (its imports take seconds under load)
+        setup_logging(args.verbose)
+        if args.harden:
+            from forkv.security import harden_process
+
+            harden_process()
+        blas.activate()  # before anything imports mlx
         module, _, func = _COMMANDS[args.command].partition(":")
         return getattr(importlib.import_module(module), func)(args)
     except KeyboardInterrupt:

@@ -1,0 +1,83 @@
+"""How the `forkv` process ends on Ctrl-C: one line, status 130, never an abort or a traceback.
+
+Three moments. While forkv imports (before the CLI's error policy exists, ~2 s under load)
+`guard_startup` makes a Ctrl-C print `forkv: interrupted` and leave at once with 130: nothing
+is open yet. While a command runs, `take_over` gives SIGINT back to Python, so it is the
+KeyboardInterrupt the CLI catches (the command closes its engine on the way out). When the
+command has returned, `finish` ends the process in a fixed order: after an interrupt it joins
+every engine thread, closes every store, flushes, and leaves with `os._exit`, so no mlx thread
+or C++ destructor runs while the interpreter shuts down; after a normal run it only makes a
+late Ctrl-C leave at once instead of raising inside an exit handler (which would skip the
+engine join). Knows nothing about commands or models.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+
+__all__ = ["finish", "guard_startup", "take_over"]
+
+INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C
+_MESSAGE = b"forkv: interrupted\n"
+
+
+def _is_cli() -> bool:
+    """True in the `forkv` console script and in `python -m forkv.cli`."""
+    argv = getattr(sys, "orig_argv", None) or sys.argv
+    if "-m" in argv[:-1]:
+        return argv[argv.index("-m") + 1] == "forkv.cli"
+    return any(os.path.basename(a) == "forkv" for a in argv[:2])
+
+
+def _leave_now(signum=None, frame=None) -> None:
+    os.write(2, _MESSAGE)
+    os._exit(INTERRUPTED)
+
+
+def _leave_quietly(signum=None, frame=None) -> None:
+    os._exit(INTERRUPTED)  # the CLI has already said "interrupted", or finished its output
+
+
+def guard_startup() -> None:
+    """In the CLI process only, and only over Python's own handler: a Ctrl-C before `take_over`
+    exits 130 with one line instead of a KeyboardInterrupt traceback from an import."""
+    try:
+        if _is_cli() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, _leave_now)
+    except (ValueError, OSError, IndexError):  # not the main thread, or no argv: leave it
+        pass
+
+
+def take_over() -> None:
+    """The CLI's try block has begun: SIGINT raises KeyboardInterrupt again."""
+    if signal.getsignal(signal.SIGINT) is _leave_now:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def finish(code: int) -> int:
+    """End the CLI process after its command returned `code` (only for the process entry)."""
+    signal.signal(signal.SIGINT, _leave_quietly)  # no KeyboardInterrupt in exit handlers
+    if code != INTERRUPTED:
+        return code  # the ordinary exit: engine threads are joined by their atexit hook
+    _close_everything()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+def _close_everything() -> None:
+    """Engine threads first (their steps may still use a store), then the stores; each only
+    if it was imported, so an interrupt during start-up imports nothing more."""
+    worker = sys.modules.get("forkv.engine.worker")
+    if worker is not None:
+        worker.close_all()
+    lifecycle = sys.modules.get("forkv.security.lifecycle")
+    if lifecycle is not None:
+        lifecycle.close_all()
+    logging.shutdown()

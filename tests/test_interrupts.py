@@ -1,0 +1,93 @@
+"""Ctrl-C and exit never abort or crash: `forkv generate` and `forkv serve` interrupted at
+random points while busy processes load the cores, and programs that run mlx on the main
+thread or a thread of their own beside the engine (sdk/interrupts.py, engine/worker.py)."""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.server_proc import free_port
+
+_BESIDE_THE_ENGINE = """
+import sys, threading
+import forkv
+import mlx.core as mx
+engine = forkv.load("demo:gemma3:tiny")
+x = mx.array([[2, 100, 200, 300]])
+forward = lambda: mx.eval(engine.lm.model(x))  # as a perplexity loop does
+if sys.argv[1] == "main":
+    forward()
+else:
+    t = threading.Thread(target=forward)
+    t.start()
+    t.join()
+engine.generate("Hello", max_tokens=4)
+engine.close()
+print("last line")
+"""
+
+
+@pytest.mark.parametrize("where", ["main", "thread"])
+def test_a_forward_beside_the_engine_exits_cleanly(where):
+    # The model's compiled helpers ran on this thread and then on the engine thread: mlx
+    # forgot this thread's compile-cache entries, which then died after the interpreter did
+    # (a segfault at exit, 4 of 4 runs), until the exit hook cleared them.
+    p = subprocess.run([sys.executable, "-c", _BESIDE_THE_ENGINE, where], capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0 and p.stdout.strip() == "last line", (p.returncode, p.stderr)
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # a background pytest passes SIG_IGN on
+
+
+def _interrupt(argv: list[str], after_s: float, timeout: float = 120) -> tuple[int, str]:
+    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         preexec_fn=_default_sigint)
+    time.sleep(after_s)
+    p.send_signal(signal.SIGINT)
+    try:
+        _, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        _, err = p.communicate()
+        return -999, err.decode(errors="replace")
+    return p.returncode, err.decode(errors="replace")
+
+
+def _busy(n: int) -> list[subprocess.Popen]:
+    loop = "import time\nt = time.monotonic() + 900\nwhile time.monotonic() < t:\n    pass\n"
+    return [subprocess.Popen([sys.executable, "-c", loop]) for _ in range(n)]
+
+
+@pytest.mark.slow  # ~40 interrupted processes beside two busy loops (several minutes)
+def test_random_interrupts_under_load_never_abort(tmp_path):
+    env_cli = [sys.executable, "-m", "forkv.cli"]
+    generate = env_cli + ["generate", "the cat sat on the mat. " * 100, "--model",
+                          "demo:gemma3:small", "--max-tokens", "64", "--no-progress"]
+    rng = random.Random(32)
+    tries = int(os.environ.get("FORKV_INTERRUPT_TRIES", "20"))
+    codes: dict[str, list[int]] = {"generate": [], "serve": []}
+    bad = []
+    hogs = _busy(2)
+    try:
+        for i in range(tries):
+            for name in codes:
+                argv = generate if name == "generate" else env_cli + [
+                    "serve", "--model", "demo:gemma3:tiny", "--port", str(free_port())]
+                # start-up (imports, ~1-2 s under load), model load, prefill and decode
+                rc, err = _interrupt(argv, rng.uniform(0.05, 6.0 if name == "serve" else 8.0))
+                codes[name].append(rc)
+                if rc not in (0, 130) or "Traceback" in err or "terminate called" in err:
+                    bad.append((name, i, rc, err[-1500:]))
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    print({name: {rc: rcs.count(rc) for rc in set(rcs)} for name, rcs in codes.items()})
+    assert not bad, bad
