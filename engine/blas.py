@@ -29,6 +29,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import blas_threads
+
 __all__ = ["BlasInfo", "activate", "measure_gflops", "status"]
 
 
@@ -79,6 +81,7 @@ def activate(mode: str | None = None) -> BlasInfo:
     if _active is not None:
         return _active
     mode = (mode or os.environ.get("FORKV_BLAS") or "auto").strip()
+    blas_threads.prepare_env()  # read once, when OpenBLAS loads
     if "mlx.core" in sys.modules:
         warnings.warn(
             "forkv.engine.blas.activate() ran after mlx was imported, so mlx keeps the BLAS it "
@@ -267,7 +270,8 @@ def _shim_source(ilp64: bool) -> str:
     names = _CBLAS + (() if ilp64 else tuple(_LAPACK))
     idx = "long long" if ilp64 else "int"
     src = [
-        "#include <dlfcn.h>\n#include <stddef.h>\n#include <stdio.h>",
+        "#include <dlfcn.h>\n#include <stddef.h>\n#include <stdio.h>\n#include <string.h>",
+        blas_threads.c_source("scipy_", "64_" if ilp64 else ""),  # threads per call
         f"static void *fp[{len(names)}];",
         "static const char *names[] = {" + ", ".join(f'"{n}"' for n in names) + "};",
         "int forkv_shim_init(const char *path, const char *prefix, const char *suffix) {",
@@ -276,14 +280,17 @@ def _shim_source(ilp64: bool) -> str:
         f"  for (int i = 0; i < {len(names)}; i++) {{",
         '    snprintf(buf, sizeof buf, "%s%s%s", prefix, names[i], suffix);',
         "    if (!(fp[i] = dlsym(lib, buf))) return i + 1;",
-        "  }\n  return 0;\n}",
+        "  }\n  forkv_threads_init(lib);\n  return 0;\n}",
     ]
     for i, scalar in enumerate(("float", "double", "const void *")):
         params = "int o, int ta, int tb, {I} m, {I} n, {I} k, {S} al, const void *a, {I} lda, "
         params += "const void *b, {I} ldb, {S} be, void *c, {I} ldc"
         ours, theirs = params.format(I="int", S=scalar), params.format(I=idx, S=scalar)
         args = "o, ta, tb, m, n, k, al, a, lda, b, ldb, be, c, ldc"
-        src.append(f"void {_CBLAS[i]}({ours}) {{ ((void (*)({theirs}))fp[{i}])({args}); }}")
+        call = f"((void (*)({theirs}))fp[{i}])({args});"
+        src.append(f"void {_CBLAS[i]}({ours}) {{ int one = forkv_one_thread(m, n, k);\n"
+                   f"  if (one) forkv_set_threads(1);\n  {call}\n"
+                   "  if (one) forkv_set_threads(0);\n}")
     for i, name in enumerate(names[len(_CBLAS) :], start=len(_CBLAS)):
         num_ptrs, num_lens = _LAPACK[name]
         types = ["void *"] * num_ptrs + ["size_t"] * num_lens

@@ -25,11 +25,12 @@ BENCHMARKS = {
     "cluster": ("cluster", "run_cluster_bench", ("demo:qwen3:tiny",)),
     "weights": ("weights", "run_weights_bench", ("gemma3-270m",)),
     "restore": ("restore", "run_restore_bench", ("demo:gemma3:small",)),
+    "contention": ("contention", "run_contention_bench", ("demo:gemma3:small",)),
 }
 
 # Benchmarks whose default is a named real model when its package is installed (the `gemma`
 # extra); --quick, or a machine without it, keeps the demo models above.
-_REAL_DEFAULTS = {"serve": "gemma3-270m", "restore": "gemma3-270m"}
+_REAL_DEFAULTS = {"serve": "gemma3-270m", "restore": "gemma3-270m", "contention": "gemma3-270m"}
 
 __all__ = ["BENCHMARKS", "available", "run_benchmark"]
 
