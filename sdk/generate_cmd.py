@@ -13,7 +13,9 @@ import sys
 __all__ = ["DEFAULT_MODEL", "add_arguments", "read_prompt", "run_generate",
            "sampling_from_args"]
 
-DEFAULT_MODEL = "demo:qwen3:tiny"  # the model of `forkv generate` without --model
+# The model of `forkv generate` without --model: a real chat model (fetched once, 98 MB), as
+# mlx_lm.generate defaults to a real one; demo models' text is noise.
+DEFAULT_MODEL = "smollm2-135m"
 
 
 def add_arguments(p) -> None:

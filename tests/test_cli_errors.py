@@ -105,7 +105,8 @@ def test_ctrl_c_while_generating_removes_the_temp_folder(tmp_path):
     # TMPDIR holds the engine's private store folder; after Ctrl-C nothing of it is left.
     env = dict(os.environ, TMPDIR=str(tmp_path), FORKV_RAM_BUDGET="0")
     p = subprocess.Popen([sys.executable, "-m", "forkv.cli", "generate", "x " * 300,
-                          "--max-tokens", "4000", "--no-progress"], env=env,
+                          "--model", "demo:qwen3:tiny", "--max-tokens", "4000",
+                          "--no-progress"], env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                          preexec_fn=_default_sigint)
     try:
