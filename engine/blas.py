@@ -244,7 +244,7 @@ def _build_shim(ilp64: bool) -> Path:
     try:
         with tempfile.TemporaryDirectory(dir=cache) as tmp:
             (Path(tmp) / "shim.c").write_text(source)
-            cmd = [cc, "-O2", "-shared", "-fPIC", "-o", "shim.so", "shim.c", "-ldl"]
+            cmd = [cc, "-O2", "-shared", "-fPIC", "-o", "shim.so", "shim.c", "-ldl", "-lpthread"]
             run = subprocess.run(cmd, cwd=tmp, capture_output=True, timeout=120, check=False)
             if run.returncode != 0:
                 err = run.stderr.decode(errors="replace")[-300:]
@@ -289,8 +289,8 @@ def _shim_source(ilp64: bool) -> str:
         args = "o, ta, tb, m, n, k, al, a, lda, b, ldb, be, c, ldc"
         call = f"((void (*)({theirs}))fp[{i}])({args});"
         src.append(f"void {_CBLAS[i]}({ours}) {{ int one = forkv_one_thread(m, n, k);\n"
-                   f"  if (one) forkv_set_threads(1);\n  {call}\n"
-                   "  if (one) forkv_set_threads(0);\n}")
+                   f"  forkv_lock();\n  if (one) forkv_set_threads(1);\n  {call}\n"
+                   "  if (one) forkv_set_threads(0);\n  forkv_unlock();\n}")
     for i, name in enumerate(names[len(_CBLAS) :], start=len(_CBLAS)):
         num_ptrs, num_lens = _LAPACK[name]
         types = ["void *"] * num_ptrs + ["size_t"] * num_lens

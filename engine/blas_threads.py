@@ -1,16 +1,20 @@
-"""How many OpenBLAS threads one matmul gets: all of them, unless the cores are contended.
+"""How many OpenBLAS threads one matmul gets: one for small matmuls, all of them otherwise.
 
 OpenBLAS splits every large-enough sgemm across its threads and the caller waits for the
-last one, spinning. On a quiet machine that halves a 2-core prefill. When other processes
+last one, spinning. On a quiet machine that speeds a 2-core prefill up. When other processes
 compete for the cores, a thread is often off-CPU when the others finish, so each split
 matmul waits out a scheduler time slice: a decode step makes ~130 small matmuls, and a request
-took 10x its quiet time at load 7 on 2 cores, far beyond its fair share. So the shim
-(`blas.py`) asks, per call: while more threads are runnable on the machine than it has cores
-(the instantaneous count in /proc/loadavg, read at most every 20 ms), a matmul under
-`FORKV_BLAS_SPLIT_MNK` multiply-adds (default 2^24: decode's per-layer matmuls; not a
-prefill chunk's, nor the vocabulary head) runs on one thread. It also starts OpenBLAS with a
-short idle spin (`OPENBLAS_THREAD_TIMEOUT`), so an idle worker sleeps after ~0.1 ms instead of
-spinning ~0.1 s on a core another process could use. Knows nothing about mlx or models.
+took 10x its quiet time beside 2 busy processes on 2 cores, far beyond its fair share. So the
+shim (`blas.py`) runs a matmul under `FORKV_BLAS_SPLIT_MNK` multiply-adds (default 2^24:
+decode's per-layer matmuls; not a prefill chunk's, nor the vocabulary head) on one thread,
+and starts OpenBLAS with a short idle spin (`OPENBLAS_THREAD_TIMEOUT`), so an idle worker
+sleeps after ~0.1 ms instead of spinning ~0.1 s on a core another process could use.
+
+The choice is a pure function of the shape, never of the machine's load: OpenBLAS's result
+for a shape can depend on its thread count (measured: 50 of 400 random shapes differ between
+1 and 2 threads here, e.g. with K = 1030 — attention over a context), and a record must compute
+exactly what a fresh run computes. The thread count is a process-wide global, so each call
+holds a lock while it sets and uses it. Knows nothing about mlx or models.
 """
 
 from __future__ import annotations
@@ -40,41 +44,24 @@ def c_source(prefix: str, suffix: str) -> str:
     `forkv_one_thread(m, n, k)` says whether this call should run on one thread (then the
     caller wraps the call in `forkv_set_threads(1)` / `forkv_set_threads(0)`)."""
     return f"""
-#include <fcntl.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <time.h>
-#include <unistd.h>
+#include <pthread.h>
 static void (*set_threads)(int);
-static int max_threads = 1, ncpu = 1, contended;
-static int64_t next_probe_ns;
+/* OpenBLAS's thread count is one global, and its result for a shape can depend on it (a
+   split along K): a thread's choice must not leak into another thread's call. */
+static pthread_mutex_t call_lock = PTHREAD_MUTEX_INITIALIZER;
+static int max_threads = 1;
 static const double split_mnk = {_split_mnk()}.0;
 void forkv_threads_init(void *lib) {{
   int (*get)(void) = (int (*)(void))dlsym(lib, "{prefix}openblas_get_num_threads{suffix}");
   set_threads = (void (*)(int))dlsym(lib, "{prefix}openblas_set_num_threads{suffix}");
   max_threads = get ? get() : 1;
-  ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN);
-}}
-static int probe(void) {{  /* runnable threads on the machine, ours included */
-  char buf[128]; int fd = open("/proc/loadavg", O_RDONLY), running = 0;
-  if (fd < 0) return 0;
-  ssize_t n = read(fd, buf, sizeof buf - 1); close(fd);
-  if (n <= 0) return 0;
-  buf[n] = 0;
-  char *p = buf;
-  for (int field = 0; field < 3 && p; field++) {{ p = strchr(p, ' '); if (p) p++; }}
-  if (p) running = atoi(p);
-  return running;
 }}
 int forkv_one_thread(double m, double n, double k) {{
-  if (!set_threads || max_threads < 2 || m * n * k >= split_mnk) return 0;
-  struct timespec ts; clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-  int64_t now = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-  if (now >= next_probe_ns) {{
-    contended = probe() > ncpu;
-    next_probe_ns = now + 20000000;
-  }}
-  return contended;
+  /* A pure function of the shape: records must compute exactly what a fresh run does, and
+     OpenBLAS's result for a shape may depend on how many threads split it. */
+  return set_threads && max_threads > 1 && m * n * k < split_mnk;
 }}
 void forkv_set_threads(int n) {{ set_threads(n > 0 ? n : max_threads); }}
+void forkv_lock(void) {{ pthread_mutex_lock(&call_lock); }}
+void forkv_unlock(void) {{ pthread_mutex_unlock(&call_lock); }}
 """

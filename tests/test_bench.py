@@ -21,6 +21,7 @@ HEADLINES = {
     "weights": {"dequantized_vs_float32_prefill", "dequantized_vs_kept_prefill",
                 "q4_dequantized_prefill_vs_mlx_lm"},
     "restore": {"restore_vs_read", "read_ms", "build_ms", "restore_ms"},
+    "contention": {"quiet_s", "slowdown_busy2"},
 }
 
 

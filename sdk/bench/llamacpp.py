@@ -11,7 +11,10 @@ build's log stays in the cache folder; a failure raises with its tail.
 
 `start_llama_server` runs it on a GGUF file with threads = cores, at its defaults or `tuned`
 for reuse (one slot per client, dense context checkpoints, full-size sliding-window caches, a
-larger host-RAM prompt cache). `llama_counts` reads `timings.prompt_n` (tokens computed) and
+larger host-RAM prompt cache). On some CPUs (seen on AVX-512/AMX machines) the vendored
+llama.cpp segfaults at start while repacking weights for its CPU kernels: `repack_crashes`
+starts it once per binary and file to find out, and then every start passes `--no-repack` (the
+bench says so in its notes). `llama_counts` reads `timings.prompt_n` (tokens computed) and
 `timings.cache_n` (tokens reused) from a response: non-streaming ones carry `timings` at the
 top level, streamed ones on their last chunk. Knows nothing about the cases.
 """
@@ -31,10 +34,11 @@ from pathlib import Path
 from .serve_procs import ServerProcess, _free_port
 
 __all__ = ["LLAMA_CPP_PYTHON", "LlamaServerMissing", "build_llama_server", "gguf_of",
-           "llama_counts", "llama_server_path", "start_llama_server"]
+           "llama_counts", "llama_server_path", "repack_crashes", "start_llama_server"]
 
 LLAMA_CPP_PYTHON = "0.3.36"  # the llama-cpp-python sdist whose vendored llama.cpp we build
 _BUILD_TIMEOUT_S = 1800
+_repack_crashes: dict[tuple[str, str], bool] = {}
 
 
 class LlamaServerMissing(RuntimeError):
@@ -150,12 +154,35 @@ def start_llama_server(binary: Path, gguf: str, *, chat_template: str | None = N
             tmp.write(chat_template)
         files.append(tmp.name)
         cmd += ["--jinja", "--chat-template-file", tmp.name]
+    if repack_crashes(binary, gguf):
+        cmd.append("--no-repack")
     if tuned:
         cmd += ["-np", str(slots), "--kv-unified", "-c", "65536", "--ctx-checkpoints", "64",
                 "--checkpoint-min-step", "256", "--swa-full", "--cache-ram", "16384"]
     server = ServerProcess("llama-server" + (" tuned" if tuned else ""), cmd, port, "gguf")
     server.cleanup = files  # removed when the server stops
     return server
+
+
+def repack_crashes(binary: Path, gguf: str, timeout: float = 300.0) -> bool:
+    """Whether llama-server dies by a signal at start with weight repacking on (its default):
+    one probe per binary and file per process."""
+    key = (str(binary), gguf)
+    if key not in _repack_crashes:
+        port = _free_port()
+        cmd = [str(binary), "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-c", "512",
+               "--no-webui"]
+        probe = ServerProcess("llama-server (repack probe)", cmd, port, "gguf")
+        try:
+            probe.wait_ready(timeout=timeout)
+            _repack_crashes[key] = False
+        except RuntimeError:
+            _repack_crashes[key] = (probe.proc.returncode or 0) < 0  # killed by a signal
+            if not _repack_crashes[key]:
+                raise  # it failed for another reason: the message has its log
+        finally:
+            probe.stop()
+    return _repack_crashes[key]
 
 
 def gguf_of(model: str) -> tuple[str, str | None] | None:

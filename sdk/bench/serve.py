@@ -33,7 +33,13 @@ from pathlib import Path
 
 from .cluster_vllm import start_vllm, vllm_python, vllm_view
 from .common import result
-from .llamacpp import LlamaServerMissing, gguf_of, llama_server_path, start_llama_server
+from .llamacpp import (
+    LlamaServerMissing,
+    gguf_of,
+    llama_server_path,
+    repack_crashes,
+    start_llama_server,
+)
 from .serve_cases import CASES, FULL, QUICK, Client, Sizes, case_clients, run_case
 from .serve_procs import ServerProcess, start_forkv, start_peer, timed_chat
 
@@ -123,6 +129,9 @@ def run_serve_bench(model: str = "gemma3-270m", quick: bool = False, reps: int =
             if not side.optional:
                 raise
             notes.append(f"No {name} side: {type(e).__name__}: {e}"[:2000])
+    if llama is not None and _repack_crashed(llama[0], llama[1]):
+        notes.append("llama-server segfaults at start with weight repacking on this CPU, so "
+                     "both llama-server sides ran with --no-repack.")
     headline_extra = {"llamacpp_ok": None if llama is None else "llamacpp" in runs}
     if drift == "on" or (drift == "auto" and not quick):
         from .reuse_drift import measure_drift
@@ -378,3 +387,10 @@ def _notes(dtype: str, sides: dict) -> list[str]:
                    "llama-server restored under 90% of the prompt (no checkpoint at turn k), "
                    "of its TTFT ÷ forkv's on the same rewind.")
     return out
+
+
+def _repack_crashed(binary, gguf) -> bool:
+    try:
+        return repack_crashes(binary, gguf)
+    except RuntimeError:  # it did not start for another reason: its sides' notes say why
+        return False
