@@ -146,3 +146,40 @@ def test_a_shim_another_user_could_plant_is_never_loaded(tmp_path, what):
     result = _check(tmp_path, str(lib))
     assert not result["is_optimized"] and "not private to you" in result["reason"], result
     _assert_correct(result)
+
+
+_SAME_UNDER_THREADS = """
+import sys, threading
+import numpy as np
+from forkv.engine import blas
+assert blas.activate().name != "stock", blas.status()
+import mlx.core as mx
+rng = np.random.default_rng(0)
+# K = 1030: a shape whose OpenBLAS result depends on its thread count (attention over a
+# context); the small one runs on one thread. Each thread's result must not depend on what
+# the other is doing at the time.
+big = [mx.array(rng.standard_normal(s, dtype=np.float32)) for s in ((300, 1030), (1030, 640))]
+small = [mx.array(rng.standard_normal(s, dtype=np.float32)) for s in ((1, 640), (640, 640))]
+alone = np.array(big[0] @ big[1])
+results, stop = [], threading.Event()
+
+def busy_small():
+    s = mx.new_stream(mx.cpu)
+    while not stop.is_set():
+        mx.eval(mx.matmul(*small, stream=s))
+
+t = threading.Thread(target=busy_small)
+t.start()
+for _ in range(40):
+    results.append(np.array(big[0] @ big[1]))
+stop.set()
+t.join()
+print(sum(not np.array_equal(r, alone) for r in results))
+"""
+
+
+def test_a_matmul_gives_the_same_bits_while_another_thread_runs_small_ones():
+    out = subprocess.run([sys.executable, "-c", _SAME_UNDER_THREADS], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "0", out.stdout
