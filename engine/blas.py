@@ -31,7 +31,7 @@ from pathlib import Path
 
 from . import blas_threads
 
-__all__ = ["BlasInfo", "activate", "measure_gflops", "status"]
+__all__ = ["BlasInfo", "activate", "kernel_label", "measure_gflops", "status"]
 
 
 @dataclass(slots=True)
@@ -119,6 +119,15 @@ def status() -> BlasInfo:
     base = os.path.basename(path)
     name = "mkl" if "mkl" in base else "openblas" if "openblas" in base else "custom"
     return BlasInfo(name, path, True, "preloaded outside forkv (e.g. LD_PRELOAD)")
+
+
+def kernel_label() -> str:
+    """What of the CPU BLAS path changes results, for the model fingerprint: the shim's
+    one-thread threshold (OpenBLAS's result for a shape can depend on its thread count);
+    empty where forkv does not set thread counts."""
+    if not status().name.endswith("+shim") or blas_threads.active_split_mnk is None:
+        return ""
+    return f"openblas-one-thread-below-{blas_threads.active_split_mnk}"
 
 
 def measure_gflops(dtype: str = "float32", n: int = 1024, reps: int = 5) -> float:

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["SPIN_TIMEOUT", "c_source", "prepare_env"]
+__all__ = ["SPIN_TIMEOUT", "c_source", "prepare_env", "split_mnk"]
 
+active_split_mnk: int | None = None  # the threshold compiled into the loaded shim
 SPIN_TIMEOUT = "18"  # OpenBLAS idles 2^18 cycles (~0.1 ms) before sleeping; its default is 2^28
 _SPLIT_MNK = 1 << 24
 
@@ -32,7 +33,7 @@ def prepare_env() -> None:
     os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", SPIN_TIMEOUT)
 
 
-def _split_mnk() -> int:
+def split_mnk() -> int:
     try:
         return max(0, int(os.environ.get("FORKV_BLAS_SPLIT_MNK", _SPLIT_MNK)))
     except ValueError:
@@ -43,14 +44,16 @@ def c_source(prefix: str, suffix: str) -> str:
     """C for the shim: `forkv_threads_init(lib)` binds OpenBLAS's thread setter, and
     `forkv_one_thread(m, n, k)` says whether this call should run on one thread (then the
     caller wraps the call in `forkv_set_threads(1)` / `forkv_set_threads(0)`)."""
+    global active_split_mnk
+    active_split_mnk = split_mnk()
     return f"""
 #include <pthread.h>
 static void (*set_threads)(int);
-/* OpenBLAS's thread count is one global, and its result for a shape can depend on it (a
-   split along K): a thread's choice must not leak into another thread's call. */
+/* OpenBLAS's thread count is one global, and its result for a shape can depend on it (e.g.
+   K = 1030): a thread's choice must not leak into another thread's call. */
 static pthread_mutex_t call_lock = PTHREAD_MUTEX_INITIALIZER;
 static int max_threads = 1;
-static const double split_mnk = {_split_mnk()}.0;
+static const double split_mnk = {active_split_mnk}.0;
 void forkv_threads_init(void *lib) {{
   int (*get)(void) = (int (*)(void))dlsym(lib, "{prefix}openblas_get_num_threads{suffix}");
   set_threads = (void (*)(int))dlsym(lib, "{prefix}openblas_set_num_threads{suffix}");

@@ -32,14 +32,18 @@ _memo: dict[tuple[int, int, int, int], str] = {}
 _memo_lock = threading.Lock()
 
 
-def fingerprint(path: Path, config: dict, dtype: str, quantization: str = "none") -> bytes:
-    """Identify architecture, every weight byte, the compute dtype and what was done with
-    quantized weights (kept or dequantized: they compute differently) (32 bytes)."""
+def fingerprint(path: Path, config: dict, dtype: str, quantization: str = "none",
+                kernels: str = "") -> bytes:
+    """Identify architecture, every weight byte, the compute dtype, what was done with
+    quantized weights (kept or dequantized: they compute differently) and the kernel path
+    where it changes results (`kernels`, e.g. the BLAS shim's thread policy) (32 bytes)."""
     h = hashlib.sha256(_VERSION.encode() + b"\0")
     h.update(json.dumps(config, sort_keys=True, default=str).encode())
     h.update(dtype.encode())
     if quantization != "none":  # unquantized models keep the fingerprints they always had
         h.update(b"\0quantization:" + quantization.encode())
+    if kernels:
+        h.update(b"\0kernels:" + kernels.encode())
     for f in sorted(Path(path).glob("*.safetensors")):
         h.update(f"{f.name}:{f.stat().st_size}:{file_digest(f)}".encode())
     return h.digest()

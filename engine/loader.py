@@ -107,7 +107,7 @@ def load_model(name: str, dtype: str = "auto", quantized: str = "auto", *,
     return LoadedModel(
         name=name, path=path, model=model, tokenizer=tokenizer, config=config, dtype=chosen,
         layout=cache_layout(_make_cache(model)),
-        fingerprint=fingerprint(path, config, chosen, quant.label),
+        fingerprint=fingerprint(path, config, chosen, quant.label, blas.kernel_label()),
         context_length=_context_length(config), eos_token_ids=frozenset(eos or ()),
         quantization=quant.label, quantization_reason=quant.reason, source=source.description,
     )
@@ -138,7 +138,8 @@ def _load_vision_model(name: str, path: Path, dtype: str, quantized: str,
     return LoadedModel(
         name=name, path=path, model=parts.model, tokenizer=parts.tokenizer, config=parts.config,
         dtype=chosen, layout=cache_layout(_make_cache(parts.model.language_model)),
-        fingerprint=hashlib.sha256(fingerprint(path, parts.config, chosen, quant.label)
+        fingerprint=hashlib.sha256(fingerprint(path, parts.config, chosen, quant.label,
+                                               blas.kernel_label())
                                    + parts.processor_digest).digest(),
         context_length=_context_length(parts.config), eos_token_ids=parts.eos_token_ids,
         is_vision=True, processor=parts.processor, image_token_id=parts.image_token_id,

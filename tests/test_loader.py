@@ -93,7 +93,23 @@ def test_quantized_auto_keeps_what_would_not_fit(q4_folder, monkeypatch):
 def test_unquantized_models_say_none_and_keep_their_fingerprint():
     lm = load_tiny("qwen3")
     assert lm.quantization == "none" and "demo model qwen3:tiny" in lm.source
-    assert fingerprint(lm.path, lm.config, "float32") == lm.fingerprint
+    from forkv.engine import blas
+
+    assert fingerprint(lm.path, lm.config, "float32", "none", blas.kernel_label()) == (
+        lm.fingerprint)
+
+
+def test_the_blas_thread_policy_is_part_of_the_fingerprint():
+    """OpenBLAS's result for a shape can depend on its thread count: records made under one
+    one-thread threshold never restore under another."""
+    from forkv.engine import blas, blas_threads
+
+    lm = load_tiny("qwen3")
+    if not blas.kernel_label():
+        pytest.skip("no scipy-openblas shim here: forkv sets no thread counts")
+    assert str(blas_threads.active_split_mnk) in blas.kernel_label()
+    assert fingerprint(lm.path, lm.config, "float32", "none",
+                       "openblas-one-thread-below-0") != lm.fingerprint
 
 
 def test_bad_quantized_mode():
