@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-__all__ = ["SCORERS", "add_arguments", "run_spec", "save_private"]
+__all__ = ["SCORERS", "add_arguments", "run_spec"]
 
 # Keep rules may name these scorers (higher is better); mean_logprob needs the session.
 SCORERS = ("mean_logprob", "length", "shortest")
@@ -58,7 +58,7 @@ def run_spec(args) -> int:
                         _print_row(session.tree[event.node_id], event, totals)
                 if not spec.advance(session.tree, scorers) and not session.tree.pending():
                     break
-        save_private(session.tree, out)
+        session.tree.save(out)  # 0600, also over an existing file
     reused, computed, generated = totals
     prompt = max(1, reused + computed)
     print(f"total: reused {reused}, computed {computed} ({reused / prompt:.0%} of prompt tokens "
@@ -78,11 +78,3 @@ def _print_row(node, event, totals: list[int]) -> None:
     print(f"  {node.id:<10} {node.kind:<9} reused {st.tokens_reused:>5}  computed "
           f"{st.tokens_computed:>5}  generated {st.tokens_generated:>4}  first token "
           f"{first:.2f} s  total {total:.2f} s  {event.finish_reason}", flush=True)
-
-
-def save_private(tree, path: str | Path) -> Path:
-    """Write `tree` as JSON readable by its owner only (0600), also over an existing file."""
-    path = Path(path)
-    tree.save(path)
-    return path
-
