@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.server_proc import free_port
+from server_proc import free_port
 
 _BESIDE_THE_ENGINE = """
 import sys, threading
