@@ -5,7 +5,7 @@ names map to mlx-lm's, and which of llama.cpp's conversions must be undone (Gemm
 norms, llama's rotary row permutation). Adding an architecture is one entry in `ARCHS`.
 
 This module knows names and conventions only: no file reading, no numerics beyond the two
-inverse transforms.
+inverse transforms (the q/k one as a row order, so it moves quantized rows too).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 
 from .header import GGUFError
 
-__all__ = ["ARCHS", "Arch", "arch_for"]
+__all__ = ["ARCHS", "Arch", "arch_for", "permute_rows", "unpermute", "unpermute_order"]
 
 _TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _LAYER = {
@@ -60,24 +60,45 @@ class Arch:
     def restore(self, gguf_name: str, w: np.ndarray, num_heads: int,
                 num_kv_heads: int) -> np.ndarray:
         """Undo llama.cpp's forward conversions on one float32 tensor."""
-        if self.norm_shift and gguf_name.endswith("norm.weight"):
+        if self.shifted(gguf_name):
             w = w - np.float32(self.norm_shift)
-        if self.permute_qk:
-            kind = gguf_name.split(".")[-2]
-            if kind in ("attn_q", "attn_k"):
-                w = unpermute(w, num_heads if kind == "attn_q" else num_kv_heads)
-        return w
+        order = self.row_order(gguf_name, w.shape[0], num_heads, num_kv_heads)
+        return w if order is None else permute_rows(w, order)
+
+    def shifted(self, gguf_name: str) -> bool:
+        """Whether llama.cpp stored this tensor's values shifted (so only a float tensor can
+        carry the restored values)."""
+        return bool(self.norm_shift) and gguf_name.endswith("norm.weight")
+
+    def row_order(self, gguf_name: str, rows: int, num_heads: int,
+                  num_kv_heads: int) -> np.ndarray | None:
+        """The row order (`w[order]`) undoing llama.cpp's q/k permutation of this tensor, or
+        None when its rows were left as they are. Rows move whole, so this applies to the
+        rows of a quantized tensor's packed weight, scales and biases alike."""
+        if not self.permute_qk:
+            return None
+        kind = gguf_name.split(".")[-2]
+        if kind not in ("attn_q", "attn_k"):
+            return None
+        return unpermute_order(rows, num_heads if kind == "attn_q" else num_kv_heads)
+
+
+def unpermute_order(dim: int, num_heads: int) -> np.ndarray:
+    """The row order of `unpermute`: the inverse of convert_hf_to_gguf's `LlamaModel.permute`
+    (`w.reshape(n_head, 2, dim // n_head // 2, *rest).swapaxes(1, 2).reshape(w.shape)`)."""
+    if dim % (2 * num_heads):
+        raise GGUFError(f"a q/k tensor of {dim} rows does not split into {num_heads} heads.")
+    return np.arange(dim).reshape(num_heads, dim // num_heads // 2, 2).swapaxes(1, 2).reshape(-1)
+
+
+def permute_rows(w: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """`w` with its rows (first axis) in `order`, contiguous."""
+    return np.ascontiguousarray(w[order])
 
 
 def unpermute(w: np.ndarray, num_heads: int) -> np.ndarray:
-    """Inverse of convert_hf_to_gguf's `LlamaModel.permute`:
-    `w.reshape(n_head, 2, dim // n_head // 2, *rest).swapaxes(1, 2).reshape(w.shape)`."""
-    dim = w.shape[0]
-    if dim % (2 * num_heads):
-        raise GGUFError(f"a q/k tensor of {dim} rows does not split into {num_heads} heads.")
-    rest = w.shape[1:]
-    return np.ascontiguousarray(
-        w.reshape(num_heads, dim // num_heads // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape))
+    """Inverse of convert_hf_to_gguf's `LlamaModel.permute` on the rows of `w`."""
+    return permute_rows(w, unpermute_order(w.shape[0], num_heads))
 
 
 def permute(w: np.ndarray, num_heads: int) -> np.ndarray:
