@@ -4,9 +4,10 @@
 folder written by the GGUF converter (`forkv.engine.gguf.convert_gguf`): the digest is the
 file's whole-content BLAKE3 (`fingerprint.file_digest`, cached by inode and mtime, so a second
 load reads no byte of it), so a renamed or copied file hits and an edited one converts again;
-a new converter version converts again too. The conversion is written to a private temp
-sibling and renamed into place, so a crash or a concurrent converter never leaves half a
-folder. The cache folder is private (0700). Knows nothing of the GGUF format itself.
+a new converter version converts again too. A `dtype` other than the default and the
+quantized mode (`-q`: the blocks kept as mlx affine tensors) each get their own folder. The
+conversion is written to a private temp sibling and renamed into place, so a crash or a
+concurrent converter never leaves half a folder. The cache folder is private (0700). Knows nothing of the GGUF format itself.
 """
 
 from __future__ import annotations
@@ -22,15 +23,20 @@ from .fingerprint import file_digest
 __all__ = ["converted_folder", "converter_version", "private_cache_folder"]
 
 
-def converted_folder(file: Path, *, dtype: str | None = None) -> tuple[Path, str]:
-    """(the converted MLX folder for `file`, the converter version), converting if needed."""
+def converted_folder(file: Path, *, dtype: str | None = None,
+                     quantized: bool = False) -> tuple[Path, str]:
+    """(the converted MLX folder for `file`, the converter version), converting if needed;
+    `quantized` keeps the blocks mlx can hold exactly quantized (convert_gguf's mode)."""
     convert, version, gguf_error = _converter()
-    key = f"{file_digest(file)[:32]}-{version}" + (f"-{dtype}" if dtype else "")
+    key = (f"{file_digest(file)[:32]}-{version}" + (f"-{dtype}" if dtype else "")
+           + ("-q" if quantized else ""))
     folder = private_cache_folder("gguf") / key
     if is_complete(folder):
         return folder, version
     try:
-        write_atomically(folder, lambda out: convert(file, out, dtype=dtype))
+        # quantized= only when asked: a float conversion calls convert exactly as before.
+        more = {"quantized": True} if quantized else {}
+        write_atomically(folder, lambda out: convert(file, out, dtype=dtype, **more))
     except gguf_error as e:
         if isinstance(e, ModelLoadError):
             raise

@@ -1,7 +1,9 @@
 """GGUF files (llama.cpp's format) read safely and converted to MLX model folders.
 
 `convert_gguf(src, out)` writes a folder mlx-lm loads: dequantized weights under mlx-lm's
-names, config.json, generation_config.json and the tokenizer from the file's metadata.
+names, config.json, generation_config.json and the tokenizer from the file's metadata;
+`convert_gguf(src, out, quantized=True)` keeps the blocks mlx's affine format holds exactly
+(Q4_0/1, Q5_0/1, Q8_0, Q4_K, Q5_K; blocks.py) quantized, the rest as before.
 `read_gguf_metadata(path)` and `is_gguf_file(path)` inspect a file without converting it.
 Everything here treats the file as untrusted input; problems are one `GGUFError` line.
 """

@@ -4,7 +4,9 @@ Validates the whole header first (header.py), so nothing is written for a file t
 malformed or uses an architecture, tensor type or tokenizer forkv cannot convert; then
 dequantizes tensor by tensor into streamed safetensors shards, writes config.json,
 generation_config.json, the tokenizer files and `forkv_gguf.json`, all into a temp folder
-renamed into place at the end. Knows nothing about caching: the caller picks `out`.
+renamed into place at the end. With `quantized=True` the tensors blocks.py maps exactly stay
+quantized, as mlx affine `weight` / `scales` / `biases` triples with mlx-lm's per-module
+quantization config. Knows nothing about caching: the caller picks `out`.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ import json
 import os
 import shutil
 import tempfile
+from collections import Counter
 from pathlib import Path
 
-from .archs import SKIPPED, arch_for
+from .archs import SKIPPED, arch_for, permute_rows
+from .blocks import GROUP_SIZE, affine_bits, to_affine
 from .config import make_config, make_generation_config
-from .header import GGUFError, read_gguf_header
+from .header import GGUFError, read_gguf_header, read_tensor_bytes
 from .tensors import STORAGE_DTYPES, SUPPORTED_TYPES, dequantize, to_storage
 from .tokenizer import save_tokenizer
 from .writer import ShardWriter
@@ -33,11 +37,13 @@ CONVERTER_VERSION = 1
 DEFAULT_DTYPE = "float32"
 
 
-def convert_gguf(src: Path, out: Path, *, dtype: str | None = None) -> Path:
+def convert_gguf(src: Path, out: Path, *, dtype: str | None = None,
+                 quantized: bool = False) -> Path:
     """Convert the GGUF file `src` into the model folder `out` (which must not exist) and return
     `out`. F32 tensors stay float32; quantized, F16 and BF16 ones are stored as `dtype`
-    ("float32", "bfloat16" or "float16"; default `DEFAULT_DTYPE`). Raises `GGUFError` (a
-    `ModelLoadError`) naming the file and the problem."""
+    ("float32", "bfloat16" or "float16"; default `DEFAULT_DTYPE`), except that with
+    `quantized` the ones blocks.py maps stay quantized (their values exactly the same).
+    Raises `GGUFError` (a `ModelLoadError`) naming the file and the problem."""
     src, out = Path(src), Path(out)
     storage = dtype or DEFAULT_DTYPE
     if storage not in STORAGE_DTYPES:
@@ -47,7 +53,7 @@ def convert_gguf(src: Path, out: Path, *, dtype: str | None = None) -> Path:
         raise GGUFError(f"output folder {out} already exists; remove it or pick another.")
     header = read_gguf_header(src)
     arch = arch_for(header.metadata, src)
-    plan, names = [], {}
+    plan, names, bits = [], {}, {}  # bits: GGUF name -> bit width, for the ones kept quantized
     for info in header.tensors.values():
         if info.name in SKIPPED:
             continue
@@ -56,12 +62,23 @@ def convert_gguf(src: Path, out: Path, *, dtype: str | None = None) -> Path:
                             f"which forkv cannot convert; supported: "
                             f"{', '.join(SUPPORTED_TYPES)}.")
         names[info.name] = arch.map_name(info.name)
+        b = affine_bits(info) if quantized else None
+        # A shifted norm's restored values are not the blocks' values; only .weight tensors
+        # belong to modules mlx-lm quantizes.
+        if b and not arch.shifted(info.name) and names[info.name].endswith(".weight"):
+            bits[info.name] = b
+            plan += _quantized_plan(names[info.name], info.shape, b)
+            continue
         tag = "F32" if info.type_name == "F32" else STORAGE_DTYPES[storage]
         plan.append((names[info.name], info.shape, tag))
     rope = header.tensors.get("rope_freqs.weight")
     with open(src, "rb") as f:
         config = make_config(header, arch, dequantize(header, rope, f) if rope else None)
     config["torch_dtype"] = storage
+    if bits:
+        config["quantization"] = _quantization_config(
+            {names[n].removesuffix(".weight"): b for n, b in bits.items()})
+        config["quantization_config"] = config["quantization"]  # as mlx-lm's save writes it
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -71,7 +88,11 @@ def convert_gguf(src: Path, out: Path, *, dtype: str | None = None) -> Path:
         writer = ShardWriter(tmp, plan, metadata={"forkv_gguf": src.name})
         with open(src, "rb") as f:
             for info in header.tensors.values():
-                if info.name in names:
+                if info.name in bits:
+                    _write_quantized(writer, names[info.name], info, arch.row_order(
+                        info.name, info.shape[0], heads, kv_heads),
+                        read_tensor_bytes(header, info, f))
+                elif info.name in names:
                     w = arch.restore(info.name, dequantize(header, info, f), heads, kv_heads)
                     tag = "float32" if info.type_name == "F32" else storage
                     writer.write(names[info.name], to_storage(w, tag))
@@ -79,10 +100,15 @@ def convert_gguf(src: Path, out: Path, *, dtype: str | None = None) -> Path:
         writer.close()
         _write_json(tmp / "config.json", config)
         _write_json(tmp / "generation_config.json", make_generation_config(header, arch))
-        _write_json(tmp / "forkv_gguf.json", {
-            "source": src.name, "source_bytes": header.file_size,
-            "converter_version": CONVERTER_VERSION, "architecture": arch.name,
-            "dtype": storage, "gguf_version": header.version})
+        record = {"source": src.name, "source_bytes": header.file_size,
+                  "converter_version": CONVERTER_VERSION, "architecture": arch.name,
+                  "dtype": storage, "gguf_version": header.version}
+        if quantized:  # only then: a float conversion's folder stays byte for byte as it was
+            kinds = {n: header.tensors[n].type_name for n in names}
+            record.update(quantized=True, quantized_tensors=_counts(
+                t for n, t in kinds.items() if n in bits), float_tensors=_counts(
+                t for n, t in kinds.items() if n not in bits))
+        _write_json(tmp / "forkv_gguf.json", record)
         try:
             os.rename(tmp, out)
         except OSError:  # a concurrent conversion into the same folder finished first
@@ -93,6 +119,37 @@ def convert_gguf(src: Path, out: Path, *, dtype: str | None = None) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _quantized_plan(name: str, shape: tuple[int, ...], bits: int) -> list:
+    rows, cols = shape
+    module = name.removesuffix(".weight")
+    return [(name, (rows, cols * bits // 32), "U32"),
+            (f"{module}.scales", (rows, cols // GROUP_SIZE), "F32"),
+            (f"{module}.biases", (rows, cols // GROUP_SIZE), "F32")]
+
+
+def _write_quantized(writer: ShardWriter, name: str, info, order, raw) -> None:
+    weight, scales, biases, _, _ = to_affine(info, raw)
+    del raw
+    module = name.removesuffix(".weight")
+    for key, a in ((name, weight), (f"{module}.scales", scales), (f"{module}.biases", biases)):
+        # llama's q/k un-permutation moves whole rows: of the packed words as of the values.
+        writer.write(key, a if order is None else permute_rows(a, order))
+
+
+def _quantization_config(modules: dict[str, int]) -> dict:
+    """mlx-lm's `quantization`: a default plus one entry per quantized module, so its loader
+    quantizes exactly these modules (`nn.quantize`'s predicate looks each path up first)."""
+    default = Counter(modules.values()).most_common(1)[0][0]
+    config: dict = {"group_size": GROUP_SIZE, "bits": default, "mode": "affine"}
+    for module, b in modules.items():
+        config[module] = {"group_size": GROUP_SIZE, "bits": b, "mode": "affine"}
+    return config
+
+
+def _counts(kinds) -> dict[str, int]:
+    return dict(sorted(Counter(kinds).items()))
 
 
 def _write_json(path: Path, data: dict) -> None:

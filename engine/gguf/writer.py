@@ -17,7 +17,7 @@ import numpy as np
 __all__ = ["SHARD_BYTES", "ShardWriter"]
 
 SHARD_BYTES = 4 << 30  # ~4 GiB per file, as mlx-lm's save does (5 GB there)
-_ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2}
+_ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2, "U32": 4}  # U32: packed quantized weights
 
 
 class ShardWriter:
