@@ -1,0 +1,104 @@
+"""mlx-lm's quantized layers on forkv's kernels: `use_native(model, lib)` converts them in place.
+
+A `QuantizedLinear` becomes a `NativeQuantizedLinear` (same module, same parameter names; the
+weight repacked for 5/6 bits, scales and biases float32) and a `QuantizedEmbedding` a
+`NativeQuantizedEmbedding`, whose lookups stay mlx's and whose `as_linear` (a tied head) runs
+on the kernels. Only affine groups of 32, 64 or 128 at 4, 5, 6 or 8 bits with an input size
+that is a multiple of 64 are supported (`unsupported` lists the rest). Knows mlx modules and
+the extension's calls; nothing about files, devices or fingerprints.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+__all__ = ["NativeQuantizedEmbedding", "NativeQuantizedLinear", "kernel_keys", "unsupported",
+           "use_native"]
+
+_BITS = (4, 5, 6, 8)
+_GROUPS = (32, 64, 128)
+
+
+class NativeQuantizedLinear(nn.QuantizedLinear):
+    """A QuantizedLinear whose matmul runs on forkv's CPU kernels."""
+
+    _lib = None
+
+    def __call__(self, x):
+        y = self._lib.quantized_matmul(x, self["weight"], self["scales"], self["biases"],
+                                       self.bits, self.group_size)
+        return y + self["bias"] if "bias" in self else y
+
+
+class NativeQuantizedEmbedding(nn.QuantizedEmbedding):
+    """A QuantizedEmbedding whose `as_linear` (a tied output head) runs on the kernels."""
+
+    _lib = None
+
+    def as_linear(self, x):
+        return self._lib.quantized_matmul(x, self["kernel_weight"], self["kernel_scales"],
+                                          self["kernel_biases"], self.bits, self.group_size)
+
+
+def _is_candidate(m) -> bool:
+    return type(m) in (nn.QuantizedLinear, nn.QuantizedEmbedding)
+
+
+def _problem(m) -> str | None:
+    if getattr(m, "mode", "affine") != "affine":
+        return f"mode {m.mode}"
+    if m.bits not in _BITS:
+        return f"{m.bits}-bit"
+    if m.group_size not in _GROUPS:
+        return f"group size {m.group_size}"
+    if "biases" not in m:
+        return "no biases"
+    in_dims = m["scales"].shape[-1] * m.group_size
+    if in_dims % 64:
+        return f"input size {in_dims} (not a multiple of 64)"
+    return None
+
+
+def unsupported(model) -> list[str]:
+    """'path: why' for every quantized module the kernels cannot run (empty when none)."""
+    out = []
+    for path, m in model.named_modules():
+        if hasattr(m, "bits") and "scales" in m and not _is_candidate(m):
+            out.append(f"{path}: {type(m).__name__}")
+        elif _is_candidate(m) and (why := _problem(m)):
+            out.append(f"{path}: {why}")
+    return out
+
+
+def kernel_keys(module) -> tuple[str, ...]:
+    """Parameters the kernels read as they are: a dtype cast must leave them alone."""
+    if isinstance(module, NativeQuantizedLinear):
+        return ("scales", "biases")
+    if isinstance(module, NativeQuantizedEmbedding):
+        return ("kernel_scales", "kernel_biases")
+    return ()
+
+
+def use_native(model, lib) -> int:
+    """Convert every supported quantized layer of `model` in place; returns how many."""
+    count = 0
+    for _, m in model.named_modules():
+        if not _is_candidate(m) or _problem(m):
+            continue
+        in_dims = m["scales"].shape[-1] * m.group_size
+        weight = m["weight"]
+        if m.bits in (5, 6):
+            weight = lib.repack(weight, in_dims, m.bits)
+        scales = m["scales"].astype(mx.float32)
+        biases = m["biases"].astype(mx.float32)
+        if isinstance(m, nn.QuantizedLinear):
+            m["weight"], m["scales"], m["biases"] = weight, scales, biases
+            m.__class__ = NativeQuantizedLinear
+        else:  # lookups keep mlx's arrays; 4/8-bit weights are shared, not copied
+            m["kernel_weight"], m["kernel_scales"], m["kernel_biases"] = weight, scales, biases
+            m.__class__ = NativeQuantizedEmbedding
+        m._lib = lib
+        count += 1
+    mx.eval(model.parameters())
+    return count

@@ -1,0 +1,25 @@
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include "pool.h"
+#include "qmatmul.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+NB_MODULE(_forkv_native, m) {
+  m.doc() = "forkv's CPU kernels for mlx (engine/native)";
+  m.def("quantized_matmul", &forkv::quantized_matmul, "x"_a, "w"_a, "scales"_a, "biases"_a,
+        "bits"_a, "group_size"_a);
+  m.def("repack", &forkv::repack, "w"_a, "K"_a, "bits"_a);
+  m.def("row_bytes", &forkv::row_bytes, "K"_a, "bits"_a);
+  m.def("isa", [] { return std::string(forkv::isa_name(forkv::current_isa())); });
+  m.def("best_isa", [] { return std::string(forkv::isa_name(forkv::best_isa())); });
+  m.def("set_isa", [](const std::string& name) {
+    for (auto isa : {forkv::Isa::scalar, forkv::Isa::avx2, forkv::Isa::avx512vnni})
+      if (name == forkv::isa_name(isa)) return forkv::set_isa(isa);
+    throw std::invalid_argument("unknown ISA " + name + "; use scalar, avx2 or avx512vnni");
+  });
+  m.def("num_threads", &forkv::current_threads);
+  m.def("set_num_threads", &forkv::set_threads, "n"_a);
+}

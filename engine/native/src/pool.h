@@ -1,0 +1,40 @@
+// A small fork-join thread pool for the kernels: the caller works too, workers spin briefly
+// between calls (a decode step makes ~100 calls a few microseconds apart) and then sleep, so
+// an idle pool costs no CPU, and nothing here touches OpenBLAS's threads.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace forkv {
+
+class Pool {
+ public:
+  explicit Pool(int num_threads);
+  int num_threads() const { return num_threads_; }
+  // Run fn(thread_index) on `n` threads (n <= num_threads), the caller being index 0.
+  void run(int n, const std::function<void(int)>& fn);
+
+ private:
+  void work(int index);
+  int num_threads_;
+  std::vector<std::thread> workers_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::atomic<uint64_t> epoch_{0};
+  std::atomic<int> pending_{0};
+  int active_ = 0;
+  const std::function<void(int)>* job_ = nullptr;
+  std::mutex run_mutex_;  // one call at a time (several mlx streams may call in)
+};
+
+// The process-wide pool (FORKV_NATIVE_THREADS, else the CPUs this process may run on).
+Pool& pool();
+int default_num_threads();
+
+}  // namespace forkv

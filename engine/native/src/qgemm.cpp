@@ -1,0 +1,421 @@
+// Quantized matmul kernels: AVX-512 VNNI, AVX2 and portable C++, chosen at run time.
+// Each ISA's functions carry a target attribute, so the library builds for any x86-64 (or
+// other) CPU and only calls what the CPU it runs on supports.
+#include "qgemm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define FORKV_X86 1
+#endif
+
+namespace forkv {
+
+namespace {
+
+// Register position -> element within a chunk of 64: evens first, then odds (4/5/6-bit).
+inline int element_at(int pos, bool permuted) {
+  if (!permuted) return pos;
+  return pos < 32 ? 2 * pos : 2 * (pos - 32) + 1;
+}
+
+// The 32-block of the element each int32 lane (4 positions) of a 64-byte register covers.
+inline int lane_block(int lane, bool permuted) {
+  return element_at(4 * lane, permuted) / 32;
+}
+
+// Value of element k (0..63) of chunk c of a kernel-layout row, for the portable path.
+inline int weight_at(const uint8_t* row, int bits, int c, int k) {
+  if (bits == 8) return row[64 * c + k];
+  const size_t chunk = 32 + 8 * (bits - 4);
+  const uint8_t* p = row + chunk * c;
+  int v = (p[k >> 1] >> ((k & 1) * 4)) & 15;
+  if (bits > 4) {
+    const int pos = (k & 1) ? 32 + (k >> 1) : (k >> 1);
+    for (int plane = 0; plane < bits - 4; ++plane) {
+      uint64_t mask;
+      std::memcpy(&mask, p + 32 + 8 * plane, 8);
+      v |= int((mask >> pos) & 1) << (4 + plane);
+    }
+  }
+  return v;
+}
+
+}  // namespace
+
+size_t row_bytes(int K, int bits) {
+  return bits == 8 ? size_t(K) : size_t(K / 64) * (32 + 8 * (bits - 4));
+}
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::avx512vnni: return "avx512vnni";
+    case Isa::avx2: return "avx2";
+    default: return "scalar";
+  }
+}
+
+Isa best_isa() {
+#if FORKV_X86
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512vnni"))
+    return Isa::avx512vnni;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::avx2;
+#endif
+  return Isa::scalar;
+}
+
+// ---------------------------------------------------------------- activations
+
+void quantize_rows(const float* x, size_t ldx, int m0, int m1, int K, int group_size,
+                   bool permuted, int8_t* q, float* dxv, float* dx, int32_t* qsum,
+                   float* xsum, Isa /*isa*/) {
+  const int num_blocks = K / 32, num_chunks = K / 64, num_groups = K / group_size;
+  for (int m = m0; m < m1; ++m) {
+    const float* xr = x + size_t(m) * ldx;
+    int8_t* qr = q + size_t(m) * K;
+    float* dr = dx + size_t(m) * num_blocks;
+    int32_t* sr = qsum + size_t(m) * num_blocks;
+    for (int b = 0; b < num_blocks; ++b) {
+      float amax = 0.f;
+      for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xr[32 * b + i]));
+      const float d = amax / 127.f;
+      const float inv = d > 0.f ? 127.f / amax : 0.f;
+      dr[b] = d;
+      int32_t s = 0;
+      for (int i = 0; i < 32; ++i) {
+        const int k = 32 * b + i;
+        const int v = int(std::nearbyint(xr[k] * inv));
+        const int c = k / 64, e = k % 64;
+        // Where element e of chunk c sits in the register layout the weights use.
+        const int pos = permuted ? ((e & 1) ? 32 + (e >> 1) : (e >> 1)) : e;
+        qr[64 * c + pos] = int8_t(v);
+        s += v;
+      }
+      sr[b] = s;
+    }
+    float* vr = dxv + size_t(m) * num_chunks * 16;
+    for (int c = 0; c < num_chunks; ++c)
+      for (int lane = 0; lane < 16; ++lane)
+        vr[16 * c + lane] = dr[2 * c + lane_block(lane, permuted)];
+    float* gr = xsum + size_t(m) * num_groups;
+    for (int g = 0; g < num_groups; ++g) {
+      float s = 0.f;
+      for (int i = 0; i < group_size; ++i) s += xr[g * group_size + i];
+      gr[g] = s;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- portable
+
+namespace {
+
+void qgemm_scalar(const QuantX& x, const QuantW& w, int n0, int n1, float* y, size_t ldy) {
+  const int num_chunks = w.K / 64, num_groups = w.K / w.group_size;
+  const bool permuted = w.bits != 8;
+  for (int n = n0; n < n1; ++n) {
+    const uint8_t* row = w.data + size_t(n) * w.row_bytes;
+    const float* sc = w.scales + size_t(n) * num_groups;
+    const float* bi = w.biases + size_t(n) * num_groups;
+    for (int m = 0; m < x.M; ++m) {
+      const int8_t* qr = x.q + size_t(m) * w.K;
+      const float* dr = x.dx + size_t(m) * (w.K / 32);
+      float acc = 0.f;
+      for (int c = 0; c < num_chunks; ++c) {
+        for (int half = 0; half < 2; ++half) {
+          const int b = 2 * c + half;  // 32-block
+          int32_t dot = 0;
+          for (int pos = 0; pos < 64; ++pos) {
+            const int e = element_at(pos, permuted);
+            if (e / 32 != half) continue;
+            dot += int32_t(qr[64 * c + pos]) * weight_at(row, w.bits, c, e);
+          }
+          acc += float(dot) * (sc[(32 * b) / w.group_size] * dr[b]);
+        }
+      }
+      const float* xs = x.xsum + size_t(m) * num_groups;
+      float bias = 0.f;
+      for (int g = 0; g < num_groups; ++g) bias += bi[g] * xs[g];
+      y[size_t(m) * ldy + n] = acc + bias;
+    }
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- AVX-512 VNNI
+
+#if FORKV_X86
+#define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma")))
+#define T256 __attribute__((target("avx2,fma")))
+
+namespace {
+
+// The 64 weights of chunk c as bytes, in register order.
+template <int BITS>
+T512 inline __m512i load_chunk512(const uint8_t* row, int c) {
+  if constexpr (BITS == 8) {
+    return _mm512_loadu_si512(row + 64 * c);
+  } else {
+    constexpr size_t chunk = 32 + 8 * (BITS - 4);
+    const uint8_t* p = row + chunk * c;
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    const __m256i lo = _mm256_and_si256(v, low);
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+    __m512i out = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    if constexpr (BITS >= 5) {
+      uint64_t m0;
+      std::memcpy(&m0, p + 32, 8);
+      out = _mm512_or_si512(out, _mm512_maskz_set1_epi8(m0, 0x10));
+    }
+    if constexpr (BITS >= 6) {
+      uint64_t m1;
+      std::memcpy(&m1, p + 40, 8);
+      out = _mm512_or_si512(out, _mm512_maskz_set1_epi8(m1, 0x20));
+    }
+    return out;
+  }
+}
+
+// Lane scales of chunk c for group size G: lanes of block 1 take the second group's scale.
+template <int BITS>
+T512 inline __m512 scale_vec512(const float* sc, int c, int group_size) {
+  if (group_size == 32) {
+    // Lanes whose 4 positions lie in the chunk's second 32-block.
+    constexpr __mmask16 second = BITS == 8 ? 0xFF00 : 0xF0F0;
+    return _mm512_mask_blend_ps(second, _mm512_set1_ps(sc[2 * c]), _mm512_set1_ps(sc[2 * c + 1]));
+  }
+  return _mm512_set1_ps(sc[(64 * c) / group_size]);
+}
+
+T512 inline float bias_dot512(const float* bi, const float* xs, int num_groups) {
+  __m512 acc = _mm512_setzero_ps();
+  int g = 0;
+  for (; g + 16 <= num_groups; g += 16)
+    acc = _mm512_fmadd_ps(_mm512_loadu_ps(bi + g), _mm512_loadu_ps(xs + g), acc);
+  if (g < num_groups) {
+    const __mmask16 k = __mmask16((1u << (num_groups - g)) - 1);
+    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, bi + g), _mm512_maskz_loadu_ps(k, xs + g), acc);
+  }
+  return _mm512_reduce_add_ps(acc);
+}
+
+// A tile of MR activation rows x NR weight rows; every (m, n) keeps its own accumulator and
+// sees the same operations in the same order whatever MR and NR are.
+template <int BITS, int MR, int NR>
+T512 void tile512(const QuantX& x, const QuantW& w, int m0, int n0, float* y, size_t ldy) {
+  const int num_chunks = w.K / 64, num_groups = w.K / w.group_size;
+  __m512 acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  const uint8_t* rows[NR];
+  const float* sc[NR];
+  for (int j = 0; j < NR; ++j) {
+    rows[j] = w.data + size_t(n0 + j) * w.row_bytes;
+    sc[j] = w.scales + size_t(n0 + j) * num_groups;
+  }
+  const __m512i zero = _mm512_setzero_si512();
+  for (int c = 0; c < num_chunks; ++c) {
+    __m512i wv[NR];
+    __m512 sv[NR];
+    for (int j = 0; j < NR; ++j) {
+      wv[j] = load_chunk512<BITS>(rows[j], c);
+      sv[j] = scale_vec512<BITS>(sc[j], c, w.group_size);
+    }
+    for (int i = 0; i < MR; ++i) {
+      const size_t m = size_t(m0 + i);
+      const __m512i xv = _mm512_loadu_si512(x.q + m * w.K + 64 * c);
+      const __m512 dv = _mm512_loadu_ps(x.dxv + (m * num_chunks + c) * 16);
+      for (int j = 0; j < NR; ++j) {
+        const __m512i dot = _mm512_dpbusd_epi32(zero, wv[j], xv);
+        acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(sv[j], dv), acc[i][j]);
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    const float* xs = x.xsum + size_t(m0 + i) * num_groups;
+    for (int j = 0; j < NR; ++j) {
+      const float* bi = w.biases + size_t(n0 + j) * num_groups;
+      y[size_t(m0 + i) * ldy + n0 + j] = _mm512_reduce_add_ps(acc[i][j]) + bias_dot512(bi, xs, num_groups);
+    }
+  }
+}
+
+template <int BITS, int MR>
+T512 void rows512(const QuantX& x, const QuantW& w, int m0, int n0, int n1, float* y, size_t ldy) {
+  int n = n0;
+  for (; n + 4 <= n1; n += 4) tile512<BITS, MR, 4>(x, w, m0, n, y, ldy);
+  for (; n < n1; ++n) tile512<BITS, MR, 1>(x, w, m0, n, y, ldy);
+}
+
+template <int BITS>
+T512 void qgemm512(const QuantX& x, const QuantW& w, int n0, int n1, float* y, size_t ldy) {
+  // Weight rows in blocks that stay in L1 while every activation row passes over them.
+  constexpr int NB = 16;
+  for (int nb = n0; nb < n1; nb += NB) {
+    const int ne = std::min(n1, nb + NB);
+    int m = 0;
+    for (; m + 4 <= x.M; m += 4) rows512<BITS, 4>(x, w, m, nb, ne, y, ldy);
+    for (; m < x.M; ++m) rows512<BITS, 1>(x, w, m, nb, ne, y, ldy);
+  }
+}
+
+// ---------------------------------------------------------------- AVX2
+
+template <int BITS>
+T256 inline void load_chunk256(const uint8_t* row, int c, __m256i& a, __m256i& b) {
+  if constexpr (BITS == 8) {
+    a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 64 * c));
+    b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 64 * c + 32));
+  } else {
+    constexpr size_t chunk = 32 + 8 * (BITS - 4);
+    const uint8_t* p = row + chunk * c;
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    a = _mm256_and_si256(v, low);
+    b = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+    for (int plane = 0; plane < BITS - 4; ++plane) {
+      uint32_t m[2];
+      std::memcpy(m, p + 32 + 8 * plane, 8);
+      const __m256i bit = _mm256_set1_epi8(char(0x10 << plane));
+      for (int h = 0; h < 2; ++h) {
+        // 32 mask bits -> 32 bytes that are 0xFF where the bit is set.
+        const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                              2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+        __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(int(m[h])), shuf);
+        const __m256i sel = _mm256_set1_epi64x(0x8040201008040201LL);
+        bytes = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, sel), sel);
+        __m256i& dst = h == 0 ? a : b;
+        dst = _mm256_or_si256(dst, _mm256_and_si256(bytes, bit));
+      }
+    }
+  }
+}
+
+T256 inline int32_t hsum_epi32_256(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+}
+
+T256 inline float hsum_ps_256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+template <int BITS>
+T256 void qgemm256(const QuantX& x, const QuantW& w, int n0, int n1, float* y, size_t ldy) {
+  const int num_chunks = w.K / 64, num_groups = w.K / w.group_size, num_blocks = w.K / 32;
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int n = n0; n < n1; ++n) {
+    const uint8_t* row = w.data + size_t(n) * w.row_bytes;
+    const float* sc = w.scales + size_t(n) * num_groups;
+    const float* bi = w.biases + size_t(n) * num_groups;
+    for (int m = 0; m < x.M; ++m) {
+      const int8_t* qr = x.q + size_t(m) * w.K;
+      __m256 acc = _mm256_setzero_ps();
+      for (int c = 0; c < num_chunks; ++c) {
+        __m256i wa, wb;
+        load_chunk256<BITS>(row, c, wa, wb);
+        const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qr + 64 * c));
+        const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qr + 64 * c + 32));
+        if constexpr (BITS == 8) {
+          // u8 x s8 pairs can overflow maddubs: dot the signed weights (q - 128) and add back
+          // 128 * sum(x) per block. Each register is one 32-block.
+          const __m256i flip = _mm256_set1_epi8(char(0x80));
+          const __m256i sa = _mm256_xor_si256(wa, flip), sb = _mm256_xor_si256(wb, flip);
+          const __m256i da = _mm256_madd_epi16(
+              _mm256_maddubs_epi16(_mm256_sign_epi8(sa, sa), _mm256_sign_epi8(xa, sa)), ones);
+          const __m256i db = _mm256_madd_epi16(
+              _mm256_maddubs_epi16(_mm256_sign_epi8(sb, sb), _mm256_sign_epi8(xb, sb)), ones);
+          const int32_t* qs = x.qsum + size_t(m) * num_blocks;
+          const float* dr = x.dx + size_t(m) * num_blocks;
+          const float s0 = sc[(64 * c) / w.group_size], s1 = sc[(64 * c + 32) / w.group_size];
+          const float ta = float(hsum_epi32_256(da) + 128 * qs[2 * c]) * (s0 * dr[2 * c]);
+          const float tb = float(hsum_epi32_256(db) + 128 * qs[2 * c + 1]) * (s1 * dr[2 * c + 1]);
+          acc = _mm256_add_ps(acc, _mm256_setr_ps(ta, tb, 0, 0, 0, 0, 0, 0));
+        } else {
+          // Both registers' lanes 0-3 cover block 0 and lanes 4-7 block 1: add them in int32.
+          const __m256i da = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, xa), ones);
+          const __m256i db = _mm256_madd_epi16(_mm256_maddubs_epi16(wb, xb), ones);
+          const __m256i dot = _mm256_add_epi32(da, db);
+          __m256 sv;
+          if (w.group_size == 32)
+            sv = _mm256_blend_ps(_mm256_set1_ps(sc[2 * c]), _mm256_set1_ps(sc[2 * c + 1]), 0xF0);
+          else
+            sv = _mm256_set1_ps(sc[(64 * c) / w.group_size]);
+          const __m256 dv = _mm256_loadu_ps(x.dxv + (size_t(m) * num_chunks + c) * 16);
+          acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(sv, dv), acc);
+        }
+      }
+      const float* xs = x.xsum + size_t(m) * num_groups;
+      __m256 bacc = _mm256_setzero_ps();
+      int g = 0;
+      for (; g + 8 <= num_groups; g += 8)
+        bacc = _mm256_fmadd_ps(_mm256_loadu_ps(bi + g), _mm256_loadu_ps(xs + g), bacc);
+      float bias = hsum_ps_256(bacc);
+      for (; g < num_groups; ++g) bias += bi[g] * xs[g];
+      y[size_t(m) * ldy + n] = hsum_ps_256(acc) + bias;
+    }
+  }
+}
+
+}  // namespace
+#endif  // FORKV_X86
+
+void qgemm_rows(const QuantX& x, const QuantW& w, int n0, int n1, float* y, size_t ldy,
+                Isa isa) {
+#if FORKV_X86
+  if (isa == Isa::avx512vnni) {
+    switch (w.bits) {
+      case 4: return qgemm512<4>(x, w, n0, n1, y, ldy);
+      case 5: return qgemm512<5>(x, w, n0, n1, y, ldy);
+      case 6: return qgemm512<6>(x, w, n0, n1, y, ldy);
+      case 8: return qgemm512<8>(x, w, n0, n1, y, ldy);
+    }
+  } else if (isa == Isa::avx2) {
+    switch (w.bits) {
+      case 4: return qgemm256<4>(x, w, n0, n1, y, ldy);
+      case 5: return qgemm256<5>(x, w, n0, n1, y, ldy);
+      case 6: return qgemm256<6>(x, w, n0, n1, y, ldy);
+      case 8: return qgemm256<8>(x, w, n0, n1, y, ldy);
+    }
+  }
+#endif
+  qgemm_scalar(x, w, n0, n1, y, ldy);
+}
+
+void repack_rows(const uint32_t* src, size_t words_per_row, int n0, int n1, int K, int bits,
+                 uint8_t* dst) {
+  const size_t out_row = row_bytes(K, bits), chunk = 32 + 8 * size_t(bits - 4);
+  for (int n = n0; n < n1; ++n) {
+    const uint8_t* in = reinterpret_cast<const uint8_t*>(src + size_t(n) * words_per_row);
+    uint8_t* out = dst + size_t(n) * out_row;
+    std::memset(out, 0, out_row);
+    for (int k = 0; k < K; ++k) {
+      // mlx packs values as a little-endian bit stream: value k at bit k * bits.
+      const size_t bit = size_t(k) * bits;
+      uint32_t word = 0;
+      std::memcpy(&word, in + bit / 8, std::min<size_t>(4, words_per_row * 4 - bit / 8));
+      const int v = int((word >> (bit % 8)) & ((1u << bits) - 1));
+      const int c = k / 64, e = k % 64;
+      uint8_t* p = out + chunk * c;
+      p[e >> 1] |= uint8_t((v & 15) << ((e & 1) * 4));
+      const int pos = (e & 1) ? 32 + (e >> 1) : (e >> 1);
+      for (int plane = 0; plane < bits - 4; ++plane)
+        if ((v >> (4 + plane)) & 1) p[32 + 8 * plane + pos / 8] |= uint8_t(1u << (pos % 8));
+    }
+  }
+}
+
+}  // namespace forkv

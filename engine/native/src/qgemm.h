@@ -1,0 +1,59 @@
+// Quantized matmul kernels for the CPU: y[m, n] = sum_k x[m, k] * (scale[n, g] * q[n, k] + bias[n, g]).
+//
+// Weights are affine groups (mlx's format: q unsigned in [0, 2^bits), one float scale and bias
+// per group of `group_size` along k). Activations are quantized once per call to int8 in
+// blocks of 32 (one float scale per block), so each block's dot product is exact int32
+// arithmetic; the bias term uses the float sums of x per group. Every output element is
+// computed by the same sequence of operations whatever M, the tile it falls in or the thread
+// that runs it: a row's result never depends on how many rows share the call.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace forkv {
+
+enum class Isa : int { scalar = 0, avx2 = 1, avx512vnni = 2 };
+
+// Activations of one call, quantized: K padded to a multiple of 64 ("chunks").
+struct QuantX {
+  int M = 0, K = 0, group_size = 32;
+  bool permuted = false;   // chunk layout [even elements | odd elements] (4/5/6-bit weights)
+  const int8_t* q = nullptr;        // [M, K]
+  const float* dxv = nullptr;       // [M, K/64, 16]: the block scale of each int32 lane
+  const float* dx = nullptr;        // [M, K/32]: block scales
+  const int32_t* qsum = nullptr;    // [M, K/32]: sum of q per block (AVX2's signed 8-bit path)
+  const float* xsum = nullptr;      // [M, K/group_size]: float sums of x per group
+};
+
+// Weights, as the kernels read them.
+//  bits 8: one byte per element, in order (mlx's uint32 packing read as bytes).
+//  bits 4: 32 bytes per chunk of 64, byte b = elem 2b | elem 2b+1 << 4 (mlx's packing).
+//  bits 5, 6: per chunk the 4-bit bytes as above, then (bits - 4) planes of 64 bits: bit i of
+//  plane p is bit 4 + p of the element at register position i (evens first, then odds).
+struct QuantW {
+  int N = 0, K = 0, bits = 4, group_size = 32;
+  const uint8_t* data = nullptr;
+  size_t row_bytes = 0;
+  const float* scales = nullptr;  // [N, K/group_size]
+  const float* biases = nullptr;  // [N, K/group_size]
+};
+
+Isa best_isa();
+const char* isa_name(Isa isa);
+size_t row_bytes(int K, int bits);
+
+// Quantize rows [m0, m1) of x (float32, row stride ldx) into the buffers of `qx`.
+void quantize_rows(const float* x, size_t ldx, int m0, int m1, int K, int group_size,
+                   bool permuted, int8_t* q, float* dxv, float* dx, int32_t* qsum,
+                   float* xsum, Isa isa);
+
+// y[m, n] for m in [0, M), n in [n0, n1); y has row stride ldy.
+void qgemm_rows(const QuantX& x, const QuantW& w, int n0, int n1, float* y, size_t ldy,
+                Isa isa);
+
+// Repack mlx-packed 5/6-bit rows (uint32 words, `words_per_row`) into the kernels' layout.
+void repack_rows(const uint32_t* src, size_t words_per_row, int n0, int n1, int K, int bits,
+                 uint8_t* dst);
+
+}  // namespace forkv

@@ -1,0 +1,189 @@
+// The mlx primitive: QuantizedMatmul on the CPU stream, evaluated by forkv's kernels.
+#include "qmatmul.h"
+
+#include <algorithm>
+#include <atomic>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "pool.h"
+#include "qgemm.h"
+
+namespace forkv {
+
+namespace mx = mlx::core;
+
+namespace {
+std::atomic<int> g_isa{-1};
+std::atomic<int> g_threads{0};
+
+struct Scratch {
+  std::vector<int8_t> q;
+  std::vector<float> dxv, dx, xsum;
+  std::vector<int32_t> qsum;
+};
+
+void run_qgemm(const float* x, int M, int K, const QuantW& w, float* y, Isa isa) {
+  thread_local Scratch scratch;
+  Scratch& s = scratch;  // the caller's buffers: a thread_local named in a lambda is the worker's
+  const int num_groups = K / w.group_size;
+  s.q.resize(size_t(M) * K);
+  s.dxv.resize(size_t(M) * (K / 64) * 16);
+  s.dx.resize(size_t(M) * (K / 32));
+  s.qsum.resize(size_t(M) * (K / 32));
+  s.xsum.resize(size_t(M) * num_groups);
+  const bool permuted = w.bits != 8;
+  Pool& p = pool();
+  const int threads = std::max(1, std::min(current_threads(), p.num_threads()));
+  // Activations: rows split across threads once there are enough of them.
+  const int qthreads = M >= 16 ? threads : 1;
+  p.run(qthreads, [&](int t) {
+    const int m0 = int(int64_t(M) * t / qthreads), m1 = int(int64_t(M) * (t + 1) / qthreads);
+    quantize_rows(x, K, m0, m1, K, w.group_size, permuted, s.q.data(), s.dxv.data(),
+                  s.dx.data(), s.qsum.data(), s.xsum.data(), isa);
+  });
+  QuantX qx;
+  qx.M = M; qx.K = K; qx.group_size = w.group_size; qx.permuted = permuted;
+  qx.q = s.q.data(); qx.dxv = s.dxv.data(); qx.dx = s.dx.data();
+  qx.qsum = s.qsum.data(); qx.xsum = s.xsum.data();
+  // Output rows in blocks handed out by a counter: a thread slowed by other work takes
+  // fewer. Which thread computes a row never changes its value.
+  constexpr int kBlock = 16;
+  const int num_blocks = (w.N + kBlock - 1) / kBlock;
+  std::atomic<int> next{0};
+  const int step = std::max(1, num_blocks / (threads * 16));
+  p.run(threads, [&](int) {
+    for (;;) {
+      const int b0 = next.fetch_add(step);
+      if (b0 >= num_blocks) break;
+      const int n0 = b0 * kBlock, n1 = std::min(w.N, (b0 + step) * kBlock);
+      qgemm_rows(qx, w, n0, n1, y, size_t(w.N), isa);
+    }
+  });
+}
+}  // namespace
+
+Isa current_isa() {
+  int v = g_isa.load();
+  if (v < 0) {
+    v = int(best_isa());
+    g_isa.store(v);
+  }
+  return Isa(v);
+}
+
+void set_isa(Isa isa) {
+  if (int(isa) > int(best_isa()))
+    throw std::invalid_argument(std::string("this CPU cannot run ") + isa_name(isa));
+  g_isa.store(int(isa));
+}
+
+int current_threads() {
+  const int t = g_threads.load();
+  return t > 0 ? t : pool().num_threads();
+}
+
+void set_threads(int n) { g_threads.store(std::max(0, n)); }
+
+void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs,
+                               std::vector<mx::array>& outputs) {
+  auto& x = inputs[0];
+  auto& w = inputs[1];
+  auto& scales = inputs[2];
+  auto& biases = inputs[3];
+  auto& out = outputs[0];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  encoder.set_input_array(x);
+  encoder.set_input_array(w);
+  encoder.set_input_array(scales);
+  encoder.set_input_array(biases);
+  encoder.set_output_array(out);
+  const int K = K_, N = N_, bits = bits_, group_size = group_size_;
+  const int M = int(x.size() / K);
+  const Isa isa = isa_;
+  encoder.dispatch([x = mx::array::unsafe_weak_copy(x), w = mx::array::unsafe_weak_copy(w),
+                    scales = mx::array::unsafe_weak_copy(scales),
+                    biases = mx::array::unsafe_weak_copy(biases),
+                    out = mx::array::unsafe_weak_copy(out), K, N, M, bits, group_size, isa]() mutable {
+    QuantW qw;
+    qw.N = N; qw.K = K; qw.bits = bits; qw.group_size = group_size;
+    qw.data = w.data<uint8_t>();
+    qw.row_bytes = row_bytes(K, bits);
+    qw.scales = scales.data<float>();
+    qw.biases = biases.data<float>();
+    if (M > 0) run_qgemm(x.data<float>(), M, K, qw, out.data<float>(), isa);
+  });
+}
+
+void QuantizedMatmul::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error("forkv's quantized matmul runs on the CPU only.");
+}
+
+bool QuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const QuantizedMatmul&>(other);
+  return bits_ == o.bits_ && group_size_ == o.group_size_ && N_ == o.N_ && K_ == o.K_ &&
+         isa_ == o.isa_;
+}
+
+std::vector<mx::Shape> QuantizedMatmul::output_shapes(const std::vector<mx::array>& inputs) {
+  auto shape = inputs[0].shape();
+  shape.back() = N_;
+  return {shape};
+}
+
+mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
+                           const mx::array& biases, int bits, int group_size) {
+  if (bits != 4 && bits != 5 && bits != 6 && bits != 8)
+    throw std::invalid_argument("forkv quantized_matmul: bits must be 4, 5, 6 or 8");
+  if (group_size != 32 && group_size != 64 && group_size != 128)
+    throw std::invalid_argument("forkv quantized_matmul: group_size must be 32, 64 or 128");
+  if (scales.ndim() != 2 || biases.shape() != scales.shape())
+    throw std::invalid_argument("forkv quantized_matmul: scales and biases must be [N, K/group]");
+  const int N = scales.shape(0), K = scales.shape(1) * group_size;
+  if (K % 64 != 0) throw std::invalid_argument("forkv quantized_matmul: K must be a multiple of 64");
+  if (x.ndim() < 1 || x.shape().back() != K)
+    throw std::invalid_argument("forkv quantized_matmul: x's last axis must be " + std::to_string(K));
+  if (w.ndim() != 2 || w.shape(0) != N || size_t(w.shape(1)) * w.itemsize() != row_bytes(K, bits))
+    throw std::invalid_argument("forkv quantized_matmul: w does not hold [N, K] at this bit width");
+  if (scales.dtype() != mx::float32 || biases.dtype() != mx::float32)
+    throw std::invalid_argument("forkv quantized_matmul: scales and biases must be float32");
+  auto s = mx::to_stream(mx::Device::cpu);
+  auto xf = mx::contiguous(mx::astype(x, mx::float32, s), false, s);
+  auto wc = mx::contiguous(w, false, s);
+  auto sc = mx::contiguous(scales, false, s);
+  auto bc = mx::contiguous(biases, false, s);
+  auto shape = x.shape();
+  shape.back() = N;
+  auto y = mx::array(shape, mx::float32,
+                     std::make_shared<QuantizedMatmul>(s, bits, group_size, N, K, current_isa()),
+                     {xf, wc, sc, bc});
+  return x.dtype() == mx::float32 ? y : mx::astype(y, x.dtype(), s);
+}
+
+mx::array repack(const mx::array& w, int K, int bits) {
+  if (bits != 5 && bits != 6) throw std::invalid_argument("forkv repack: bits must be 5 or 6");
+  if (w.dtype() != mx::uint32 || w.ndim() != 2 || size_t(w.shape(1)) * 32 != size_t(K) * bits)
+    throw std::invalid_argument("forkv repack: w must be mlx-packed uint32 [N, K * bits / 32]");
+  if (K % 64 != 0) throw std::invalid_argument("forkv repack: K must be a multiple of 64");
+  auto src = mx::contiguous(w);
+  src.eval();
+  const int N = w.shape(0);
+  const size_t rb = row_bytes(K, bits);
+  auto data = mx::allocator::malloc(size_t(N) * rb);
+  auto* dst = static_cast<uint8_t*>(data.buffer().raw_ptr());
+  const uint32_t* in = src.data<uint32_t>();
+  const size_t words = size_t(w.shape(1));
+  Pool& p = pool();
+  p.run(p.num_threads(), [&](int t) {
+    const int n0 = int(int64_t(N) * t / p.num_threads());
+    const int n1 = int(int64_t(N) * (t + 1) / p.num_threads());
+    repack_rows(in, words, n0, n1, K, bits, dst);
+  });
+  return mx::array(std::move(data), {N, int(rb)}, mx::uint8);
+}
+
+}  // namespace forkv

@@ -1,0 +1,40 @@
+#pragma once
+
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+#include "qgemm.h"
+
+namespace forkv {
+
+// y = x @ dequantize(w).T, with x's dtype; w, scales, biases from `repack` or mlx's packing.
+mlx::core::array quantized_matmul(const mlx::core::array& x, const mlx::core::array& w,
+                                  const mlx::core::array& scales,
+                                  const mlx::core::array& biases, int bits, int group_size);
+
+// mlx-packed 5/6-bit weights [N, K*bits/32] as the kernels read them [N, row_bytes].
+mlx::core::array repack(const mlx::core::array& w, int K, int bits);
+
+Isa current_isa();
+void set_isa(Isa isa);  // tests and benchmarks: a lower ISA than the best
+int current_threads();
+void set_threads(int n);  // 0: the pool's size
+
+class QuantizedMatmul : public mlx::core::Primitive {
+ public:
+  QuantizedMatmul(mlx::core::Stream stream, int bits, int group_size, int N, int K, Isa isa)
+      : mlx::core::Primitive(stream), bits_(bits), group_size_(group_size), N_(N), K_(K),
+        isa_(isa) {}
+  void eval_cpu(const std::vector<mlx::core::array>& inputs,
+                std::vector<mlx::core::array>& outputs) override;
+  void eval_gpu(const std::vector<mlx::core::array>& inputs,
+                std::vector<mlx::core::array>& outputs) override;
+  const char* name() const override { return "ForkvQuantizedMatmul"; }
+  bool is_equivalent(const mlx::core::Primitive& other) const override;
+  std::vector<mlx::core::Shape> output_shapes(const std::vector<mlx::core::array>& inputs) override;
+
+ private:
+  int bits_, group_size_, N_, K_;
+  Isa isa_;
+};
+
+}  // namespace forkv
