@@ -85,7 +85,8 @@ def load_model(name: str, dtype: str = "auto", quantized: str = "auto", *,
     from mlx_lm.utils import load as mlx_lm_load
 
     pick_dtype(dtype, "float32")  # a bad dtype fails before any folder is built or converted
-    source = resolve_source(name, download=download)
+    source = resolve_source(name, download=download,
+                            quantized_gguf=wants_quantized_gguf(quantized))
     path = source.path
     from .vision_loader import is_vision_folder
 
@@ -107,22 +108,55 @@ def load_model(name: str, dtype: str = "auto", quantized: str = "auto", *,
     return LoadedModel(
         name=name, path=path, model=model, tokenizer=tokenizer, config=config, dtype=chosen,
         layout=cache_layout(_make_cache(model)),
-        fingerprint=fingerprint(path, config, chosen, quant.label, blas.kernel_label()),
+        fingerprint=fingerprint(path, config, chosen, quant.label, _kernels(quant)),
         context_length=_context_length(config), eos_token_ids=frozenset(eos or ()),
         quantization=quant.label, quantization_reason=quant.reason, source=source.description,
     )
 
 
 def _set_weights(model, config: dict, dtype: str, quantized: str) -> tuple[str, QuantChoice]:
-    """Keep or dequantize quantized layers, then cast the float weights to the chosen dtype."""
+    """Keep or dequantize quantized layers, then cast the float weights to the chosen dtype
+    (not the scales and biases forkv's kernels read: they stay float32, as the file has them)."""
     import mlx.core as mx
 
     native = _native_dtype(model)
     chosen = pick_dtype(dtype, native)
     quant = apply_quantized(model, config, quantized, chosen)
     if chosen != native and not quant.dequantized:  # dequantizing already cast them
-        model.set_dtype(getattr(mx, chosen))
+        target = getattr(mx, chosen)
+        if quant.native:
+            from mlx.nn import Module
+
+            from .native.layers import kernel_keys
+
+            def keep(module, key, value):
+                return (Module.valid_parameter_filter(module, key, value)
+                        and key not in kernel_keys(module))
+
+            model.apply(lambda x: x.astype(target) if mx.issubdtype(x.dtype, mx.floating)
+                        else x, keep)
+        else:
+            model.set_dtype(target)
     return chosen, quant
+
+
+def wants_quantized_gguf(quantized: str) -> bool:
+    """Whether a GGUF should keep its quantized blocks: on the CPU with forkv's kernels."""
+    if quantized == "dequantize":
+        return False
+    import mlx.core as mx
+
+    from . import native
+
+    return mx.default_device() == mx.cpu and native.load() is not None
+
+
+def _kernels(quant: QuantChoice) -> str:
+    """The kernel paths that change this model's results, for the fingerprint."""
+    from . import native
+
+    parts = [blas.kernel_label(), native.kernel_label() if quant.native else ""]
+    return "+".join(p for p in parts if p)
 
 
 def _load_vision_model(name: str, path: Path, dtype: str, quantized: str,
@@ -139,7 +173,7 @@ def _load_vision_model(name: str, path: Path, dtype: str, quantized: str,
         name=name, path=path, model=parts.model, tokenizer=parts.tokenizer, config=parts.config,
         dtype=chosen, layout=cache_layout(_make_cache(parts.model.language_model)),
         fingerprint=hashlib.sha256(fingerprint(path, parts.config, chosen, quant.label,
-                                               blas.kernel_label())
+                                               _kernels(quant))
                                    + parts.processor_digest).digest(),
         context_length=_context_length(parts.config), eos_token_ids=parts.eos_token_ids,
         is_vision=True, processor=parts.processor, image_token_id=parts.image_token_id,

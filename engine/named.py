@@ -128,8 +128,9 @@ NAMED_MODELS: dict[str, NamedModel] = {
 }
 
 
-def ensure_named_model(name: str, *, download: bool = True) -> Path:
-    """The MLX folder of a named model, built on first use (see the module docstring)."""
+def ensure_named_model(name: str, *, download: bool = True, quantized: bool = False) -> Path:
+    """The MLX folder of a named model, built on first use (see the module docstring);
+    `quantized` keeps the GGUF's quantized blocks (forkv's CPU kernels run them)."""
     from .gguf_cache import (
         converted_folder,
         converter_version,
@@ -141,10 +142,10 @@ def ensure_named_model(name: str, *, download: bool = True) -> Path:
     named = NAMED_MODELS[name]
     version = converter_version()
     folder = private_cache_folder("named") / (
-        f"{name}-{named.digest()}-{version}-t{_TEMPLATE_VERSION}")
+        f"{name}-{named.digest()}-{version}-t{_TEMPLATE_VERSION}" + ("-q" if quantized else ""))
     if is_complete(folder):
         return folder  # no need to assemble (and re-hash) the GGUF again
-    converted, _ = converted_folder(named.gguf_path(download=download))
+    converted, _ = converted_folder(named.gguf_path(download=download), quantized=quantized)
     return write_atomically(folder, lambda out: _write_named(named, converted, out))
 
 

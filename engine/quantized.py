@@ -1,12 +1,13 @@
-"""Quantized weights at load: keep them, or dequantize them to the compute dtype.
+"""Quantized weights at load: keep them (on forkv's CPU kernels where they run), or dequantize.
 
-mlx's CPU quantized matmul is 20-40x slower than its BLAS float path (a 4-bit Gemma 3 270M
-prefills at a few tokens a second where float32 runs at hundreds), so `quantized="auto"`
-dequantizes when the device is the CPU and the float weights fit in memory (with a margin),
-and keeps them otherwise (a GPU's quantized kernels are fast, and memory is the point there).
-`"keep"` and `"dequantize"` force either. `apply_quantized` returns a `QuantChoice`: a short
-label that the fingerprint covers (two loads that compute differently never share block keys)
-and the reason, for `forkv doctor`. Knows mlx modules; nothing about files or names.
+On the CPU, forkv's own kernels (engine/native) multiply the quantized groups directly, at a
+fraction of float32's bytes; `quantized="auto"` and `"keep"` use them whenever they are built
+and support every quantized layer. Without them, mlx's CPU quantized matmul is 20-40x slower
+than its BLAS float path, so `"auto"` dequantizes when the float weights fit in memory (with a
+margin) and keeps them otherwise; a GPU keeps them (its quantized kernels are fast).
+`"dequantize"` always dequantizes. `apply_quantized` returns a `QuantChoice`: a short label
+that the fingerprint covers (two loads that compute differently never share block keys) and
+the reason, for `forkv doctor`. Knows mlx modules; nothing about files or names.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ _MARGIN = 1.25  # dequantized weights must fit 1.25x over in available memory
 
 @dataclass(slots=True, frozen=True)
 class QuantChoice:
-    label: str  # "none", "4-bit kept", "4-bit dequantized to float32"
+    label: str  # "none", "4-bit kept", "4-bit on forkv-native avx512vnni", "4-bit dequantized ..."
     reason: str
     dequantized: bool
+    native: bool = False  # the quantized layers run on forkv's CPU kernels
 
 
 def describe_quantization(config: dict) -> str | None:
@@ -54,6 +56,12 @@ def apply_quantized(model, config: dict, mode: str, dtype: str) -> QuantChoice:
     if what is None or not _quantized_modules(model):
         return QuantChoice("none", "the weights are not quantized", False)
     need = dequantized_bytes(model, getattr(mx, dtype).size)
+    if mode != "dequantize" and mx.default_device() == mx.cpu:
+        choice, why_not = _try_native(model, what)
+        if choice is not None:
+            return choice
+    else:
+        why_not = ""
     if mode == "auto":
         if mx.default_device() != mx.cpu:
             return QuantChoice(f"{what} kept", "auto: quantized kernels are fast on "
@@ -62,10 +70,12 @@ def apply_quantized(model, config: dict, mode: str, dtype: str) -> QuantChoice:
         if have is not None and need * _MARGIN > have:
             return QuantChoice(f"{what} kept", f"auto: {dtype} weights ({_gib(need)}) would "
                                f"not fit in available memory ({_gib(have)})", False)
-        reason = (f"auto: the CPU's quantized matmul is far slower than float BLAS, and "
-                  f"{dtype} weights ({_gib(need)}) fit in memory ({_gib(have)} available)")
+        reason = (f"auto: forkv's kernels are not in use ({why_not}); mlx's CPU quantized "
+                  f"matmul is far slower than float BLAS, and {dtype} weights ({_gib(need)}) "
+                  f"fit in memory ({_gib(have)} available)")
     elif mode == "keep":
-        return QuantChoice(f"{what} kept", "quantized=keep", False)
+        return QuantChoice(f"{what} kept", f"quantized=keep on mlx's kernels ({why_not})"
+                           if why_not else "quantized=keep", False)
     else:
         reason = f"quantized=dequantize ({dtype} weights: {_gib(need)})"
     from mlx_lm.utils import dequantize_model
@@ -74,6 +84,26 @@ def apply_quantized(model, config: dict, mode: str, dtype: str) -> QuantChoice:
     model.set_dtype(getattr(mx, dtype))
     mx.eval(model.parameters())  # now, so the packed weights are freed before any request
     return QuantChoice(f"{what} dequantized to {dtype}", reason, True)
+
+
+def _try_native(model, what: str) -> tuple[QuantChoice | None, str]:
+    """Move the quantized layers onto forkv's kernels: (the choice, "") or (None, why not)."""
+    from . import native
+
+    lib = native.load()
+    if lib is None:
+        return None, native.status().reason
+    from .native.layers import unsupported, use_native
+
+    missing = unsupported(model)
+    if missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        return None, f"the kernels do not run {', '.join(missing[:3])}{more}"
+    count = use_native(model, lib)
+    info = native.status()
+    return QuantChoice(f"{what} on {native.kernel_label()}", f"{count} quantized layers on "
+                       f"forkv's CPU kernels ({info.isa}, {info.num_threads} threads)", False,
+                       native=True), ""
 
 
 def dequantized_bytes(model, itemsize: int) -> int:

@@ -22,6 +22,7 @@ block keys and different weights never do. Knows nothing about mlx or loading we
 
 from __future__ import annotations
 
+import contextvars
 import os
 import re
 from dataclasses import dataclass
@@ -30,6 +31,10 @@ from pathlib import Path
 from .errors import ModelLoadError, UnknownDemoModel
 
 __all__ = ["ModelSource", "inspect_folder", "offline_reason", "resolve_source"]
+
+# How resolve_source converts a GGUF file it meets (one call's setting, not global state).
+_QUANTIZED_GGUF: contextvars.ContextVar[bool] = contextvars.ContextVar("quantized_gguf",
+                                                                     default=False)
 
 # What huggingface_hub accepts as a repo id, plus mlx-lm's optional `@revision`.
 _REPO_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:@(?P<rev>[\w./-]+))?$")
@@ -50,10 +55,21 @@ class _Miss(Exception):
     """This kind of name does not apply; the message says what was tried (for the error)."""
 
 
-def resolve_source(name: str, *, download: bool = True) -> ModelSource:
-    """The `ModelSource` for `name` (see the module docstring for the order)."""
+def resolve_source(name: str, *, download: bool = True,
+                   quantized_gguf: bool = False) -> ModelSource:
+    """The `ModelSource` for `name` (see the module docstring for the order).
+    `quantized_gguf`: a GGUF file becomes a folder that keeps its quantized blocks (for
+    forkv's CPU kernels) rather than a dequantized one."""
     if name.startswith("demo:"):
         return _demo(name)
+    token = _QUANTIZED_GGUF.set(quantized_gguf)
+    try:
+        return _resolve(name, download)
+    finally:
+        _QUANTIZED_GGUF.reset(token)
+
+
+def _resolve(name: str, download: bool) -> ModelSource:
     tried: list[str] = []
     for kind in (_local, _named, _lmstudio, _hub):
         try:
@@ -124,9 +140,11 @@ def from_folder(name: str, kind: str, path: Path, what: str) -> ModelSource:
 def from_gguf(name: str, kind: str, file: Path, what: str) -> ModelSource:
     from .gguf_cache import converted_folder
 
-    folder, version = converted_folder(file)
+    quantized = _QUANTIZED_GGUF.get()
+    folder, version = converted_folder(file, quantized=quantized)
+    how = "its quantized blocks kept" if quantized else "dequantized"
     return ModelSource(name, kind, folder, "gguf",
-                       f"{what}, converted by forkv (converter {version}) into {folder}")
+                       f"{what}, converted by forkv (converter {version}, {how}) into {folder}")
 
 
 def _named(name: str, download: bool) -> ModelSource | None:
@@ -135,7 +153,7 @@ def _named(name: str, download: bool) -> ModelSource | None:
     if name not in NAMED_MODELS:
         raise _Miss(f"not a demo name (demo:<arch>[:<size>]) or a named model "
                     f"({', '.join(NAMED_MODELS)})")
-    folder = ensure_named_model(name, download=download)
+    folder = ensure_named_model(name, download=download, quantized=_QUANTIZED_GGUF.get())
     return ModelSource(name, "named", folder, "gguf", NAMED_MODELS[name].describe(folder))
 
 

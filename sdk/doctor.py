@@ -1,5 +1,6 @@
-"""`forkv doctor`: what this machine gives forkv — BLAS, device, dtype, what happens to
-quantized weights, versions; with a model, where its name led and what was loaded."""
+"""`forkv doctor`: what this machine gives forkv — BLAS, forkv's CPU kernels (built here on
+first use), device, dtype, what happens to quantized weights, versions; with a model, where its
+name led and what was loaded."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ def report(model: str | None = None) -> dict:
         "blas": info.name + (f" ({info.path})" if info.path else ""),
         "blas_optimized": info.is_optimized,
         "blas_note": info.reason,
+        "kernels": kernels_line(mx.default_device() == mx.cpu),
         "dtype": pick_dtype("auto", "bfloat16") + " (auto, for a bfloat16 model)",
         "quantized": _quantized_policy(config.quantized, mx.default_device() == mx.cpu),
     }
@@ -51,13 +53,31 @@ def report(model: str | None = None) -> dict:
     return out
 
 
+def kernels_line(is_cpu: bool) -> str:
+    """One line: which kernels quantized layers run on here, and why (builds them if needed)."""
+    if not is_cpu:
+        return "mlx's (forkv's own kernels are for the CPU device only)"
+    from forkv.engine import native
+
+    native.load()
+    info = native.status()
+    if info.available:
+        return (f"forkv-native {info.isa}, {info.num_threads} threads, for quantized layers "
+                f"({info.path})")
+    return f"mlx's: forkv's CPU kernels are not in use: {info.reason}"
+
+
 def _quantized_policy(mode: str, is_cpu: bool) -> str:
+    from forkv.engine import native
     from forkv.engine.quantized import available_memory
 
     if mode != "auto":
         return f"{mode} (FORKV_QUANTIZED)"
     if not is_cpu:
         return "auto: keep quantized weights (this device's quantized kernels are fast)"
+    if native.status().available:
+        return ("auto: keep quantized weights on forkv's CPU kernels (GGUF blocks kept as "
+                "they are); a model with layers they cannot run is dequantized when it fits")
     have = available_memory()
     room = f"{have / 2**30:.1f} GiB available" if have else "memory unknown"
     return ("auto: dequantize on this CPU when the float weights fit in memory "
