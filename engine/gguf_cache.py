@@ -34,9 +34,7 @@ def converted_folder(file: Path, *, dtype: str | None = None,
     if is_complete(folder):
         return folder, version
     try:
-        # quantized= only when asked: a float conversion calls convert exactly as before.
-        more = {"quantized": True} if quantized else {}
-        write_atomically(folder, lambda out: convert(file, out, dtype=dtype, **more))
+        write_atomically(folder, lambda out: convert(file, out, dtype=dtype, quantized=quantized))
     except gguf_error as e:
         if isinstance(e, ModelLoadError):
             raise

@@ -142,9 +142,9 @@ def from_gguf(name: str, kind: str, file: Path, what: str) -> ModelSource:
 
     quantized = _QUANTIZED_GGUF.get()
     folder, version = converted_folder(file, quantized=quantized)
-    how = "its quantized blocks kept" if quantized else "dequantized"
+    how = ", its quantized blocks kept," if quantized else ""
     return ModelSource(name, kind, folder, "gguf",
-                       f"{what}, converted by forkv (converter {version}, {how}) into {folder}")
+                       f"{what}, converted by forkv (converter {version}){how} into {folder}")
 
 
 def _named(name: str, download: bool) -> ModelSource | None:

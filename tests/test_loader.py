@@ -58,31 +58,62 @@ def _logits(lm, tokens=(1, 5, 9, 30, 2, 7)):
     return lm.model(mx.array([list(tokens)]))[0]
 
 
-def test_quantized_auto_dequantizes_on_the_cpu(q4_folder):
+@pytest.fixture
+def no_native(monkeypatch):
+    """forkv's CPU kernels off (FORKV_NATIVE=off), as on a machine that cannot build them."""
+    from forkv.engine import native
+
+    monkeypatch.setenv("FORKV_NATIVE", "off")
+    monkeypatch.setattr(native, "_info", None)
+    monkeypatch.setattr(native, "_module", None)
+
+
+def test_quantized_auto_runs_on_the_native_kernels_on_the_cpu(q4_folder):
+    import mlx.core as mx
+
+    from forkv.engine import native
+    from forkv.engine.native.layers import NativeQuantizedLinear
+
+    if native.load() is None:
+        pytest.skip(f"forkv's kernels are not available: {native.status().reason}")
+    auto = load_model(str(q4_folder))
+    assert auto.quantization == f"4-bit on {native.kernel_label()}", auto.quantization
+    assert "on forkv's CPU kernels" in auto.quantization_reason
+    assert any(isinstance(m, NativeQuantizedLinear) for _, m in auto.model.named_modules())
+    deq = load_model(str(q4_folder), quantized="dequantize")
+    assert deq.fingerprint != auto.fingerprint
+    # int8 activations: close, not equal. Four random layers amplify the rounding (one matmul
+    # is within 1.5% of the largest output); the perplexity bench bounds it on real models.
+    a, b = _logits(auto), _logits(deq)
+    assert float(mx.abs(a - b).max()) <= 0.25 * float(mx.abs(b).max())
+
+
+def test_quantized_auto_dequantizes_on_the_cpu(q4_folder, no_native):
     import mlx.nn as nn
 
     auto = load_model(str(q4_folder))
     assert auto.quantization == "4-bit dequantized to float32" and auto.dtype == "float32"
-    assert "auto: the CPU's quantized matmul" in auto.quantization_reason
+    assert "FORKV_NATIVE=off" in auto.quantization_reason
+    assert "mlx's CPU quantized matmul is far slower" in auto.quantization_reason
     assert not any(isinstance(m, nn.QuantizedLinear) for _, m in auto.model.named_modules())
     forced = load_model(str(q4_folder), quantized="dequantize")
     assert forced.fingerprint == auto.fingerprint  # same compute, same keys
 
 
-def test_quantized_keep_computes_the_same_but_keys_differ(q4_folder):
+def test_quantized_keep_computes_the_same_but_keys_differ(q4_folder, no_native):
     import mlx.core as mx
     import mlx.nn as nn
 
     kept = load_model(str(q4_folder), quantized="keep")
     deq = load_model(str(q4_folder), quantized="dequantize")
-    assert kept.quantization == "4-bit kept"
+    assert kept.quantization == "4-bit kept" and "FORKV_NATIVE=off" in kept.quantization_reason
     assert any(isinstance(m, nn.QuantizedLinear) for _, m in kept.model.named_modules())
     assert kept.fingerprint != deq.fingerprint
     a, b = _logits(kept), _logits(deq)
     assert mx.allclose(a, b, atol=1e-4, rtol=1e-4), float(mx.abs(a - b).max())
 
 
-def test_quantized_auto_keeps_what_would_not_fit(q4_folder, monkeypatch):
+def test_quantized_auto_keeps_what_would_not_fit(q4_folder, monkeypatch, no_native):
     from forkv.engine import quantized
 
     monkeypatch.setattr(quantized, "available_memory", lambda: 1024)
@@ -122,7 +153,7 @@ def test_bad_quantized_mode():
         EngineConfig.from_env({"FORKV_QUANTIZED": "sometimes"})
 
 
-def test_doctor_says_what_it_chose_for_quantized_weights(q4_folder, monkeypatch):
+def test_doctor_says_what_it_chose_for_quantized_weights(q4_folder, monkeypatch, no_native):
     from forkv.doctor import report
 
     info = report(str(q4_folder))

@@ -61,7 +61,7 @@ def fake_converter(monkeypatch, demo_folder, tmp_path):
     monkeypatch.setenv("FORKV_CACHE_DIR", str(tmp_path / "cache"))
     calls = []
 
-    def convert(src, out, *, dtype=None):
+    def convert(src, out, *, dtype=None, quantized=False):
         calls.append(Path(src))
         shutil.copytree(demo_folder, out)
         return out
@@ -199,7 +199,7 @@ def test_a_named_model_gets_forkvs_template_and_eos(tmp_path, monkeypatch, fake_
     assert "chat_template" not in json.loads((plain / "tokenizer_config.json").read_text()) or (
         json.loads((plain / "tokenizer_config.json").read_text())["chat_template"]
         != named_mod.GEMMA_TURN_TEMPLATE)
-    lm = load_model("gemma3-270m")
+    lm = load_model("gemma3-270m", quantized="dequantize")  # the float conversion, as above
     assert lm.tokenizer.convert_tokens_to_ids("<|im_end|>") in lm.eos_token_ids
     assert resolve_source("gemma3-270m").path == src.path and len(fake_converter) == 1
 
