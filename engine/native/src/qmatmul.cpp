@@ -115,7 +115,25 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs,
     qw.row_bytes = row_bytes(K, bits);
     qw.scales = scales.data<float>();
     qw.biases = biases.data<float>();
-    if (M > 0) run_qgemm(x.data<float>(), M, K, qw, out.data<float>(), isa);
+    if (M == 0) return;
+    const float* xp = x.data<float>();
+    thread_local std::vector<float> gathered;
+    if (!x.flags().row_contiguous) {  // a strided view: copy it into row order once
+      gathered.resize(x.size());
+      const auto& shape = x.shape();
+      const auto& strides = x.strides();
+      for (size_t i = 0; i < x.size(); ++i) {
+        size_t rem = i;
+        int64_t loc = 0;
+        for (int d = int(shape.size()) - 1; d >= 0; --d) {
+          loc += int64_t(rem % shape[d]) * strides[d];
+          rem /= shape[d];
+        }
+        gathered[i] = xp[loc];
+      }
+      xp = gathered.data();
+    }
+    run_qgemm(xp, M, K, qw, out.data<float>(), isa);
   });
 }
 
@@ -152,10 +170,15 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
   if (scales.dtype() != mx::float32 || biases.dtype() != mx::float32)
     throw std::invalid_argument("forkv quantized_matmul: scales and biases must be float32");
   auto s = mx::to_stream(mx::Device::cpu);
-  auto xf = mx::contiguous(mx::astype(x, mx::float32, s), false, s);
-  auto wc = mx::contiguous(w, false, s);
-  auto sc = mx::contiguous(scales, false, s);
-  auto bc = mx::contiguous(biases, false, s);
+  // Weights are evaluated, contiguous parameters: no extra graph node for them (a decode step
+  // makes ~130 of these calls). x may be strided: eval_cpu gathers it.
+  auto as_is = [&](const mx::array& a) {
+    return a.is_available() && a.flags().row_contiguous ? a : mx::contiguous(a, false, s);
+  };
+  auto xf = x.dtype() == mx::float32 ? x : mx::astype(x, mx::float32, s);
+  auto wc = as_is(w);
+  auto sc = as_is(scales);
+  auto bc = as_is(biases);
   auto shape = x.shape();
   shape.back() = N;
   auto y = mx::array(shape, mx::float32,
