@@ -246,16 +246,36 @@ def real_engine():
 
 
 def _mlx_lm_greedy(lm, ids, n):
+    """mlx-lm's own greedy loop: its tokens and the log-probabilities it chose them from."""
     import mlx.core as mx
     from mlx_lm.generate import generate_step
 
-    out = []
-    for (token, _), _ in zip(generate_step(mx.array(ids), lm.model, max_tokens=n), range(n)):
+    out, logprobs = [], []
+    for (token, lp), _ in zip(generate_step(mx.array(ids), lm.model, max_tokens=n), range(n)):
         token = int(token)
         if token in lm.tokenizer.eos_token_ids:
             break
         out.append(token)
-    return out
+        logprobs.append(lp)
+    return out, logprobs
+
+
+# How far below mlx-lm's own choice the engine's token may score where the two first differ.
+# The engine prefills in other chunks than mlx-lm's loop (block and turn-end cuts): in float32
+# that moves logits by ~1e-6, but on forkv's CPU kernels activations are rounded to int8, which
+# turns such noise into ~0.05 nats (measured across ISAs), enough to flip a base model's near
+# ties on chat text. A wrong template, a missing <bos> or a bad cache diverges by far more.
+NEAR_TIE = 0.25
+
+
+def _assert_matches_mlx_lm(got, lm, ids):
+    want, logprobs = _mlx_lm_greedy(lm, ids, len(got) or 1)
+    for i, (g, w) in enumerate(zip(got, want)):
+        if g != w:
+            gap = float(logprobs[i][w] - logprobs[i][g])
+            assert gap <= NEAR_TIE, (i, g, w, gap, got, want)
+            return
+    assert len(got) == len(want), (got, want)
 
 
 @pytest.mark.slow
@@ -266,9 +286,12 @@ def test_real_gemma_greedy_plain_text_matches_mlx_lm(real_engine):
     ids = real_engine.encode(prompt)
     assert ids == list(lm.tokenizer.encode(prompt)) and ids[0] == 2  # <bos>, as mlx-lm
     result = real_engine.generate(prompt, max_tokens=32)
-    assert result.token_ids == _mlx_lm_greedy(lm, ids, 32)
+    _assert_matches_mlx_lm(result.token_ids, lm, ids)
     assert result.text == lm.tokenizer.decode(result.token_ids)
-    assert result.text.startswith(" the capital of the country of France.")
+    # " ... the country of France." in float32, " ... the French Republic." on the kernels.
+    assert result.text.startswith(" the capital of the") and any(
+        w in result.text for w in ("France", "French")), result.text
+
 
 
 @pytest.mark.slow
@@ -285,7 +308,7 @@ def test_real_gemma_chat_with_a_given_template_matches_mlx_lm(real_engine):
         assert engine.checkpointer.turns.marker == tuple(
             tok.encode("<start_of_turn>model\n", add_special_tokens=False))
         result = engine.generate(messages, max_tokens=32)
-        assert result.token_ids == _mlx_lm_greedy(engine.lm, ids, 32)
+        _assert_matches_mlx_lm(result.token_ids, engine.lm, ids)
 
 
 @pytest.mark.slow
