@@ -93,16 +93,21 @@ def _try_native(model, what: str) -> tuple[QuantChoice | None, str]:
     lib = native.load()
     if lib is None:
         return None, native.status().reason
+    from .native.attention import use_native_attention
     from .native.layers import unsupported, use_native
+    from .native.rowwise import use_native_rowwise
 
     missing = unsupported(model)
     if missing:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         return None, f"the kernels do not run {', '.join(missing[:3])}{more}"
     count = use_native(model, lib)
+    attention = use_native_attention(model, lib)
+    norms, ropes = use_native_rowwise(model, lib)
     info = native.status()
-    return QuantChoice(f"{what} on {native.kernel_label()}", f"{count} quantized layers on "
-                       f"forkv's CPU kernels ({info.isa}, {info.num_threads} threads)", False,
+    return QuantChoice(f"{what} on {native.kernel_label()}", f"{count} quantized layers, "
+                       f"{attention} attention layers' decode, {norms} norms and {ropes} ropes "
+                       f"on forkv's CPU kernels ({info.isa}, {info.num_threads} threads)", False,
                        native=True), ""
 
 

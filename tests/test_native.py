@@ -191,3 +191,175 @@ def test_status_says_why_when_turned_off(monkeypatch):
     from forkv.doctor import kernels_line
 
     assert "FORKV_NATIVE=off" in kernels_line(True)
+
+
+# ---------------------------------------------------------------- decode attention
+
+@pytest.mark.parametrize("B, Hq, Hkv, S, D", [(1, 4, 1, 700, 256), (3, 8, 2, 300, 64),
+                                              (2, 6, 6, 1, 128), (1, 2, 1, 256, 16)])
+def test_decode_attention_matches_mlx_on_every_isa(lib, B, Hq, Hkv, S, D):
+    key = mx.random.key(S)
+    q, k, v = (mx.random.normal(s, key=mx.random.split(key, 3)[i])
+               for i, s in enumerate(((B, Hq, 1, D), (B, Hkv, S, D), (B, Hkv, S, D))))
+    keep = mx.concatenate([mx.random.uniform(shape=(B, 1, 1, S - 1), key=key) > 0.3,
+                           mx.ones((B, 1, 1, 1), mx.bool_)], axis=-1)  # the token itself kept
+    additive = mx.random.normal((1, Hq, 1, S), key=key)
+    wide = mx.random.normal((B, Hkv, S + 9, D), key=key)  # a cache's preallocated buffer
+    cases = [(q, k, v, None), (q, k, v, keep), (q, k, v, additive),
+             (q, wide[:, :, :S], wide[:, :, 9:], None),
+             (q, mx.random.normal((B, Hkv, D, S), key=key).swapaxes(2, 3), v, None)]  # D strided
+    scale = D ** -0.5
+    for isa in _isas(lib):
+        lib.set_isa(isa)
+        for qq, kk, vv, mask in cases:
+            ref = mx.fast.scaled_dot_product_attention(qq, kk, vv, scale=scale, mask=mask)
+            got = lib.decode_attention(qq, kk, vv, scale, mask)
+            assert got.shape == ref.shape and got.dtype == mx.float32
+            assert mx.abs(got - ref).max().item() <= 2e-6 * max(1.0, mx.abs(ref).max().item()), isa
+    lib.set_isa(lib.best_isa())
+
+
+def test_decode_attention_of_a_sequence_does_not_depend_on_the_batch_or_threads(lib):
+    B, Hq, Hkv, S, D = 3, 4, 2, 1100, 64  # several S blocks, so both threads share a head
+    q, k, v = mx.random.normal((B, Hq, 1, D)), mx.random.normal((B, Hkv, S, D)), \
+        mx.random.normal((B, Hkv, S, D))
+    for isa in _isas(lib):
+        lib.set_isa(isa)
+        whole = lib.decode_attention(q, k, v, 0.125)
+        for b in range(B):
+            alone = lib.decode_attention(q[b:b + 1], k[b:b + 1], v[b:b + 1], 0.125)
+            assert mx.array_equal(whole[b:b + 1], alone).item(), (isa, b)
+        lib.set_num_threads(1)
+        try:
+            assert mx.array_equal(whole, lib.decode_attention(q, k, v, 0.125)).item(), isa
+        finally:
+            lib.set_num_threads(0)
+    lib.set_isa(lib.best_isa())
+
+
+def test_decode_attention_rejects_what_it_cannot_run(lib):
+    q, k = mx.zeros((1, 4, 1, 64)), mx.zeros((1, 2, 8, 64))
+    with pytest.raises(ValueError, match="one token per sequence"):
+        lib.decode_attention(mx.zeros((1, 4, 2, 64)), k, k, 1.0)
+    with pytest.raises(ValueError, match="multiple of k's"):
+        lib.decode_attention(mx.zeros((1, 3, 1, 64)), k, k, 1.0)
+    with pytest.raises(ValueError, match="float32"):
+        lib.decode_attention(q.astype(mx.bfloat16), k, k, 1.0)
+    with pytest.raises(ValueError, match="bool or floating"):
+        lib.decode_attention(q, k, k, 1.0, mx.zeros((1, 1, 1, 8), mx.int32))
+
+
+class _Counting:
+    """The extension, counting its decode attention calls."""
+
+    def __init__(self, lib):
+        self.lib, self.calls = lib, 0
+
+    def decode_attention(self, *args):
+        self.calls += 1
+        return self.lib.decode_attention(*args)
+
+
+def test_decode_attention_runs_only_for_the_models_on_the_kernels(lib):
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from forkv.engine import load_model
+    from forkv.engine.native.attention import use_native_attention
+
+    plain, marked = load_model("demo:qwen3:tiny"), load_model("demo:qwen3:tiny")
+
+    def decode(model):
+        cache = make_prompt_cache(model)
+        prefill = model(mx.array([[5, 9, 2, 7, 4, 3]]), cache=cache)
+        return prefill, model(mx.array([[8]]), cache=cache)
+
+    before = decode(plain.model)
+    counting = _Counting(lib)
+    layers = len(marked.model.layers)
+    assert use_native_attention(marked.model, counting) == layers
+    after = decode(plain.model)  # the same architecture, not on the kernels: untouched
+    assert all(mx.array_equal(a, b).item() for a, b in zip(before, after))
+    assert counting.calls == 0
+    prefill, step = decode(marked.model)
+    assert counting.calls == layers  # the decode step only; prefill stays mlx's
+    assert mx.array_equal(prefill, before[0]).item()
+    assert mx.allclose(step, before[1], atol=1e-4).item()
+    assert use_native_attention(marked.model, counting) == layers  # idempotent
+
+
+# ---------------------------------------------------------------- norms and ropes
+
+def _rope_reference(x, dims, traditional, base, scale, positions):
+    """mx.fast.rope's definition in float64; positions per row of x [B, H, L, D] as [B, L]."""
+    x = np.array(x, np.float64)
+    half = dims // 2
+    theta = np.asarray(positions, np.float64)[:, None, :, None] * scale * \
+        base ** (-np.arange(half) / half)
+    a, b = (slice(0, dims, 2), slice(1, dims, 2)) if traditional else \
+        (slice(0, half), slice(half, dims))
+    out = x.copy()
+    out[..., a] = x[..., a] * np.cos(theta) - x[..., b] * np.sin(theta)
+    out[..., b] = x[..., a] * np.sin(theta) + x[..., b] * np.cos(theta)
+    return out
+
+
+@pytest.mark.parametrize("traditional", [False, True])
+def test_rope_is_mx_fast_ropes_definition_on_every_isa(lib, traditional):
+    x = mx.random.normal((2, 7, 3, 64)).transpose(0, 2, 1, 3)  # [B, H, L, D], strided as q is
+    for isa in _isas(lib):
+        lib.set_isa(isa)
+        for dims, offset in ((64, 0), (48, 31_000)):
+            got = np.array(lib.rope(x, dims, traditional, 1e6, 0.5, offset))
+            want = _rope_reference(x, dims, traditional, 1e6, 0.5,
+                                   np.arange(offset, offset + 7)[None].repeat(2, 0))
+            assert np.abs(got - want).max() < 2e-6, (isa, dims, offset)
+        offsets = mx.array([5, 900])  # a batch whose sequences sit at different positions
+        got = np.array(lib.rope(x, 64, traditional, 1e4, 1.0, 0, offsets))
+        want = _rope_reference(x, 64, traditional, 1e4, 1.0, np.array([[5], [900]]) + np.arange(7))
+        assert np.abs(got - want).max() < 2e-6, isa
+        small = mx.fast.rope(x, 64, traditional=traditional, base=1e4, scale=1.0, offset=3)
+        assert mx.allclose(lib.rope(x, 64, traditional, 1e4, 1.0, 3), small, atol=1e-5).item()
+    lib.set_isa(lib.best_isa())
+
+
+def test_rms_norm_matches_mlx_and_each_row_stands_alone(lib):
+    x = mx.random.normal((3, 300, 200)).transpose(1, 0, 2)  # strided, 900 rows: both threads
+    w = mx.random.normal((200,))
+    for isa in _isas(lib):
+        lib.set_isa(isa)
+        for offset in (0.0, 1.0):
+            got = lib.rms_norm(x, w, 1e-6, offset)
+            want = mx.fast.rms_norm(x, w + offset, 1e-6)
+            assert mx.abs(got - want).max().item() <= 1e-5 * mx.abs(want).max().item(), isa
+        whole = lib.rms_norm(x, w, 1e-6)
+        assert mx.array_equal(whole[7:8], lib.rms_norm(x[7:8], w, 1e-6)).item(), isa
+        rope = lib.rope(x, 200, False, 1e4, 1.0, 11)
+        assert mx.array_equal(rope[7:8], lib.rope(x[7:8], 200, False, 1e4, 1.0, 11)).item()
+    lib.set_isa(lib.best_isa())
+
+
+def test_norms_and_ropes_move_onto_the_kernels_per_model(lib):
+    import importlib
+
+    from forkv.engine import load_model
+    from forkv.engine.native.rowwise import GEMMA_NORMS, use_native_rowwise
+
+    for name in GEMMA_NORMS:  # each listed class is still `rms_norm(x, 1 + weight, eps)`
+        module, cls_name = name.rsplit(".", 1)
+        cls = getattr(importlib.import_module(module), cls_name)
+        norm = cls(64)
+        norm.weight = mx.random.normal((64,))
+        x = mx.random.normal((2, 64))
+        want = norm(x)
+        use_native_rowwise(norm, lib)
+        assert type(norm).__name__ == cls_name and isinstance(norm, cls)
+        assert mx.allclose(norm(x), want, atol=1e-5).item(), name
+    plain, moved = load_model("demo:gemma3:tiny", dtype="float32"), \
+        load_model("demo:gemma3:tiny", dtype="float32")
+    layers = len(moved.model.layers)
+    norms, ropes = use_native_rowwise(moved.model, lib)
+    assert ropes == layers and norms >= 6 * layers  # four around each block, q_norm, k_norm
+    ids = mx.array([[3, 1, 4, 1, 5, 9, 2, 6]])
+    assert mx.allclose(moved.model(ids), plain.model(ids), atol=1e-4).item()
+    assert type(plain.model.layers[0].input_layernorm) is not \
+        type(moved.model.layers[0].input_layernorm)  # the other model is untouched

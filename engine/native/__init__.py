@@ -1,4 +1,5 @@
-"""forkv's CPU kernels: quantized matmul as an mlx primitive, chosen per ISA at run time.
+"""forkv's CPU kernels: quantized matmul and decode attention as mlx primitives, chosen per
+ISA at run time.
 
 `load()` builds the extension on first use (build.py) and imports it; `status()` says whether
 the kernels are in use and why not (for `forkv doctor`); `kernel_label()` is what the model
@@ -21,7 +22,7 @@ from .build import BuildError, built_library
 __all__ = ["NativeInfo", "kernel_label", "load", "status"]
 
 # Bump when a kernel's arithmetic changes (its results, not its speed).
-KERNEL_VERSION = 1
+KERNEL_VERSION = 2  # 2: decode attention
 
 
 @dataclass(slots=True, frozen=True)

@@ -96,8 +96,10 @@ def build_llama_server(timeout_s: float = _BUILD_TIMEOUT_S, jobs: int | None = N
     try:
         with open(log_path, "wb") as log:
             try:
-                _run_logged([sys.executable, "-m", "pip", "download", "--no-binary", ":all:",
-                             "--no-deps", "-d", str(tmp),
+                # The sdist only: ":all:" would also build pip's build requirements
+                # (cmake itself) from source, which takes longer than llama-server.
+                _run_logged([sys.executable, "-m", "pip", "download", "--no-binary",
+                             "llama-cpp-python", "--no-deps", "-d", str(tmp),
                              f"llama-cpp-python=={LLAMA_CPP_PYTHON}"], log, tmp, deadline)
                 sdist = next(tmp.glob("llama_cpp_python-*.tar.gz"))
                 with tarfile.open(sdist) as tar:

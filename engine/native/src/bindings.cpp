@@ -1,7 +1,10 @@
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
+#include "attention.h"
 #include "pool.h"
+#include "rowwise.h"
 #include "qmatmul.h"
 
 namespace nb = nanobind;
@@ -11,6 +14,11 @@ NB_MODULE(_forkv_native, m) {
   m.doc() = "forkv's CPU kernels for mlx (engine/native)";
   m.def("quantized_matmul", &forkv::quantized_matmul, "x"_a, "w"_a, "scales"_a, "biases"_a,
         "bits"_a, "group_size"_a);
+  m.def("decode_attention", &forkv::decode_attention, "q"_a, "k"_a, "v"_a, "scale"_a,
+        "mask"_a = nb::none());
+  m.def("rms_norm", &forkv::rms_norm, "x"_a, "w"_a, "eps"_a, "offset"_a = 0.0f);
+  m.def("rope", &forkv::rope, "x"_a, "dims"_a, "traditional"_a, "base"_a, "scale"_a,
+        "offset"_a = 0, "offsets"_a = nb::none());
   m.def("repack", &forkv::repack, "w"_a, "K"_a, "bits"_a);
   m.def("row_bytes", &forkv::row_bytes, "K"_a, "bits"_a);
   m.def("isa", [] { return std::string(forkv::isa_name(forkv::current_isa())); });

@@ -251,7 +251,8 @@ T512 void tile512(const QuantX& x, const QuantW& w, int m0, int n0, float* y, si
 template <int BITS, int MR>
 T512 void rows512(const QuantX& x, const QuantW& w, int m0, int n0, int n1, float* y, size_t ldy) {
   int n = n0;
-  for (; n + 4 <= n1; n += 4) tile512<BITS, MR, 4>(x, w, m0, n, y, ldy);
+  if (MR > 1)  // with one activation row, rows one after another read memory in order
+    for (; n + 4 <= n1; n += 4) tile512<BITS, MR, 4>(x, w, m0, n, y, ldy);
   for (; n < n1; ++n) tile512<BITS, MR, 1>(x, w, m0, n, y, ldy);
 }
 
