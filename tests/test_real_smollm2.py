@@ -21,9 +21,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     reason="smollm2-135m is not fetched here: run `forkv pull smollm2-135m`")]
 
 NAME = "smollm2-135m"
-FACTS = [("What is the capital of France?", "Paris"),
-         ("What is the capital of Germany?", "Berlin"),
-         ("What is 2+3?", "5")]
+# Questions whose first answer token leads by more than a nat on every path (the kernels,
+# float32 dequantized): SmolLM2-135M is at a near tie on many others ("What is the capital of
+# France?" after "You are a concise assistant." leads by 0.00 nats in float32, and int8
+# activations flip it to French), so those would test luck, not forkv.
+FACTS = [("What is the capital of Japan?", "Tokyo"),
+         ("What is the capital of Germany?", "Berlin")]
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +54,7 @@ def test_the_server_answers_factual_questions(client, question, answer):
 
 def test_the_next_turn_reuses_the_conversation(client):
     messages = [{"role": "system", "content": "You are a concise assistant."},
-                {"role": "user", "content": "What is the capital of France?"}]
+                {"role": "user", "content": "What is the capital of Japan?"}]
     first = client.chat.completions.create(model=NAME, messages=messages, max_tokens=32,
                                            temperature=0)
     messages += [{"role": "assistant", "content": first.choices[0].message.content},
@@ -63,9 +66,9 @@ def test_the_next_turn_reuses_the_conversation(client):
 
 
 def test_the_responses_api_answers(client):
-    out = client.responses.create(model=NAME, input="What is the capital of France?",
+    out = client.responses.create(model=NAME, input="What is the capital of Japan?",
                                   max_output_tokens=32, temperature=0)
-    assert "Paris" in out.output_text, out.output_text
+    assert "Tokyo" in out.output_text, out.output_text
     assert not [item for item in out.output if item.type == "reasoning"]
 
 
@@ -87,10 +90,10 @@ def test_a_session_answers_and_follows_up():
 
     with forkv.Session(NAME) as session:
         user = session.system("You are a concise assistant.").user(
-            "What is the capital of France?")
+            "What is the capital of Japan?")
         answer = user.final({"max_tokens": 32})
         session.run(answer)
-        assert "Paris" in answer.text, answer.text
+        assert "Tokyo" in answer.text, answer.text
         follow = answer.user("And of Germany?").final({"max_tokens": 32})
         session.run(follow)
         assert "Berlin" in follow.text, follow.text
@@ -127,7 +130,7 @@ def test_the_readme_server_example_runs(url, capsys):
     (code,) = re.findall(r"```py\n(.*?)```", README, flags=re.S)
     exec(compile(code.replace("http://127.0.0.1:8000", url), "README.md", "exec"),  # noqa: S102
          {"__name__": "__readme__"})
-    assert "Paris" in capsys.readouterr().out
+    assert "Tokyo" in capsys.readouterr().out
 
 
 def test_the_readme_cli_example_runs():
@@ -140,4 +143,4 @@ def test_the_readme_cli_example_runs():
     assert args[:2] == ["forkv", "generate"]
     out = subprocess.run([sys.executable, "-m", "forkv.cli", *args[1:]], capture_output=True,
                          text=True, timeout=300)
-    assert out.returncode == 0 and "Paris" in out.stdout, out.stdout + out.stderr
+    assert out.returncode == 0 and "Tokyo" in out.stdout, out.stdout + out.stderr
