@@ -14,6 +14,7 @@
 #include "mlx/backend/cpu/encoder.h"
 #include "pool.h"
 #include "qmatmul.h"
+#include "strided.h"
 
 namespace forkv {
 
@@ -142,9 +143,8 @@ void run_attention(const Args& a, float* out, Isa isa) {
   const size_t item = size_t(G) * (2 + a.D);
   thread_local std::vector<float> parts;
   parts.resize(size_t(a.B) * a.Hkv * num_blocks * item);
-  auto* block_fn = isa == Isa::avx512vnni ? block512 : isa == Isa::avx2 ? block256 : block_portable;
-  auto* combine_fn =
-      isa == Isa::avx512vnni ? combine512 : isa == Isa::avx2 ? combine256 : combine_portable;
+  auto* block_fn = by_isa(isa, &block512, &block256, &block_portable);
+  auto* combine_fn = by_isa(isa, &combine512, &combine256, &combine_portable);
   const int items = a.B * a.Hkv * num_blocks;
   std::atomic<int> next{0};
   float* pp = parts.data();
@@ -176,16 +176,8 @@ View view_of(const mx::array& x, std::vector<float>& buf) {
     v.s0 = st[0]; v.s1 = st[1]; v.s2 = st[2];
     return v;
   }
-  const int64_t n0 = x.shape(0), n1 = x.shape(1), n2 = x.shape(2), n3 = x.shape(3);
-  buf.resize(size_t(n0 * n1 * n2 * n3));
-  const float* src = x.data<float>();
-  size_t o = 0;
-  for (int64_t i0 = 0; i0 < n0; ++i0)
-    for (int64_t i1 = 0; i1 < n1; ++i1)
-      for (int64_t i2 = 0; i2 < n2; ++i2)
-        for (int64_t i3 = 0; i3 < n3; ++i3)
-          buf[o++] = src[i0 * st[0] + i1 * st[1] + i2 * st[2] + i3 * st[3]];
-  v.p = buf.data();
+  const int64_t n1 = x.shape(1), n2 = x.shape(2), n3 = x.shape(3);
+  v.p = row_major(x, buf);
   v.s0 = n1 * n2 * n3; v.s1 = n2 * n3; v.s2 = n3;
   return v;
 }

@@ -11,6 +11,7 @@
 #include "mlx/backend/cpu/encoder.h"
 #include "pool.h"
 #include "qgemm.h"
+#include "strided.h"
 
 namespace forkv {
 
@@ -116,23 +117,8 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs,
     qw.scales = scales.data<float>();
     qw.biases = biases.data<float>();
     if (M == 0) return;
-    const float* xp = x.data<float>();
     thread_local std::vector<float> gathered;
-    if (!x.flags().row_contiguous) {  // a strided view: copy it into row order once
-      gathered.resize(x.size());
-      const auto& shape = x.shape();
-      const auto& strides = x.strides();
-      for (size_t i = 0; i < x.size(); ++i) {
-        size_t rem = i;
-        int64_t loc = 0;
-        for (int d = int(shape.size()) - 1; d >= 0; --d) {
-          loc += int64_t(rem % shape[d]) * strides[d];
-          rem /= shape[d];
-        }
-        gathered[i] = xp[loc];
-      }
-      xp = gathered.data();
-    }
+    const float* xp = row_major(x, gathered);
     run_qgemm(xp, M, K, qw, out.data<float>(), isa);
   });
 }
@@ -170,15 +156,11 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
   if (scales.dtype() != mx::float32 || biases.dtype() != mx::float32)
     throw std::invalid_argument("forkv quantized_matmul: scales and biases must be float32");
   auto s = mx::to_stream(mx::Device::cpu);
-  // Weights are evaluated, contiguous parameters: no extra graph node for them (a decode step
-  // makes ~130 of these calls). x may be strided: eval_cpu gathers it.
-  auto as_is = [&](const mx::array& a) {
-    return a.is_available() && a.flags().row_contiguous ? a : mx::contiguous(a, false, s);
-  };
+  // x may be strided: eval_cpu gathers it.
   auto xf = x.dtype() == mx::float32 ? x : mx::astype(x, mx::float32, s);
-  auto wc = as_is(w);
-  auto sc = as_is(scales);
-  auto bc = as_is(biases);
+  auto wc = as_is(w, s);
+  auto sc = as_is(scales, s);
+  auto bc = as_is(biases, s);
   auto shape = x.shape();
   shape.back() = N;
   auto y = mx::array(shape, mx::float32,

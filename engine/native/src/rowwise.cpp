@@ -12,6 +12,7 @@
 #include "mlx/backend/cpu/encoder.h"
 #include "pool.h"
 #include "qmatmul.h"
+#include "strided.h"
 
 namespace forkv {
 
@@ -50,12 +51,7 @@ Rows rows_of(const mx::array& x, std::vector<float>& buf) {
   rows.base = x.data<float>();
   const int64_t ds = x.strides()[nd - 1];
   if (ds != 1 && rows.D > 1) {
-    buf.resize(size_t(rows.count) * rows.D);
-    for (int64_t r = 0; r < rows.count; ++r) {
-      const float* src = rows.row(r);
-      for (int i = 0; i < rows.D; ++i) buf[size_t(r) * rows.D + i] = src[i * ds];
-    }
-    rows.base = buf.data();
+    rows.base = row_major(x, buf);
     int64_t stride = rows.D;
     for (int d = int(rows.shape.size()) - 1; d >= 0; --d) {
       rows.strides[d] = stride;
@@ -106,11 +102,6 @@ void norm_portable(const Rows& x, const float* w, float eps, float off, int64_t 
   norm_rows(x, w, eps, off, r0, r1, out);
 }
 
-// An evaluated, contiguous parameter as it is; anything else through a copy.
-mx::array as_is(const mx::array& a, mx::Stream s) {
-  return a.is_available() && a.flags().row_contiguous ? a : mx::contiguous(a, false, s);
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------- RMS norm
@@ -128,7 +119,7 @@ void RmsNorm::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::arr
                     isa = isa_]() mutable {
     thread_local std::vector<float> buf;
     const Rows rows = rows_of(x, buf);
-    auto* fn = isa == Isa::avx512vnni ? norm512 : isa == Isa::avx2 ? norm256 : norm_portable;
+    auto* fn = by_isa(isa, &norm512, &norm256, &norm_portable);
     const float* wp = w.data<float>();
     float* y = out.data<float>();
     for_rows(rows.count, [&](int64_t r0, int64_t r1) { fn(rows, wp, eps, offset, r0, r1, y); });
