@@ -93,6 +93,7 @@ def _try_native(model, what: str) -> tuple[QuantChoice | None, str]:
     lib = native.load()
     if lib is None:
         return None, native.status().reason
+    from .native.activations import use_native_activations
     from .native.attention import use_native_attention
     from .native.layers import unsupported, use_native
     from .native.rowwise import use_native_rowwise
@@ -104,9 +105,11 @@ def _try_native(model, what: str) -> tuple[QuantChoice | None, str]:
     count = use_native(model, lib)
     attention = use_native_attention(model, lib)
     norms, ropes = use_native_rowwise(model, lib)
+    mlps = use_native_activations(model, lib)
     info = native.status()
     return QuantChoice(f"{what} on {native.kernel_label()}", f"{count} quantized layers, "
-                       f"{attention} attention layers' decode, {norms} norms and {ropes} ropes "
+                       f"{attention} attention layers, {norms} norms, {ropes} ropes and "
+                       f"{mlps} MLP activations "
                        f"on forkv's CPU kernels ({info.isa}, {info.num_threads} threads)", False,
                        native=True), ""
 

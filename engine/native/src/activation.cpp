@@ -1,0 +1,116 @@
+// The activation primitive and its kernel, compiled once per ISA from one body.
+#include "activation.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "isa_attrs.h"
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "pool.h"
+#include "qmatmul.h"
+#include "strided.h"
+#include "vmath.h"
+
+namespace forkv {
+
+namespace mx = mlx::core;
+
+namespace {
+
+FORKV_INLINE void act_range(Act act, const float* x, const float* m, float* y, int64_t i0,
+                            int64_t i1) {
+  if (act == Act::gelu_approx) {
+    if (m) {
+      for (int64_t i = i0; i < i1; ++i) y[i] = vgelu_approx(x[i]) * m[i];
+    } else {
+      for (int64_t i = i0; i < i1; ++i) y[i] = vgelu_approx(x[i]);
+    }
+  } else if (m) {
+    for (int64_t i = i0; i < i1; ++i) y[i] = vsilu(x[i]) * m[i];
+  } else {
+    for (int64_t i = i0; i < i1; ++i) y[i] = vsilu(x[i]);
+  }
+}
+
+T512F void act512(Act a, const float* x, const float* m, float* y, int64_t i0, int64_t i1) {
+  act_range(a, x, m, y, i0, i1);
+}
+T256F void act256(Act a, const float* x, const float* m, float* y, int64_t i0, int64_t i1) {
+  act_range(a, x, m, y, i0, i1);
+}
+void act_portable(Act a, const float* x, const float* m, float* y, int64_t i0, int64_t i1) {
+  act_range(a, x, m, y, i0, i1);
+}
+
+}  // namespace
+
+void Activation::eval_cpu(const std::vector<mx::array>& inputs,
+                          std::vector<mx::array>& outputs) {
+  auto& out = outputs[0];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  for (const auto& a : inputs) encoder.set_input_array(a);
+  encoder.set_output_array(out);
+  std::vector<mx::array> in;
+  for (const auto& a : inputs) in.push_back(mx::array::unsafe_weak_copy(a));
+  encoder.dispatch([in = std::move(in), out = mx::array::unsafe_weak_copy(out), act = act_,
+                    isa = isa_]() mutable {
+    thread_local std::vector<float> xbuf, mbuf;
+    const float* x = row_major(in[0], xbuf);
+    const float* m = in.size() > 1 ? row_major(in[1], mbuf) : nullptr;
+    float* y = out.data<float>();
+    const int64_t n = int64_t(out.size());
+    auto* fn = by_isa(isa, &act512, &act256, &act_portable);
+    // Split in 64-element-aligned pieces once there is enough work to wake the pool; an
+    // element's value does not depend on the piece it falls in.
+    Pool& p = pool();
+    const int threads =
+        n >= (1 << 15) ? std::max(1, std::min(current_threads(), p.num_threads())) : 1;
+    p.run(threads, [&](int t) {
+      const int64_t i0 = (n * t / threads) & ~int64_t(63);
+      const int64_t i1 = t + 1 == threads ? n : (n * (t + 1) / threads) & ~int64_t(63);
+      fn(act, x, m, y, i0, i1);
+    });
+  });
+}
+
+void Activation::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error("forkv's activation runs on the CPU only.");
+}
+
+bool Activation::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const Activation&>(other);
+  return act_ == o.act_ && isa_ == o.isa_;
+}
+
+std::vector<mx::Shape> Activation::output_shapes(const std::vector<mx::array>& inputs) {
+  return {inputs[0].shape()};
+}
+
+mx::array activation(const mx::array& x, const std::string& kind,
+                     const std::optional<mx::array>& mul) {
+  Act act;
+  if (kind == "gelu_approx") {
+    act = Act::gelu_approx;
+  } else if (kind == "silu") {
+    act = Act::silu;
+  } else {
+    throw std::invalid_argument("forkv activation: unknown kind '" + kind +
+                                "'; use gelu_approx or silu");
+  }
+  if (x.dtype() != mx::float32) throw std::invalid_argument("forkv activation: x must be float32");
+  auto s = mx::to_stream(mx::Device::cpu);
+  std::vector<mx::array> inputs = {x};
+  if (mul) {
+    if (mul->shape() != x.shape() || mul->dtype() != mx::float32)
+      throw std::invalid_argument("forkv activation: mul must be float32 with x's shape");
+    inputs.push_back(*mul);
+  }
+  return mx::array(x.shape(), mx::float32, std::make_shared<Activation>(s, act, current_isa()),
+                   std::move(inputs));
+}
+
+}  // namespace forkv

@@ -1,0 +1,90 @@
+"""The MLP activations on forkv's kernels (engine/native/activations.py, src/activation.cpp):
+mlx's gelu_approx and silu to float32 rounding on every ISA, every element computed the same
+way wherever it sits, and moved onto a model's MLPs only for the models on the kernels."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+from test_native import _isas, lib  # noqa: F401  (the module-scoped kernels fixture)
+
+
+def _gelu_approx(x):
+    # 0.5 x (1 + tanh(u)) in float64 as x / (1 + exp(-2u)): the same function, without the
+    # cancellation that makes even float64's 1 + tanh(u) 0 for x < -9
+    u = np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)
+    with np.errstate(over="ignore"):  # exp(-2u) is inf far below 0: the value is -0
+        return x / (1 + np.exp(-2 * u))
+
+
+def _silu(x):
+    return x / (1 + np.exp(-x))
+
+
+@pytest.mark.parametrize("kind, reference", [("gelu_approx", _gelu_approx), ("silu", _silu)])
+def test_activations_are_their_definitions_on_every_isa(lib, kind, reference):  # noqa: F811
+    x = mx.concatenate([mx.linspace(-95, 95, 40_001), mx.random.normal((40_000,)) * 4,
+                        mx.array([0.0, -0.0, 1e-30, -1e-30])])
+    m = mx.random.normal(x.shape)
+    want = reference(np.array(x, np.float64))
+    for isa in _isas(lib):
+        lib.set_isa(isa)
+        got = np.array(lib.activation(x, kind), np.float64)
+        # within float32's rounding of exp's argument (up to ~60 where x ~ -8.5) of the value;
+        # mlx's own gelu_approx is off by up to 5e-5 relative where x < 0 (it forms 1 + tanh)
+        assert (np.abs(got - want) <= 1e-5 * np.abs(want) + 1e-30).all(), isa
+        fused = np.array(lib.activation(x, kind, m))
+        assert np.array_equal(fused, np.array(mx.array(got.astype(np.float32)) * m)), isa
+        # an element's value does not depend on where it sits (vector body, tail, thread)
+        assert mx.array_equal(lib.activation(x[12_345:12_346], kind), lib.activation(x, kind)[
+            12_345:12_346]).item(), isa
+    lib.set_isa(lib.best_isa())
+    strided = mx.random.normal((300, 2, 257)).transpose(2, 0, 1)
+    assert mx.array_equal(lib.activation(strided, kind), lib.activation(
+        mx.array(np.array(strided)), kind)).item()
+
+
+def test_activation_rejects_what_it_cannot_run(lib):  # noqa: F811
+    x = mx.zeros((4, 8))
+    with pytest.raises(ValueError, match="unknown kind 'relu'"):
+        lib.activation(x, "relu")
+    with pytest.raises(ValueError, match="must be float32"):
+        lib.activation(x.astype(mx.bfloat16), "silu")
+    with pytest.raises(ValueError, match="mul must be float32 with x's shape"):
+        lib.activation(x, "silu", mx.zeros((4, 9)))
+
+
+class _Counting:
+    def __init__(self, lib):
+        self.lib, self.calls = lib, 0
+
+    def activation(self, *args):
+        self.calls += 1
+        return self.lib.activation(*args)
+
+
+@pytest.mark.parametrize("name", ["demo:gemma3:tiny", "demo:qwen3:tiny"])  # nn.gelu_approx; swiglu
+def test_mlp_activations_move_onto_the_kernels_per_model(lib, name):  # noqa: F811
+    from forkv.engine import load_model
+    from forkv.engine.native.activations import use_native_activations
+
+    plain, moved = load_model(name, dtype="float32"), load_model(name, dtype="float32")
+    x = mx.array([[5, 9, 2, 7, 4, 3]])
+    before = plain.model(x)
+    counting = _Counting(lib)
+    layers = len(moved.model.layers)
+    assert use_native_activations(moved.model, counting) == layers
+    assert all(type(layer.mlp).__name__ == "MLP" for layer in moved.model.layers)
+    assert mx.array_equal(plain.model(x), before).item()  # the same architecture: untouched
+    assert counting.calls == 0
+    after = moved.model(x)
+    assert counting.calls == layers
+    assert mx.allclose(after, before, atol=1e-4).item()
+    bf16 = load_model(name, dtype="bfloat16")
+    use_native_activations(bf16.model, counting)
+    bf16.model(x)  # bfloat16 activations stay mlx's
+    assert counting.calls == layers
+    assert nn.gelu_approx is not None and nn.silu(mx.array([1.0])).item() > 0.73  # mlx.nn intact
