@@ -46,6 +46,7 @@ class LoadedModel:
     quantization: str = "none"
     quantization_reason: str = ""
     source: str = ""
+    kernels: object = None  # forkv's kernels (engine/native) when the model runs on them
 
     def make_cache(self) -> list:
         from mlx_lm.models.cache import make_prompt_cache
@@ -111,6 +112,7 @@ def load_model(name: str, dtype: str = "auto", quantized: str = "auto", *,
         fingerprint=fingerprint(path, config, chosen, quant.label, _kernels(quant)),
         context_length=_context_length(config), eos_token_ids=frozenset(eos or ()),
         quantization=quant.label, quantization_reason=quant.reason, source=source.description,
+        kernels=_kernel_module(quant),
     )
 
 
@@ -151,6 +153,12 @@ def wants_quantized_gguf(quantized: str) -> bool:
     return mx.default_device() == mx.cpu and native.load() is not None
 
 
+def _kernel_module(quant: QuantChoice):
+    from . import native
+
+    return native.load(build=False) if quant.native else None
+
+
 def _kernels(quant: QuantChoice) -> str:
     """The kernel paths that change this model's results, for the fingerprint."""
     from . import native
@@ -177,7 +185,8 @@ def _load_vision_model(name: str, path: Path, dtype: str, quantized: str,
                                    + parts.processor_digest).digest(),
         context_length=_context_length(parts.config), eos_token_ids=parts.eos_token_ids,
         is_vision=True, processor=parts.processor, image_token_id=parts.image_token_id,
-        quantization=quant.label, quantization_reason=quant.reason, source=source)
+        quantization=quant.label, quantization_reason=quant.reason, source=source,
+        kernels=_kernel_module(quant))
 
 
 def read_config(path: Path) -> dict:

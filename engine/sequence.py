@@ -136,6 +136,7 @@ class Sequence:
 
 def make_sequence(seq_id: int, tokens: list[int], params: SamplingParams, lm,
                   vocab_limit: int | None) -> Sequence:
-    return Sequence(seq_id, list(tokens), len(tokens), params, Sampler(params, vocab_limit, len(tokens), lm.tokenizer),
+    sampler = Sampler(params, vocab_limit, len(tokens), lm.tokenizer, kernels=getattr(lm, "kernels", None))
+    return Sequence(seq_id, list(tokens), len(tokens), params, sampler,
                     TextStream(lm.tokenizer, params.stop), lm.eos_token_ids,
                     Timings(prompt_tokens=len(tokens)))

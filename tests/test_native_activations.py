@@ -88,3 +88,20 @@ def test_mlp_activations_move_onto_the_kernels_per_model(lib, name):  # noqa: F8
     bf16.model(x)  # bfloat16 activations stay mlx's
     assert counting.calls == layers
     assert nn.gelu_approx is not None and nn.silu(mx.array([1.0])).item() > 0.73  # mlx.nn intact
+
+
+def test_logsumexp_is_mlxs_to_rounding_and_rows_stand_alone(lib):  # noqa: F811
+    x = mx.random.normal((3, 262_147)) * 8
+    x = mx.concatenate([x, mx.full((1, 262_147), -mx.inf)])
+    for isa in _isas(lib):
+        lib.set_isa(isa)
+        got = lib.logsumexp(x)
+        assert got.shape == (4, 1)
+        want = mx.logsumexp(x[:3], axis=-1, keepdims=True)
+        assert mx.allclose(got[:3], want, rtol=1e-6).item(), isa
+        assert got[3, 0].item() == -float("inf")
+        assert mx.array_equal(lib.logsumexp(x[1]), got[1]).item()
+    lib.set_isa(lib.best_isa())
+    assert np.isnan(lib.logsumexp(mx.array([1.0, float("nan")])).item())
+    with pytest.raises(ValueError, match="must be float32"):
+        lib.logsumexp(x.astype(mx.bfloat16))

@@ -2,6 +2,8 @@
 #include "activation.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -45,7 +47,71 @@ void act_portable(Act a, const float* x, const float* m, float* y, int64_t i0, i
   act_range(a, x, m, y, i0, i1);
 }
 
+FORKV_INLINE float lse_row(const float* x, int64_t V) {
+  float mx16[16];
+  for (int i = 0; i < 16; ++i) mx16[i] = -std::numeric_limits<float>::infinity();
+  int64_t j = 0;
+  for (; j + 16 <= V; j += 16)
+    for (int i = 0; i < 16; ++i) mx16[i] = x[j + i] > mx16[i] ? x[j + i] : mx16[i];
+  for (int i = 0; j < V; ++j, ++i) mx16[i] = x[j] > mx16[i] ? x[j] : mx16[i];
+  float m = mx16[0];
+  for (int i = 1; i < 16; ++i) m = mx16[i] > m ? mx16[i] : m;
+  if (!std::isfinite(m)) return m;  // all -inf (-inf), any +inf (+inf), NaN
+  float acc[16] = {};
+  for (j = 0; j + 16 <= V; j += 16)
+    for (int i = 0; i < 16; ++i) acc[i] += vexp(x[j + i] - m);
+  for (int i = 0; j < V; ++j, ++i) acc[i] += vexp(x[j] - m);
+  for (int w = 8; w >= 1; w /= 2)
+    for (int i = 0; i < w; ++i) acc[i] += acc[i + w];
+  return m + std::log(acc[0]);
+}
+
+T512F float lse512(const float* x, int64_t V) { return lse_row(x, V); }
+T256F float lse256(const float* x, int64_t V) { return lse_row(x, V); }
+float lse_portable(const float* x, int64_t V) { return lse_row(x, V); }
+
 }  // namespace
+
+void LogSumExp::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  auto& out = outputs[0];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  encoder.set_input_array(inputs[0]);
+  encoder.set_output_array(out);
+  encoder.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]),
+                    out = mx::array::unsafe_weak_copy(out), isa = isa_]() mutable {
+    thread_local std::vector<float> buf;
+    const float* xp = row_major(x, buf);
+    const int64_t V = x.shape(-1), rows = V ? int64_t(x.size()) / V : int64_t(out.size());
+    auto* fn = by_isa(isa, &lse512, &lse256, &lse_portable);
+    float* y = out.data<float>();
+    for (int64_t r = 0; r < rows; ++r) y[r] = fn(xp + r * V, V);
+  });
+}
+
+void LogSumExp::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error("forkv's logsumexp runs on the CPU only.");
+}
+
+bool LogSumExp::is_equivalent(const mx::Primitive& other) const {
+  return isa_ == static_cast<const LogSumExp&>(other).isa_;
+}
+
+std::vector<mx::Shape> LogSumExp::output_shapes(const std::vector<mx::array>& inputs) {
+  auto shape = inputs[0].shape();
+  shape.back() = 1;
+  return {shape};
+}
+
+mx::array logsumexp(const mx::array& x) {
+  if (x.ndim() < 1) throw std::invalid_argument("forkv logsumexp: x must have a last axis");
+  if (x.dtype() != mx::float32) throw std::invalid_argument("forkv logsumexp: x must be float32");
+  auto shape = x.shape();
+  shape.back() = 1;
+  return mx::array(shape, mx::float32,
+                   std::make_shared<LogSumExp>(mx::to_stream(mx::Device::cpu), current_isa()),
+                   {x});
+}
 
 void Activation::eval_cpu(const std::vector<mx::array>& inputs,
                           std::vector<mx::array>& outputs) {

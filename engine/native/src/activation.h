@@ -1,5 +1,6 @@
-// Elementwise activations of the MLP: gelu (tanh approximation) and silu, optionally times a
-// second operand (swiglu), as one mlx primitive.
+// The kernels built on vmath.h's vectorized exp: the MLP's activations (gelu's tanh
+// approximation and silu, optionally times a second operand: swiglu) and the sampler's
+// logsumexp over a vocabulary row, one mlx primitive each.
 //
 // mlx's CPU backend evaluates tanh and exp one element at a time: Gemma 3's gelu over one
 // 256 x 2048 prefill chunk takes 16 ms there, longer than the matmul that feeds it. These use
@@ -19,6 +20,24 @@ enum class Act : int { gelu_approx = 0, silu = 1 };
 // act(x), or act(x) * mul when `mul` is given (same shape); float32.
 mlx::core::array activation(const mlx::core::array& x, const std::string& kind,
                             const std::optional<mlx::core::array>& mul);
+
+// log(sum(exp(x))) over the last axis, keeping it (x [..., V] -> [..., 1]); float32. A row is
+// reduced in one fixed order (max, then 16 lanes of exp sums and a fixed tree), so its value
+// never depends on the other rows. mlx's takes ~5 ms over Gemma 3's 262,144 logits here.
+mlx::core::array logsumexp(const mlx::core::array& x);
+
+class LogSumExp : public mlx::core::Primitive {
+ public:
+  LogSumExp(mlx::core::Stream s, Isa isa) : mlx::core::Primitive(s), isa_(isa) {}
+  void eval_cpu(const std::vector<mlx::core::array>& in, std::vector<mlx::core::array>& out) override;
+  void eval_gpu(const std::vector<mlx::core::array>& in, std::vector<mlx::core::array>& out) override;
+  const char* name() const override { return "ForkvLogSumExp"; }
+  bool is_equivalent(const mlx::core::Primitive& other) const override;
+  std::vector<mlx::core::Shape> output_shapes(const std::vector<mlx::core::array>& in) override;
+
+ private:
+  Isa isa_;
+};
 
 class Activation : public mlx::core::Primitive {
  public:
