@@ -257,7 +257,8 @@ def _full_side(ttft: float, computed: int, rewinds: list[tuple[float, int]], pre
             "deep_rewind": dict(common, rewinds=[
                 {"k": k, "ttft_s": t, "cached_tokens": c, "prompt_tokens": 1000}
                 for k, (t, c) in enumerate(rewinds, start=1)]),
-            "kernels": dict(common, prefill_tokens_per_s=prefill, decode_tokens_per_s=50.0),
+            "kernels": dict(common, prefill_tokens_per_s=prefill, decode_tokens_per_s=50.0,
+                            prefill_short_tokens_per_s=prefill / 2),
             "tenants": dict(common, tokens_per_s_one_salt=tps_one, computed_tokens=10**6,
                             tokens_per_s_salted=tps_salted, compared_computed_tokens=computed),
             "peak_rss_mib": 500}
@@ -279,6 +280,7 @@ def test_headline_against_llama_server():
     assert h["ttft_speedup_deep_rewind_vs_llamacpp"] == 25.0
     assert h["ttft_speedup_deep_rewind_vs_llamacpp_tuned"] is None  # it restored each one
     assert h["prefill_kernel_ratio"] == 0.5 and h["decode_kernel_ratio"] == 1.0
+    assert h["prefill_short_kernel_ratio"] == 0.5
     assert h["tenant_throughput_ratio"] == 0.9 and h["tenant_throughput_vs_shared_mlx_lm"] == 1.0
     assert h["llamacpp_ok"] is True and h["llamacpp_tuned_peak_rss_mib"] == 500
     t = res["targets"]

@@ -16,9 +16,9 @@ vLLM they end in `_vs_vllm`; against llama-server `ttft_ratio_<case>_vs_llamacpp
 llama-server, every case), `computed_ratio_vs_llamacpp` (the largest forkv ÷ llama-server
 prompt tokens computed over the cases), `ttft_speedup_deep_rewind_vs_llamacpp` (llama-server
 ÷ forkv over the rewinds where llama-server had no checkpoint at the branch point and
-recomputed part of the conversation before it), `prefill_kernel_ratio`
-and `decode_kernel_ratio`; the tuned llama-server's end in `_vs_llamacpp_tuned`. Knows the
-sides and the figures; the processes are in `serve_procs`, `cluster_vllm` and `llamacpp`.
+recomputed part of the conversation before it), `prefill_kernel_ratio` (the long prompt),
+`prefill_short_kernel_ratio` (512 tokens) and `decode_kernel_ratio`; the tuned
+llama-server's end in `_vs_llamacpp_tuned`. Knows the sides and the figures; the processes are in `serve_procs`, `cluster_vllm` and `llamacpp`.
 """
 
 from __future__ import annotations
@@ -324,7 +324,7 @@ def _result(model: str, sz: Sizes, reps: int, dtype: str, sides: dict,
             headline[f"fast_ttft_speedup_{case}"] = _ratio(
                 _med(sides["forkv_exact"], case, "ttft_median_s"), _med(f, case, "ttft_median_s"))
     if "kernels" in ran and "llamacpp" in sides:
-        for kind in ("prefill", "decode"):
+        for kind in ("prefill", "prefill_short", "decode"):
             key = f"{kind}_tokens_per_s"
             headline[f"{kind}_kernel_ratio"] = _ratio(_med(f, "kernels", key),
                                                       _med(sides["llamacpp"], "kernels", key))

@@ -265,12 +265,17 @@ def _tenants(c, sz, texts, system) -> dict:
 
 
 def _kernels(c, sz, texts, system) -> dict:
-    """Prefill and decode speed with nothing to reuse: one fresh long prompt, one long
-    decode. llama-server's own timings where it sends them; the client's clock otherwise."""
+    """Prefill and decode speed with nothing to reuse: one fresh short prompt (512 tokens,
+    where per-call costs weigh more), one fresh long prompt, one long decode. llama-server's
+    own timings where it sends them; the client's clock otherwise."""
+    skim = c.chat([_user("Skim this. " + texts(min(512, sz.prefill_tokens)))], 1)
     read = c.chat([_user("Read this. " + texts(sz.prefill_tokens))], 1)
     write = c.chat([_user("Write on. " + texts(16))], sz.decode_tokens, extra=c.no_eos)
     client_prefill = _rate(read.computed_tokens or 0, read.ttft_s)
+    short = skim.server_prompt_tps or _rate(skim.computed_tokens or 0, skim.ttft_s)
     return {"prefill_tokens_per_s": round(read.server_prompt_tps or client_prefill, 2),
+            "prefill_short_tokens_per_s": round(short, 2),
+            "prefill_short_tokens": skim.computed_tokens,
             "decode_tokens_per_s": round(write.server_decode_tps or write.decode_tps or 0, 2),
             "client_prefill_tokens_per_s": round(client_prefill, 2),
             "client_decode_tokens_per_s": round(write.decode_tps or 0, 2),
