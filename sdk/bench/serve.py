@@ -18,7 +18,8 @@ prompt tokens computed over the cases), `ttft_speedup_deep_rewind_vs_llamacpp` (
 ÷ forkv over the rewinds where llama-server had no checkpoint at the branch point and
 recomputed part of the conversation before it), `prefill_kernel_ratio` (the long prompt),
 `prefill_short_kernel_ratio` (512 tokens) and `decode_kernel_ratio`; the tuned
-llama-server's end in `_vs_llamacpp_tuned`. Knows the sides and the figures; the processes are in `serve_procs`, `cluster_vllm` and `llamacpp`.
+llama-server's end in `_vs_llamacpp_tuned`. Knows the sides and the figures; the processes
+are in `serve_procs`, `cluster_vllm` and `llamacpp`.
 """
 
 from __future__ import annotations
