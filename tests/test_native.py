@@ -249,18 +249,78 @@ def test_decode_attention_rejects_what_it_cannot_run(lib):
         lib.decode_attention(q, k, k, 1.0, mx.zeros((1, 1, 1, 8), mx.int32))
 
 
+@pytest.mark.parametrize("B, Hq, Hkv, L, S, D", [(1, 4, 1, 300, 300, 256), (2, 8, 2, 100, 812, 64),
+                                                 (1, 3, 3, 5, 600, 32), (1, 2, 1, 1, 40, 16)])
+def test_prefill_attention_matches_mlx_and_each_row_is_a_decode_step(lib, B, Hq, Hkv, L, S, D):
+    key = mx.random.key(L * S)
+    q, k, v = (mx.random.normal(s, key=mx.random.split(key, 3)[i])
+               for i, s in enumerate(((B, Hq, L, D), (B, Hkv, S, D), (B, Hkv, S, D))))
+    rows, cols = mx.arange(S - L, S)[:, None], mx.arange(S)[None]
+    window = (cols <= rows) & (cols > rows - 64)  # a sliding window's mask, as mlx-lm makes it
+    scale = D ** -0.5
+    for isa in _isas(lib):
+        lib.set_isa(isa)
+        causal = lib.attention(q, k, v, scale, None, True)
+        for got, mask in ((causal, "causal"), (lib.attention(q, k, v, scale, window), window)):
+            ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+            assert mx.abs(got - ref).max().item() <= 2e-6 * max(1.0, mx.abs(ref).max().item())
+        for i in {0, L // 2, L - 1}:  # row i of a prefill = a decode step over its keys
+            n = S - L + i + 1
+            step = lib.decode_attention(q[:, :, i:i + 1], k[:, :, :n], v[:, :, :n], scale)
+            assert mx.array_equal(causal[:, :, i:i + 1], step).item(), (isa, i)
+        lib.set_num_threads(1)
+        try:
+            assert mx.array_equal(causal, lib.attention(q, k, v, scale, None, True)).item()
+        finally:
+            lib.set_num_threads(0)
+    lib.set_isa(lib.best_isa())
+
+
+def test_prefill_attention_of_a_chunk_does_not_depend_on_the_chunking(lib):
+    # A 300-row prefill in one call, or as 100 + 200 rows over the keys each has so far.
+    q, k, v = mx.random.normal((1, 4, 300, 64)), mx.random.normal((1, 2, 300, 64)), \
+        mx.random.normal((1, 2, 300, 64))
+    whole = lib.attention(q, k, v, 0.125, None, True)
+    first = lib.attention(q[:, :, :100], k[:, :, :100], v[:, :, :100], 0.125, None, True)
+    rest = lib.attention(q[:, :, 100:], k, v, 0.125, None, True)
+    assert mx.array_equal(whole, mx.concatenate([first, rest], axis=2)).item()
+    with pytest.raises(ValueError, match="more rows than k has keys"):
+        lib.attention(mx.zeros((1, 4, 9, 64)), k[:, :, :8], v[:, :, :8], 1.0)
+
+
+def test_a_window_rows_bits_do_not_depend_on_the_layout_of_its_keys(lib):
+    # A sliding window of W keys seen three ways: a prefill row over a longer concatenation
+    # with a window mask, a decode step over the W keys in time order, and one over a wrapped
+    # ring (the oldest key at slot `rot`), as mlx-lm's RotatingKVCache hands them over.
+    W, extra, D = 300, 217, 64
+    q = mx.random.normal((1, 4, 1, D))
+    k, v = mx.random.normal((1, 2, W + extra, D)), mx.random.normal((1, 2, W + extra, D))
+    cols = mx.arange(W + extra)[None]
+    window = cols > extra - 1  # the last W keys
+    prefill = lib.attention(q, k, v, 0.125, window)
+    k_w, v_w = k[:, :, extra:], v[:, :, extra:]
+    in_order = lib.attention(q, k_w, v_w, 0.125)
+    rot = 123
+    ring_k, ring_v = mx.roll(k_w, rot, axis=2), mx.roll(v_w, rot, axis=2)
+    ring = lib.attention(q, ring_k, ring_v, 0.125, None, False, rot)
+    assert mx.array_equal(prefill, in_order).item()
+    assert mx.array_equal(ring, in_order).item()
+    with pytest.raises(ValueError, match="rot"):
+        lib.attention(q, ring_k, ring_v, 0.125, None, False, W)
+
+
 class _Counting:
-    """The extension, counting its decode attention calls."""
+    """The extension, counting its attention calls by query rows."""
 
     def __init__(self, lib):
-        self.lib, self.calls = lib, 0
+        self.lib, self.rows = lib, []
 
-    def decode_attention(self, *args):
-        self.calls += 1
-        return self.lib.decode_attention(*args)
+    def attention(self, q, *args):
+        self.rows.append(q.shape[2])
+        return self.lib.attention(q, *args)
 
 
-def test_decode_attention_runs_only_for_the_models_on_the_kernels(lib):
+def test_attention_runs_only_for_the_models_on_the_kernels(lib):
     from mlx_lm.models.cache import make_prompt_cache
 
     from forkv.engine import load_model
@@ -279,10 +339,10 @@ def test_decode_attention_runs_only_for_the_models_on_the_kernels(lib):
     assert use_native_attention(marked.model, counting) == layers
     after = decode(plain.model)  # the same architecture, not on the kernels: untouched
     assert all(mx.array_equal(a, b).item() for a, b in zip(before, after))
-    assert counting.calls == 0
+    assert counting.rows == []
     prefill, step = decode(marked.model)
-    assert counting.calls == layers  # the decode step only; prefill stays mlx's
-    assert mx.array_equal(prefill, before[0]).item()
+    assert counting.rows == [6] * layers + [1] * layers  # the prefill, then the decode step
+    assert mx.allclose(prefill, before[0], atol=1e-4).item()
     assert mx.allclose(step, before[1], atol=1e-4).item()
     assert use_native_attention(marked.model, counting) == layers  # idempotent
 

@@ -1,12 +1,14 @@
-"""Decode attention on forkv's kernels, for the models whose matmuls already run on them.
+"""Attention on forkv's kernels, for the models whose matmuls already run on them.
 
 mlx-lm's attention modules call `scaled_dot_product_attention`, a name each model module
 imports from mlx_lm.models.base. `use_native_attention(model, lib)` points that name, in the
 modules that import it, at `attention` below, and gives the model's own attention modules a
-subclass that marks their calls. Only marked calls of one token per sequence on float32
-queries go to the kernel; every other call (other models in the process, prefill, bfloat16,
-quantized caches, attention sinks) goes to mlx-lm's function unchanged. So the kernel path is
-scoped to the models whose fingerprint already names the kernels.
+subclass that marks their calls. Marked calls on float32 queries, decode and prefill alike
+(no mask, mlx-lm's "causal", or an array mask such as a sliding window's), go to the kernel;
+every other call (other models in the process, bfloat16, quantized caches, attention sinks)
+goes to mlx-lm's function unchanged. So the kernel path is scoped to the models whose
+fingerprint already names the kernels. The kernel computes each query row on its own, so a
+prefill row gives the same bits as a decode step over the same keys.
 """
 
 from __future__ import annotations
@@ -35,15 +37,30 @@ def attention(queries, keys, values, cache, scale, mask, sinks=None):
     """mlx-lm's scaled_dot_product_attention, on the kernel where the call is marked."""
     lib = _MARKED.get()
     if (lib is not None and sinks is None and not hasattr(cache, "bits")
-            and queries.ndim == 4 and queries.shape[2] == 1 and keys.shape == values.shape
+            and queries.ndim == 4 and keys.shape == values.shape
+            and queries.shape[2] <= keys.shape[2]
             and queries.shape[-1] == keys.shape[-1] and queries.shape[-1] % 16 == 0
             and queries.shape[1] % keys.shape[1] == 0
             and queries.dtype == keys.dtype == values.dtype == mx.float32
-            and (mask is None or isinstance(mask, (str, mx.array)))):
-        # One query row: a "causal" mask keeps every key.
-        return lib.decode_attention(queries, keys, values, scale,
-                                    None if isinstance(mask, str) else mask)
+            and (mask is None or isinstance(mask, mx.array) or mask == "causal")):
+        if isinstance(mask, str):  # "causal": row i sees keys up to S - L + i
+            return lib.attention(queries, keys, values, scale, None, queries.shape[2] > 1)
+        return lib.attention(queries, keys, values, scale, mask, False,
+                             _ring_rotation(cache, queries.shape[2], keys.shape[2]))
     return _mlx_lm_sdpa()(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
+
+
+def _ring_rotation(cache, num_rows: int, num_keys: int) -> int:
+    """Where a decode step's keys start in time order, for a sliding window's wrapped ring.
+
+    mlx-lm's rotating caches hand a decode step their whole ring, whose oldest key sits at
+    `_idx` (the slot after the newest). Reading it from there puts every key in the block and
+    lane it has in a prefill, so the step gives the bits of that prefill's row.
+    """
+    if num_rows != 1 or getattr(cache, "keep", 0) or not hasattr(cache, "max_size"):
+        return 0
+    idx = getattr(cache, "_idx", 0)
+    return idx % num_keys if isinstance(idx, int) and num_keys else 0
 
 
 def _marked_class(cls: type) -> type:
@@ -66,7 +83,7 @@ def _calls_sdpa(cls: type) -> bool:
 
 
 def use_native_attention(model, lib) -> int:
-    """Route `model`'s decode attention to the kernel; returns how many modules it marked."""
+    """Route `model`'s attention to the kernel; returns how many modules it marked."""
     count = 0
     for _, m in model.named_modules():
         cls = type(m)

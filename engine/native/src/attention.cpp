@@ -1,9 +1,11 @@
-// Decode attention: the mlx primitive and its kernel, compiled once per ISA from one body.
+// Attention: the mlx primitive and its kernel, compiled once per ISA from one body.
 #include "attention.h"
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -15,101 +17,231 @@
 #include "pool.h"
 #include "qmatmul.h"
 #include "strided.h"
+#include "vmath.h"
 
 namespace forkv {
 
 namespace mx = mlx::core;
 
+#pragma GCC diagnostic ignored "-Wpsabi"  // vf16 in functions built for narrower ISAs
+
 namespace {
 
-constexpr int kBlock = 256;  // S rows per work item: fixed, so the sums' order is too
+constexpr int kBlock = 256;  // keys per block, anchored at the row's own position
+constexpr int kLanes = 16;   // partial sums per dot product and per softmax sum
+constexpr int kGroup = 4;    // query heads that share one pass over a K or V row
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// A [B, H, S, D] operand: element strides, D's being 1.
+// A [B, H, L or S, D] operand: element strides, D's being 1.
 struct View {
   const float* p = nullptr;
   int64_t s0 = 0, s1 = 0, s2 = 0;
 };
 
 struct Args {
-  int B = 0, Hq = 0, Hkv = 0, S = 0, D = 0;
+  int B = 0, Hq = 0, Hkv = 0, L = 0, S = 0, D = 0;
   View q, k, v;
   int mask_kind = 0;
   const void* mask = nullptr;
-  int64_t m0 = 0, m1 = 0, m3 = 0;  // mask strides over b, query head, s
+  int64_t m0 = 0, m1 = 0, m2 = 0, m3 = 0;  // mask strides over b, query head, row, key
+  bool causal = false;
   float scale = 1.0f;
+  int rot = 0;  // key j (in time order) is row (j + rot) % S of k, v and the mask
+
+  int group() const { return Hq / Hkv; }
+  int at(int j) const { return rot ? (j + rot) % S : j; }
+  // Keys [0, visible(i)) are the ones query row i may see.
+  int visible(int i) const { return causal ? std::max(0, std::min(S, S - L + i + 1)) : S; }
+  // Row i's blocks end at its own position + 1 (the keys end with the L rows, in time order),
+  // so in every layout of the same keys (a ring, a longer concatenation) a key falls into the
+  // same block and lane: the sums run in one order, and a row's result is the same bits.
+  int shift(int i) const { return ((S - L + i + 1) % kBlock + kBlock) % kBlock; }
+  int blocks(int i) const {
+    const int sh = shift(i), n = visible(i);
+    return n <= sh ? (n > 0) : (sh > 0) + (n - sh + kBlock - 1) / kBlock;
+  }
+  int block_start(int i, int blk) const {
+    const int sh = shift(i);
+    return sh == 0 ? blk * kBlock : blk == 0 ? 0 : sh + (blk - 1) * kBlock;
+  }
+  // Where the mask removes key j for query head hq of row i.
+  bool masked(int b, int hq, int i, int j) const {
+    const int64_t at = b * m0 + hq * m1 + i * m2 + int64_t(this->at(j)) * m3;
+    if (mask_kind == 1) return !static_cast<const bool*>(mask)[at];
+    if (mask_kind == 2) return static_cast<const float*>(mask)[at] == kNegInf;
+    return false;
+  }
 };
 
-
-// Sixteen independent lanes, then a fixed tree: the compiler vectorizes it for the ISA of the
-// function it is inlined into, and the order of the additions is the same for every call.
-FORKV_INLINE float dot(const float* a, const float* b, int D) {
-  float acc[16] = {};
-  for (int d = 0; d < D; d += 16)
-    for (int i = 0; i < 16; ++i) acc[i] += a[d + i] * b[d + i];
-  for (int w = 8; w >= 1; w /= 2)
+// A fixed tree over the lanes: the same order of additions for every call.
+FORKV_INLINE float tree(float* acc) {
+  for (int w = kLanes / 2; w >= 1; w /= 2)
     for (int i = 0; i < w; ++i) acc[i] += acc[i + w];
   return acc[0];
 }
 
-// The partial softmax of the G query heads of (b, h) over S rows [j0, j0 + n): per head its
-// max, its sum of exp(score - max) and the weighted sum of V rows (`part`, G x (2 + D)).
-FORKV_INLINE void block(const Args& a, int b, int h, int j0, int n, float* part,
-                        float* scores) {
-  const int G = a.Hq / a.Hkv, D = a.D;
-  const float* kb = a.k.p + b * a.k.s0 + h * a.k.s1;
-  const float* vb = a.v.p + b * a.v.s0 + h * a.v.s1;
-  for (int jj = 0; jj < n; ++jj) {  // each K row once for all G heads
-    const float* kr = kb + (j0 + jj) * a.k.s2;
-    for (int g = 0; g < G; ++g) {
-      const int hq = h * G + g;
-      float s = dot(a.q.p + b * a.q.s0 + hq * a.q.s1, kr, D) * a.scale;
-      const int64_t mi = b * a.m0 + hq * a.m1 + (j0 + jj) * a.m3;
-      if (a.mask_kind == 1 && !static_cast<const bool*>(a.mask)[mi]) s = kNegInf;
-      if (a.mask_kind == 2) s += static_cast<const float*>(a.mask)[mi];
-      scores[g * kBlock + jj] = s;
-    }
+// Sixteen floats as one value; the compiler maps it onto the ISA of the function it is
+// inlined into (one AVX-512 register, two AVX2 ones, four SSE ones).
+typedef float vf16 __attribute__((vector_size(64)));
+
+FORKV_INLINE vf16 vload(const float* p) {
+  vf16 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+#define FORKV_SHUF __builtin_shufflevector
+
+// tree() of each of 16 vectors at once, by pairs: lane t of the result is tree(acc[t]), with
+// every sum the same pair of the same partial sums as in tree(), so the same bits.
+FORKV_INLINE vf16 trees(const vf16* acc) {
+  vf16 x[8], y[4], z[2];
+  for (int j = 0; j < 8; ++j)  // lanes i + (i + 8): two keys per vector
+    x[j] = FORKV_SHUF(acc[2 * j], acc[2 * j + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20,
+                      21, 22, 23) +
+           FORKV_SHUF(acc[2 * j], acc[2 * j + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27,
+                      28, 29, 30, 31);
+  for (int j = 0; j < 4; ++j)  // then i + (i + 4): four keys per vector
+    y[j] = FORKV_SHUF(x[2 * j], x[2 * j + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25,
+                      26, 27) +
+           FORKV_SHUF(x[2 * j], x[2 * j + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29,
+                      30, 31);
+  for (int j = 0; j < 2; ++j)  // then i + (i + 2): eight keys per vector
+    z[j] = FORKV_SHUF(y[2 * j], y[2 * j + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25,
+                      28, 29) +
+           FORKV_SHUF(y[2 * j], y[2 * j + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27,
+                      30, 31);
+  return FORKV_SHUF(z[0], z[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+         FORKV_SHUF(z[0], z[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+
+// The dot products of one query row with 16 K rows: per K row kLanes partial sums over D,
+// then tree(). A key's score is the same whichever 16 keys share the call.
+FORKV_INLINE vf16 dots16(const float* q, const float* const* rows, int D) {
+  vf16 acc[16] = {};
+  for (int d = 0; d < D; d += kLanes) {
+    const vf16 qv = vload(q + d);
+    for (int t = 0; t < 16; ++t) acc[t] += qv * vload(rows[t] + d);
   }
-  for (int g = 0; g < G; ++g) {
-    float* sg = scores + g * kBlock;
-    float* pg = part + g * (2 + D);
-    float m = kNegInf;
-    for (int jj = 0; jj < n; ++jj) m = std::max(m, sg[jj]);
-    float l = 0.0f;
-    for (int jj = 0; jj < n; ++jj) {
-      const float p = m == kNegInf ? 0.0f : std::exp(sg[jj] - m);
-      sg[jj] = p;
-      l += p;
+  return trees(acc);
+}
+
+// out_g = sum over keys [lo, hi), in order, of p_g[key] * V[key], for N heads; 16 V columns
+// times U at a time held in registers (each column's additions are in key order either way).
+template <int N, int U>
+FORKV_INLINE void weighted(const float* const* ps, const float* const* vrows, int lo, int hi,
+                           int D, float* const* outs) {
+  for (int d0 = 0; d0 < D; d0 += kLanes * U) {
+    vf16 acc[N][U] = {};
+    for (int jj = lo; jj < hi; ++jj) {
+      const float* vr = vrows[jj] + d0;
+      vf16 vv[U];
+      for (int u = 0; u < U; ++u) vv[u] = vload(vr + u * kLanes);
+      for (int g = 0; g < N; ++g) {
+        const float p = ps[g][jj];
+        for (int u = 0; u < U; ++u) acc[g][u] += p * vv[u];
+      }
     }
-    pg[0] = m;
-    pg[1] = l;
-    std::fill(pg + 2, pg + 2 + D, 0.0f);
+    for (int g = 0; g < N; ++g)
+      for (int u = 0; u < U; ++u) std::memcpy(outs[g] + d0 + u * kLanes, &acc[g][u], 64);
   }
-  for (int jj = 0; jj < n; ++jj) {  // each V row once for all G heads
-    const float* vr = vb + (j0 + jj) * a.v.s2;
-    for (int g = 0; g < G; ++g) {
-      const float p = scores[g * kBlock + jj];
-      float* acc = part + g * (2 + D) + 2;
-      for (int d = 0; d < D; ++d) acc[d] += p * vr[d];
+}
+
+template <typename F>
+FORKV_INLINE void by_group(int G, F&& f) {  // f(g0, count), count a compile-time 1..kGroup
+  for (int g0 = 0; g0 < G; g0 += kGroup) {
+    switch (std::min(kGroup, G - g0)) {
+      case 1: f(g0, std::integral_constant<int, 1>{}); break;
+      case 2: f(g0, std::integral_constant<int, 2>{}); break;
+      case 3: f(g0, std::integral_constant<int, 3>{}); break;
+      default: f(g0, std::integral_constant<int, 4>{}); break;
     }
   }
 }
 
-// Blocks combined in order: out = sum_b exp(m_b - M) acc_b / sum_b exp(m_b - M) l_b.
-FORKV_INLINE void combine(const Args& a, int b, int hq, int num_blocks, const float* parts,
-                          float* out) {
-  const int G = a.Hq / a.Hkv, D = a.D, h = hq / G, g = hq % G;
-  const size_t item = size_t(G) * (2 + D);
-  const float* first = parts + size_t(b * a.Hkv + h) * num_blocks * item + g * (2 + D);
+// The partial softmax of the G query heads of (b, h) at row i over the visible keys of the
+// block from j0 (n of them): per head its max, its sum of exp(score - max) and the weighted
+// sum of V rows (`part`, G x (2 + D)). Masked keys score -inf and weigh exactly 0, so leaving
+// out those at the block's ends (and the keys past a causal row's end) changes no bit.
+FORKV_INLINE void block(const Args& a, int b, int h, int i, int j0, int n, float* part,
+                        float* scores) {
+  const int G = a.group(), D = a.D, lane0 = j0 - a.shift(i);
+  const float* krows[kBlock];
+  const float* vrows[kBlock];
+  for (int jj = 0; jj < n; ++jj) {
+    const int64_t r = a.at(j0 + jj);
+    krows[jj] = a.k.p + b * a.k.s0 + h * a.k.s1 + r * a.k.s2;
+    vrows[jj] = a.v.p + b * a.v.s0 + h * a.v.s1 + r * a.v.s2;
+  }
+  int lo = 0, hi = n;
+  if (a.mask_kind) {
+    auto kept = [&](int jj) {
+      for (int g = 0; g < G; ++g)
+        if (!a.masked(b, h * G + g, i, j0 + jj)) return true;
+      return false;
+    };
+    while (lo < hi && !kept(lo)) ++lo;
+    while (hi > lo && !kept(hi - 1)) --hi;
+  }
+  for (int g = 0; g < G; ++g) {
+    const int hq = h * G + g;
+    const float* q = a.q.p + b * a.q.s0 + hq * a.q.s1 + int64_t(i) * a.q.s2;
+    float* sg = scores + g * kBlock;
+    std::fill(sg, sg + n, kNegInf);
+    for (int c = lo; c < hi; c += 16) {
+      const float* rows[16];
+      for (int t = 0; t < 16; ++t) rows[t] = krows[std::min(c + t, hi - 1)];
+      float sv[16];
+      const vf16 s = dots16(q, rows, D) * a.scale;
+      std::memcpy(sv, &s, sizeof sv);
+      for (int t = 0; t < 16 && c + t < hi; ++t) {
+        float sc = sv[t];
+        const int64_t at = b * a.m0 + hq * a.m1 + i * a.m2 + int64_t(a.at(j0 + c + t)) * a.m3;
+        if (a.mask_kind == 1 && !static_cast<const bool*>(a.mask)[at]) sc = kNegInf;
+        if (a.mask_kind == 2) sc += static_cast<const float*>(a.mask)[at];
+        sg[c + t] = sc;
+      }
+    }
+    float* pg = part + g * (2 + D);
+    float m = kNegInf;
+    for (int jj = lo; jj < hi; ++jj) m = std::max(m, sg[jj]);
+    float lanes[kLanes] = {};
+    if (m == kNegInf) {
+      std::fill(sg, sg + n, 0.0f);
+    } else {
+      for (int jj = lo; jj < hi; ++jj) sg[jj] = vexp(sg[jj] - m);
+      for (int jj = lo; jj < hi; ++jj) lanes[(lane0 + jj) & (kLanes - 1)] += sg[jj];
+    }
+    pg[0] = m;
+    pg[1] = tree(lanes);
+  }
+  by_group(G, [&](int g0, auto count) {
+    constexpr int N = decltype(count)::value;
+    const float* ps[N];
+    float* outs[N];
+    for (int t = 0; t < N; ++t) {
+      ps[t] = scores + (g0 + t) * kBlock;
+      outs[t] = part + (g0 + t) * (2 + D) + 2;
+    }
+    if (D % (4 * kLanes) == 0)
+      weighted<N, 4>(ps, vrows, lo, hi, D, outs);
+    else
+      weighted<N, 1>(ps, vrows, lo, hi, D, outs);
+  });
+}
+
+// A row's blocks combined in order: out = sum_b exp(m_b - M) acc_b / sum_b exp(m_b - M) l_b.
+// `first` is head g's part of the row's first block; blocks are `stride` floats apart.
+FORKV_INLINE void combine(int D, int nb, const float* first, size_t stride, float* out) {
   float M = kNegInf;
-  for (int i = 0; i < num_blocks; ++i) M = std::max(M, first[i * item]);
+  for (int i = 0; i < nb; ++i) M = std::max(M, first[i * stride]);
   std::fill(out, out + D, 0.0f);
-  if (M == kNegInf) return;  // every position masked out
+  if (M == kNegInf) return;  // every key masked out
   float L = 0.0f;
-  for (int i = 0; i < num_blocks; ++i) {
-    const float* pg = first + i * item;
+  for (int i = 0; i < nb; ++i) {
+    const float* pg = first + i * stride;
     if (pg[1] == 0.0f) continue;
-    const float w = std::exp(pg[0] - M);
+    const float w = vexp(pg[0] - M);
     L += w * pg[1];
     for (int d = 0; d < D; ++d) out[d] += w * pg[2 + d];
   }
@@ -117,56 +249,106 @@ FORKV_INLINE void combine(const Args& a, int b, int hq, int num_blocks, const fl
   for (int d = 0; d < D; ++d) out[d] *= inv;
 }
 
+// One query row's scores in a block, per head (G x kBlock).
+using Scratch = std::vector<float>;
 
-T512F void block512(const Args& a, int b, int h, int j0, int n, float* part, float* sc) {
-  block(a, b, h, j0, n, part, sc);
+T512F void block512(const Args& a, int b, int h, int i, int j0, int n, float* part, Scratch& s) {
+  block(a, b, h, i, j0, n, part, s.data());
 }
-T256F void block256(const Args& a, int b, int h, int j0, int n, float* part, float* sc) {
-  block(a, b, h, j0, n, part, sc);
+T256F void block256(const Args& a, int b, int h, int i, int j0, int n, float* part, Scratch& s) {
+  block(a, b, h, i, j0, n, part, s.data());
 }
-void block_portable(const Args& a, int b, int h, int j0, int n, float* part, float* sc) {
-  block(a, b, h, j0, n, part, sc);
+void block_portable(const Args& a, int b, int h, int i, int j0, int n, float* part, Scratch& s) {
+  block(a, b, h, i, j0, n, part, s.data());
 }
-T512F void combine512(const Args& a, int b, int hq, int nb, const float* parts, float* out) {
-  combine(a, b, hq, nb, parts, out);
+T512F void combine512(int D, int nb, const float* first, size_t stride, float* out) {
+  combine(D, nb, first, stride, out);
 }
-T256F void combine256(const Args& a, int b, int hq, int nb, const float* parts, float* out) {
-  combine(a, b, hq, nb, parts, out);
+T256F void combine256(int D, int nb, const float* first, size_t stride, float* out) {
+  combine(D, nb, first, stride, out);
 }
-void combine_portable(const Args& a, int b, int hq, int nb, const float* parts, float* out) {
-  combine(a, b, hq, nb, parts, out);
+void combine_portable(int D, int nb, const float* first, size_t stride, float* out) {
+  combine(D, nb, first, stride, out);
+}
+
+using BlockFn = void (*)(const Args&, int, int, int, int, int, float*, Scratch&);
+using CombineFn = void (*)(int, int, const float*, size_t, float*);
+
+// Row (b, h, i)'s G heads, block blk, into `part`.
+void run_block(const Args& a, BlockFn fn, int b, int h, int i, int blk, float* part,
+               Scratch& s) {
+  const int j0 = a.block_start(i, blk), n = std::min(a.visible(i), a.block_start(i, blk + 1)) - j0;
+  s.resize(size_t(a.group()) * kBlock);
+  fn(a, b, h, i, j0, n, part, s);
+}
+
+void combine_row(const Args& a, CombineFn fn, int b, int h, int i, const float* parts,
+                 float* out) {
+  const int G = a.group(), D = a.D;
+  const size_t item = size_t(G) * (2 + D);
+  for (int g = 0; g < G; ++g) {
+    const int hq = h * G + g;
+    fn(D, a.blocks(i), parts + g * (2 + D), item,
+       out + ((size_t(b) * a.Hq + hq) * a.L + i) * D);
+  }
 }
 
 void run_attention(const Args& a, float* out, Isa isa) {
-  const int G = a.Hq / a.Hkv;
-  const int num_blocks = std::max(1, (a.S + kBlock - 1) / kBlock);
+  const int G = a.group();
   const size_t item = size_t(G) * (2 + a.D);
-  thread_local std::vector<float> parts;
-  parts.resize(size_t(a.B) * a.Hkv * num_blocks * item);
+  const int rows = a.B * a.Hkv * a.L, max_blocks = (a.S + kBlock - 1) / kBlock + 1;
   auto* block_fn = by_isa(isa, &block512, &block256, &block_portable);
   auto* combine_fn = by_isa(isa, &combine512, &combine256, &combine_portable);
-  const int items = a.B * a.Hkv * num_blocks;
-  std::atomic<int> next{0};
-  float* pp = parts.data();
   Pool& p = pool();
-  const int threads = std::max(1, std::min({current_threads(), p.num_threads(), items}));
-  p.run(threads, [&](int) {
-    thread_local std::vector<float> scores;
-    scores.resize(size_t(G) * kBlock);
+  const int threads = std::max(1, std::min(current_threads(), p.num_threads()));
+  std::atomic<int> next{0};
+  // (b, h, i) in that order: a row index r.
+  auto unpack = [&](int r, int& b, int& h, int& i) {
+    i = r % a.L;
+    h = (r / a.L) % a.Hkv;
+    b = r / (a.L * a.Hkv);
+  };
+  if (rows >= 4 * threads) {  // prefill: a thread takes a row and all its blocks
+    p.run(threads, [&](int) {
+      thread_local Scratch s;
+      thread_local std::vector<float> parts;
+      parts.resize(max_blocks * item);
+      for (;;) {
+        const int r = next.fetch_add(1);
+        if (r >= rows) break;
+        int b, h, i;
+        unpack(r, b, h, i);
+        for (int blk = 0; blk < a.blocks(i); ++blk)
+          run_block(a, block_fn, b, h, i, blk, parts.data() + blk * item, s);
+        combine_row(a, combine_fn, b, h, i, parts.data(), out);
+      }
+    });
+    return;
+  }
+  // Decode: few rows, so the threads share their blocks; the same arithmetic per block.
+  thread_local std::vector<float> parts;
+  parts.resize(size_t(rows) * max_blocks * item);
+  float* pp = parts.data();
+  const int items = rows * max_blocks;
+  p.run(std::min(threads, items), [&](int) {
+    thread_local Scratch s;
     for (;;) {
-      const int i = next.fetch_add(1);
-      if (i >= items) break;
-      const int blk = i % num_blocks, bh = i / num_blocks;
-      const int j0 = blk * kBlock, n = std::min(a.S, j0 + kBlock) - j0;
-      block_fn(a, bh / a.Hkv, bh % a.Hkv, j0, n, pp + size_t(i) * item, scores.data());
+      const int w = next.fetch_add(1);
+      if (w >= items) break;
+      int b, h, i;
+      unpack(w / max_blocks, b, h, i);
+      if (w % max_blocks < a.blocks(i))
+        run_block(a, block_fn, b, h, i, w % max_blocks, pp + size_t(w) * item, s);
     }
   });
-  for (int b = 0; b < a.B; ++b)
-    for (int hq = 0; hq < a.Hq; ++hq)
-      combine_fn(a, b, hq, num_blocks, pp, out + (size_t(b) * a.Hq + hq) * a.D);
+  for (int r = 0; r < rows; ++r) {
+    int b, h, i;
+    unpack(r, b, h, i);
+    combine_row(a, combine_fn, b, h, i, pp + size_t(r) * max_blocks * item, out);
+  }
 }
 
-// A [B, H, S, D] float32 input as the kernel reads it: strided over B, H and S; copied into
+// A [B, H, L, D] float32 input as the kernel reads it: strided over B, H and L; copied into
 // `buf` in row order when D itself is strided.
 View view_of(const mx::array& x, std::vector<float>& buf) {
   const auto& st = x.strides();
@@ -184,8 +366,7 @@ View view_of(const mx::array& x, std::vector<float>& buf) {
 
 }  // namespace
 
-void DecodeAttention::eval_cpu(const std::vector<mx::array>& inputs,
-                               std::vector<mx::array>& outputs) {
+void Attention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   auto& out = outputs[0];
   out.set_data(mx::allocator::malloc(out.nbytes()));
   auto& encoder = mx::cpu::get_command_encoder(stream());
@@ -193,62 +374,66 @@ void DecodeAttention::eval_cpu(const std::vector<mx::array>& inputs,
   encoder.set_output_array(out);
   std::vector<mx::array> in;
   for (const auto& x : inputs) in.push_back(mx::array::unsafe_weak_copy(x));
-  encoder.dispatch([in = std::move(in), out = mx::array::unsafe_weak_copy(out),
-                    scale = scale_, kind = mask_kind_, isa = isa_]() mutable {
+  encoder.dispatch([in = std::move(in), out = mx::array::unsafe_weak_copy(out), scale = scale_,
+                    kind = mask_kind_, causal = causal_, rot = rot_, isa = isa_]() mutable {
     thread_local std::vector<float> qbuf, kbuf, vbuf;
     Args a;
     a.B = in[0].shape(0); a.Hq = in[0].shape(1); a.Hkv = in[1].shape(1);
-    a.S = in[1].shape(2); a.D = in[0].shape(3);
+    a.L = in[0].shape(2); a.S = in[1].shape(2); a.D = in[0].shape(3);
     a.q = view_of(in[0], qbuf);
     a.k = view_of(in[1], kbuf);
     a.v = view_of(in[2], vbuf);
     a.scale = scale;
+    a.causal = causal;
+    a.rot = a.S ? rot % a.S : 0;
     a.mask_kind = kind;
     if (kind) {
       const auto& st = in[3].strides();
-      a.m0 = st[0]; a.m1 = st[1]; a.m3 = st[3];
+      a.m0 = st[0]; a.m1 = st[1]; a.m2 = st[2]; a.m3 = st[3];
       a.mask = kind == 1 ? static_cast<const void*>(in[3].data<bool>())
                          : static_cast<const void*>(in[3].data<float>());
-    }
-    if (a.S == 0) {
-      std::fill(out.data<float>(), out.data<float>() + out.size(), 0.0f);
-      return;
     }
     run_attention(a, out.data<float>(), isa);
   });
 }
 
-void DecodeAttention::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
-  throw std::runtime_error("forkv's decode attention runs on the CPU only.");
+void Attention::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error("forkv's attention runs on the CPU only.");
 }
 
-bool DecodeAttention::is_equivalent(const mx::Primitive& other) const {
-  const auto& o = static_cast<const DecodeAttention&>(other);
-  return scale_ == o.scale_ && mask_kind_ == o.mask_kind_ && isa_ == o.isa_;
+bool Attention::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const Attention&>(other);
+  return scale_ == o.scale_ && mask_kind_ == o.mask_kind_ && causal_ == o.causal_ &&
+         rot_ == o.rot_ && isa_ == o.isa_;
 }
 
-std::vector<mx::Shape> DecodeAttention::output_shapes(const std::vector<mx::array>& inputs) {
+std::vector<mx::Shape> Attention::output_shapes(const std::vector<mx::array>& inputs) {
   return {inputs[0].shape()};
 }
 
-mx::array decode_attention(const mx::array& q, const mx::array& k, const mx::array& v,
-                           float scale, const std::optional<mx::array>& mask) {
-  auto fail = [](const std::string& why) {
-    throw std::invalid_argument("forkv decode_attention: " + why);
+namespace {
+
+mx::array make_attention(const std::string& fn, const mx::array& q, const mx::array& k,
+                         const mx::array& v, float scale, const std::optional<mx::array>& mask,
+                         bool causal, int rot) {
+  auto fail = [&](const std::string& why) {
+    throw std::invalid_argument("forkv " + fn + ": " + why);
   };
   if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4)
     fail("q, k and v must be [B, heads, length, head_dim]");
-  if (q.shape(2) != 1) fail("q must hold one token per sequence (length 1)");
   if (k.shape() != v.shape()) fail("k and v must have the same shape");
   if (q.shape(0) != k.shape(0) || q.shape(3) != k.shape(3))
     fail("q and k must agree on batch size and head_dim");
   if (k.shape(1) == 0 || q.shape(1) % k.shape(1) != 0)
     fail("q's heads must be a multiple of k's");
+  if (q.shape(2) > k.shape(2)) fail("q has more rows than k has keys");
+  if (rot < 0 || (rot > 0 && rot >= k.shape(2))) fail("rot must be in [0, number of keys)");
+  if (rot > 0 && causal) fail("rot (a ring's rotation) is for one query row, not causal");
   if (q.shape(3) % 16 != 0) fail("head_dim must be a multiple of 16");
   if (q.dtype() != mx::float32 || k.dtype() != mx::float32 || v.dtype() != mx::float32)
     fail("q, k and v must be float32");
   auto s = mx::to_stream(mx::Device::cpu);
-  const int B = q.shape(0), Hq = q.shape(1), S = k.shape(2);
+  const int B = q.shape(0), Hq = q.shape(1), L = q.shape(2), S = k.shape(2);
   std::vector<mx::array> inputs = {q, k, v};
   int kind = 0;
   if (mask) {
@@ -261,11 +446,26 @@ mx::array decode_attention(const mx::array& q, const mx::array& k, const mx::arr
     } else {
       fail("the mask must be bool or floating point");
     }
-    inputs.push_back(mx::broadcast_to(m, {B, Hq, 1, S}, s));
+    inputs.push_back(mx::broadcast_to(m, {B, Hq, L, S}, s));
   }
   return mx::array(q.shape(), mx::float32,
-                   std::make_shared<DecodeAttention>(s, scale, kind, current_isa()),
+                   std::make_shared<Attention>(s, scale, kind, causal, rot, current_isa()),
                    std::move(inputs));
+}
+
+}  // namespace
+
+mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
+                    const std::optional<mx::array>& mask, bool causal, int rot) {
+  return make_attention("attention", q, k, v, scale, mask, causal, rot);
+}
+
+mx::array decode_attention(const mx::array& q, const mx::array& k, const mx::array& v,
+                           float scale, const std::optional<mx::array>& mask) {
+  if (q.ndim() == 4 && q.shape(2) != 1)
+    throw std::invalid_argument(
+        "forkv decode_attention: q must hold one token per sequence (length 1)");
+  return make_attention("decode_attention", q, k, v, scale, mask, false, 0);
 }
 
 }  // namespace forkv

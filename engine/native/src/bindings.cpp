@@ -17,6 +17,8 @@ NB_MODULE(_forkv_native, m) {
         "bits"_a, "group_size"_a);
   m.def("decode_attention", &forkv::decode_attention, "q"_a, "k"_a, "v"_a, "scale"_a,
         "mask"_a = nb::none());
+  m.def("attention", &forkv::attention, "q"_a, "k"_a, "v"_a, "scale"_a, "mask"_a = nb::none(),
+        "causal"_a = false, "rot"_a = 0);
   m.def("activation", &forkv::activation, "x"_a, "kind"_a, "mul"_a = nb::none());
   m.def("logsumexp", &forkv::logsumexp, "x"_a);
   m.def("rms_norm", &forkv::rms_norm, "x"_a, "w"_a, "eps"_a, "offset"_a = 0.0f);
