@@ -87,6 +87,40 @@ def test_the_quantized_kernels_stay_near_the_float_perplexity():
     assert ours <= ref * 1.05, (ours, ref)
 
 
+def test_on_the_kernels_a_tokens_logits_do_not_depend_on_the_chunking():
+    """Every kernel computes a row on its own and attention sums a row's keys in blocks that end
+    at the row (a sliding window's ring included), so with every matmul on the kernels the
+    logits of each token are the same bits however the prompt is chunked, past the 512-token
+    window too. The GGUF's Q6_K layers stay float (OpenBLAS, whose rows depend on the call's
+    shape), so here they are quantized to 8 bits and moved onto the kernels first."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from forkv.engine import load_model, native
+    from forkv.engine.native.layers import use_native
+
+    lm = real_gemma()
+    if not lm.quantization.endswith(native.kernel_label() or "<none>"):
+        pytest.skip(f"forkv's kernels are not in use: {native.status().reason}")
+    model = load_model(NAME).model
+    nn.quantize(model, group_size=32, bits=8, class_predicate=lambda _, m: type(m) is nn.Linear)
+    assert use_native(model, native.load()) > 0
+    ids = mx.array(lm.tokenizer.encode(_long_text(700, lm))[:700])[None]
+
+    def logits(chunks):
+        cache, pos, out = make_prompt_cache(model), 0, []
+        for n in chunks:
+            out.append(model(ids[:, pos:pos + n], cache=cache)[0])
+            mx.eval(out[-1])
+            pos += n
+        return mx.concatenate(out, axis=0)
+
+    whole = logits([700])
+    for chunks in ([256, 256, 188], [300, 77, 311] + [1] * 12, [520] + [1] * 6 + [174]):
+        assert mx.array_equal(logits(chunks), whole).item(), chunks
+
+
 def test_generate_writes_coherent_text():
     engine = Engine(real_gemma(), checkpoints=False)
     out = engine.generate("The capital of France is", max_tokens=12)
