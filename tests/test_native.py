@@ -149,24 +149,31 @@ def test_unsupported_layers_are_named():
     assert unsupported(odd) == ["layers.0: input size 96 (not a multiple of 64)"]
 
 
-def test_loading_a_quantized_model_uses_the_kernels_and_names_them(lib, tmp_path, monkeypatch):
+def _quantized_demo(name: str, folder, group_size: int, bits: int):
+    """A copy of demo model `name` with every layer quantized, saved as an MLX folder."""
+    import json
+
     from mlx_lm.utils import save_model
 
     from forkv.engine import load_model
     from forkv.engine.sources import resolve_source
 
-    src = resolve_source("demo:qwen3:tiny").path
-    folder = tmp_path / "q4"
+    src = resolve_source(name).path
     shutil.copytree(src, folder)
     lm = load_model(str(src))
-    nn.quantize(lm.model, group_size=64, bits=4)
-    config = dict(lm.config, quantization={"group_size": 64, "bits": 4})
+    nn.quantize(lm.model, group_size=group_size, bits=bits)
     for f in folder.glob("*.safetensors"):
         f.unlink()
     save_model(folder, lm.model)
-    import json
-
+    config = dict(lm.config, quantization={"group_size": group_size, "bits": bits})
     (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_loading_a_quantized_model_uses_the_kernels_and_names_them(lib, tmp_path, monkeypatch):
+    from forkv.engine import load_model
+
+    folder = _quantized_demo("demo:qwen3:tiny", tmp_path / "q4", 64, 4)
     on = load_model(str(folder), dtype="bfloat16")
     assert on.quantization.endswith(native.kernel_label()), on.quantization
     layer = on.model.layers[0].self_attn.q_proj
@@ -179,6 +186,31 @@ def test_loading_a_quantized_model_uses_the_kernels_and_names_them(lib, tmp_path
     assert "forkv-native" not in off.quantization
     assert off.fingerprint != on.fingerprint  # records never cross kernel paths
     assert "FORKV_NATIVE=off" in off.quantization_reason
+
+
+def test_on_the_kernels_logits_do_not_depend_on_the_chunking_past_the_window(lib, tmp_path):
+    # Gemma 3 (a 128-token sliding window here) with every layer on the kernels: a token's
+    # logits are the same bits in one prefill, in odd chunks, and in decode steps on the
+    # wrapped ring (the attention dispatcher reads it from its oldest slot).
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from forkv.engine import load_model
+
+    lm = load_model(str(_quantized_demo("demo:gemma3:tiny", tmp_path / "q8", 32, 8)))
+    assert lm.quantization.endswith(native.kernel_label()), lm.quantization
+    ids = mx.array(np.random.default_rng(0).integers(3, 500, 300))[None]
+
+    def logits(chunks):
+        cache, pos, out = make_prompt_cache(lm.model), 0, []
+        for n in chunks:
+            out.append(lm.model(ids[:, pos:pos + n], cache=cache)[0])
+            mx.eval(out[-1])
+            pos += n
+        return mx.concatenate(out, axis=0)
+
+    whole = logits([300])
+    for chunks in ([128, 128, 44], [100, 37] + [1] * 70 + [93], [140] + [1] * 160):
+        assert mx.array_equal(logits(chunks), whole).item(), chunks
 
 
 def test_status_says_why_when_turned_off(monkeypatch):
