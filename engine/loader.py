@@ -104,7 +104,7 @@ def load_model(name: str, dtype: str = "auto", quantized: str = "auto", *,
                              "original config.json.") from None
     except (ValueError, FileNotFoundError, OSError) as e:
         raise ModelLoadError(f"Could not load model from {str(path)!r}: {e}") from e
-    chosen, quant = _set_weights(model, config, dtype, quantized)
+    chosen, quant = _set_weights(model, config, dtype, quantized, path)
     eos = eos_token_ids(path, config, tokenizer)  # configs, tokenizer, template's turn end
     return LoadedModel(
         name=name, path=path, model=model, tokenizer=tokenizer, config=config, dtype=chosen,
@@ -116,14 +116,16 @@ def load_model(name: str, dtype: str = "auto", quantized: str = "auto", *,
     )
 
 
-def _set_weights(model, config: dict, dtype: str, quantized: str) -> tuple[str, QuantChoice]:
+def _set_weights(model, config: dict, dtype: str, quantized: str,
+                 path: Path) -> tuple[str, QuantChoice]:
     """Keep or dequantize quantized layers, then cast the float weights to the chosen dtype
     (not the scales and biases forkv's kernels read: they stay float32, as the file has them)."""
     import mlx.core as mx
 
     native = _native_dtype(model)
     chosen = pick_dtype(dtype, native)
-    quant = apply_quantized(model, config, quantized, chosen)
+    quant = apply_quantized(model, config, quantized, chosen,
+                            lambda: read_kernel_groups(path))
     if chosen != native and not quant.dequantized:  # dequantizing already cast them
         target = getattr(mx, chosen)
         if quant.native:
@@ -140,6 +142,27 @@ def _set_weights(model, config: dict, dtype: str, quantized: str) -> tuple[str, 
         else:
             model.set_dtype(target)
     return chosen, quant
+
+
+def read_kernel_groups(folder: Path) -> dict:
+    """A GGUF conversion's exact groups for forkv's kernels only (gguf/convert.py), by module
+    path: {path: (weight, scales, biases, bits, group size)}; {} when the folder has none."""
+    import mlx.core as mx
+
+    from .gguf import KERNEL_GROUPS_FILE
+
+    file = folder / KERNEL_GROUPS_FILE
+    if not file.is_file():
+        return {}
+    arrays = mx.load(str(file))
+    out = {}
+    for key in arrays:
+        if key.endswith(".bits_group"):
+            module = key.removesuffix(".bits_group")
+            bits, group = (int(v) for v in arrays[key].tolist())
+            out[module] = (arrays[f"{module}.weight"], arrays[f"{module}.scales"],
+                           arrays[f"{module}.biases"], bits, group)
+    return out
 
 
 def wants_quantized_gguf(quantized: str) -> bool:

@@ -44,9 +44,11 @@ def describe_quantization(config: dict) -> str | None:
     return text if mode == "affine" else f"{mode} {text}"
 
 
-def apply_quantized(model, config: dict, mode: str, dtype: str) -> QuantChoice:
+def apply_quantized(model, config: dict, mode: str, dtype: str,
+                    kernel_groups=None) -> QuantChoice:
     """Keep or dequantize `model`'s quantized layers in place; `dtype` is the compute dtype
-    the float weights will be cast to (itemsize for the memory estimate)."""
+    the float weights will be cast to (itemsize for the memory estimate). `kernel_groups`, a
+    function returning `use_kernel_groups`' dict, is called only when the kernels are used."""
     import mlx.core as mx
 
     if mode not in MODES:
@@ -57,7 +59,7 @@ def apply_quantized(model, config: dict, mode: str, dtype: str) -> QuantChoice:
         return QuantChoice("none", "the weights are not quantized", False)
     need = dequantized_bytes(model, getattr(mx, dtype).size)
     if mode != "dequantize" and mx.default_device() == mx.cpu:
-        choice, why_not = _try_native(model, what)
+        choice, why_not = _try_native(model, what, kernel_groups)
         if choice is not None:
             return choice
     else:
@@ -86,7 +88,7 @@ def apply_quantized(model, config: dict, mode: str, dtype: str) -> QuantChoice:
     return QuantChoice(f"{what} dequantized to {dtype}", reason, True)
 
 
-def _try_native(model, what: str) -> tuple[QuantChoice | None, str]:
+def _try_native(model, what: str, kernel_groups=None) -> tuple[QuantChoice | None, str]:
     """Move the quantized layers onto forkv's kernels: (the choice, "") or (None, why not)."""
     from . import native
 
@@ -95,7 +97,7 @@ def _try_native(model, what: str) -> tuple[QuantChoice | None, str]:
         return None, native.status().reason
     from .native.activations import use_native_activations
     from .native.attention import use_native_attention
-    from .native.layers import unsupported, use_native
+    from .native.layers import unsupported, use_kernel_groups, use_native
     from .native.rowwise import use_native_rowwise
 
     missing = unsupported(model)
@@ -103,6 +105,10 @@ def _try_native(model, what: str) -> tuple[QuantChoice | None, str]:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         return None, f"the kernels do not run {', '.join(missing[:3])}{more}"
     count = use_native(model, lib)
+    groups = use_kernel_groups(model, lib, kernel_groups()) if kernel_groups else 0
+    if groups:  # float in the folder for mlx, exact groups on the kernels: a new computation
+        what = f"{what} + {groups} layers 6-bit/16"
+        count += groups
     attention = use_native_attention(model, lib)
     norms, ropes = use_native_rowwise(model, lib)
     mlps = use_native_activations(model, lib)

@@ -15,8 +15,9 @@ import pytest
 from forkv.engine.gguf import blocks as blocks_module
 from forkv.engine.gguf import convert_gguf, read_gguf_header
 from forkv.engine.gguf.archs import unpermute
-from forkv.engine.gguf.blocks import AFFINE_BITS, pack, to_affine
+from forkv.engine.gguf.blocks import AFFINE_BITS, KERNEL_ONLY, pack, to_affine
 from forkv.engine.gguf.header import GGML_TYPES, TensorInfo
+from forkv.engine.loader import read_kernel_groups
 from gguf.quants import dequantize as gguf_dequantize
 from gguf_files import (
     CONFIGS,
@@ -34,7 +35,7 @@ TYPE_IDS = {name: i for i, (name, _, _) in GGML_TYPES.items()}
 # Byte offsets of each block's f16 scale fields (d, then dmin / m where the type has one).
 F16_AT = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2),
           "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q2_K": (80, 82), "Q3_K": (108,)}
-OFFSET_TYPES = ("Q8_0", "Q4_0", "Q5_0")  # a bias of -2^(bits-1) d: see test_exact_...
+OFFSET_TYPES = ("Q8_0", "Q4_0", "Q5_0", "Q6_K")  # a bias of -2^(bits-1) d: see test_exact_...
 PROMPT = [[1, 5, 17, 200, 42, 7, 99, 3, 250, 11, 64, 128]]
 
 
@@ -60,8 +61,14 @@ def info_of(qtype: str, rows: int, cols: int) -> TensorInfo:
 
 
 def dequantized(weight, scales, biases, bits, group_size) -> np.ndarray:
-    return np.array(mx.dequantize(mx.array(weight), mx.array(scales), mx.array(biases),
-                                  group_size=group_size, bits=bits))
+    if group_size >= 32:
+        return np.array(mx.dequantize(mx.array(weight), mx.array(scales), mx.array(biases),
+                                      group_size=group_size, bits=bits))
+    # mlx takes no group of 16: unpack its bit stream (value i at bits [bits i, bits (i + 1)))
+    stream = np.unpackbits(np.asarray(weight).view(np.uint8), axis=-1, bitorder="little")
+    q = (stream.reshape(*stream.shape[:-1], -1, bits) << np.arange(bits)).sum(-1)
+    s, b = (np.repeat(np.asarray(a), group_size, axis=-1) for a in (scales, biases))
+    return (s * q.astype(np.float32) + b).astype(np.float32)
 
 
 def assert_same_values(ours: np.ndarray, ref: np.ndarray, qtype: str) -> None:
@@ -98,14 +105,14 @@ def test_exact_against_gguf_py_dequantize(qtype, scale, monkeypatch):
     rows, cols = 12, 768
     raw = random_blocks(qtype, rows, cols, rng, scale)
     weight, scales, biases, bits, group = to_affine(info_of(qtype, rows, cols), raw.tobytes())
-    assert (bits, group) == (AFFINE_BITS[qtype], 32)
+    assert (bits, group) == (AFFINE_BITS[qtype], KERNEL_ONLY.get(qtype, 32))
     assert weight.dtype == np.uint32 and weight.shape == (rows, cols * bits // 32)
-    assert scales.dtype == biases.dtype == np.float32 and scales.shape == (rows, cols // 32)
+    assert scales.dtype == biases.dtype == np.float32 and scales.shape == (rows, cols // group)
     ref = gguf_dequantize(raw, gguf.GGMLQuantizationType[qtype])
     assert_same_values(dequantized(weight, scales, biases, bits, group), ref, qtype)
 
 
-@pytest.mark.parametrize("qtype", ["Q6_K", "Q2_K", "Q3_K", "F16", "BF16", "F32"])
+@pytest.mark.parametrize("qtype", ["Q2_K", "Q3_K", "F16", "BF16", "F32"])
 def test_types_without_an_exact_mapping_stay_float(qtype):
     info = info_of(qtype, 4, 256)
     assert to_affine(info, bytes(info.nbytes)) is None
@@ -128,7 +135,8 @@ def test_unpermute_undoes_llamas_permutation_row_for_row():
 
 
 # A tiny model wide enough for the K-quants' 256-value super-blocks, its matrices of mixed
-# types as a Q4_K_M file mixes them; Q6_K stays float.
+# types as a Q4_K_M file mixes them; Q6_K stays float for mlx, its exact groups of 16 go to the
+# kernels' file.
 WIDE = {"hidden_size": 256, "intermediate_size": 512, "vocab_size": 320}
 MIXED = {"token_embd": "Q8_0", "attn_q": "Q5_0", "attn_k": "Q4_K", "attn_v": "Q8_0",
          "attn_output": "Q4_1", "ffn_gate": "Q5_K", "ffn_up": "Q5_1", "ffn_down": "Q6_K",
@@ -203,10 +211,18 @@ def test_quantized_conversion_loads_quantized_and_matches_the_float_one(
     assert (quant["group_size"], quant["bits"], quant["mode"]) == (32, 5, "affine")
     assert quant["model.embed_tokens"] == {"group_size": 32, "bits": 8, "mode": "affine"}
     assert quant["model.layers.1.self_attn.k_proj"]["bits"] == 4
-    assert "model.layers.0.mlp.down_proj" not in quant  # Q6_K: float
+    assert "model.layers.0.mlp.down_proj" not in quant  # Q6_K: float for mlx
     record = json.loads((qnt / "forkv_gguf.json").read_text())
     assert record["quantized"] is True
     assert record["float_tensors"]["Q6_K"] == layers
+    assert record["kernel_groups"] == {"Q6_K": layers}
+    groups = read_kernel_groups(qnt)  # ... and its exact groups for forkv's kernels
+    assert set(groups) == {f"model.layers.{i}.mlp.down_proj" for i in range(layers)}
+    for module, (w, s, b, bits, group) in groups.items():
+        assert (bits, group) == (6, 16)
+        assert_same_values(dequantized(np.array(w), np.array(s), np.array(b), bits, group),
+                           np.array(mx.load(str(flt / "model.safetensors"))[f"{module}.weight"]),
+                           "Q6_K")
     assert record["quantized_tensors"]["Q8_0"] == layers + 1
 
     model, _ = load_model(qnt)

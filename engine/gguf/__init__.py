@@ -13,12 +13,13 @@ from __future__ import annotations
 import os
 
 from .archs import ARCHS
-from .convert import CONVERTER_VERSION, DEFAULT_DTYPE, convert_gguf
+from .convert import CONVERTER_VERSION, DEFAULT_DTYPE, KERNEL_GROUPS_FILE, convert_gguf
 from .header import GGUFError, GGUFHeader, TensorInfo, is_gguf_file, read_gguf_header
 
 __all__ = [
     "CONVERTER_VERSION",
     "DEFAULT_DTYPE",
+    "KERNEL_GROUPS_FILE",
     "SUPPORTED_ARCHS",
     "GGUFError",
     "GGUFHeader",

@@ -20,9 +20,14 @@ or subtract gguf-py does. One exception in bits, not value, for the offset types
 Q4_0, Q5_0): where a value is zero and d < 0, gguf-py's `d * (q - 8)` is -0.0 while
 `d * q + (-8 d)` cancels exactly to +0.0 (no sum of opposites rounds to -0.0).
 
-Not mapped (`to_affine` returns None; the converter keeps them float): Q6_K, Q2_K and Q3_K,
-whose sub-blocks are 16 wide (mlx's smallest group is 32), Q3_K's signed scales, float
-types, and anything not 2-D. Knows block layouts and mlx's packing; not names or files.
+Q6_K maps the same way onto groups of 16 (`KERNEL_ONLY`): each 16-value sub-block is
+`d * sc * (q - 32)` with an int8 sc, so scale `d sc` and bias `-32 d sc` (exact products:
+11 + 7 + 6 significant bits), q its 6 bits. mlx's smallest group is 32, so these triples are
+for forkv's kernels only; the converter stores them beside the float tensor.
+
+Not mapped (`to_affine` returns None; the converter keeps them float): Q2_K and Q3_K (16-wide
+sub-blocks, Q3_K's signed scales), float types, and anything not 2-D. Knows block layouts and
+mlx's packing; not names or files.
 """
 
 from __future__ import annotations
@@ -31,10 +36,13 @@ import numpy as np
 
 from .header import GGML_TYPES, TensorInfo
 
-__all__ = ["AFFINE_BITS", "GROUP_SIZE", "affine_bits", "pack", "to_affine"]
+__all__ = ["AFFINE_BITS", "GROUP_SIZE", "KERNEL_ONLY", "affine_bits", "group_size", "pack",
+           "to_affine"]
 
 GROUP_SIZE = 32
-AFFINE_BITS = {"Q8_0": 8, "Q4_0": 4, "Q4_1": 4, "Q5_0": 5, "Q5_1": 5, "Q4_K": 4, "Q5_K": 5}
+AFFINE_BITS = {"Q8_0": 8, "Q4_0": 4, "Q4_1": 4, "Q5_0": 5, "Q5_1": 5, "Q4_K": 4, "Q5_K": 5,
+               "Q6_K": 6}
+KERNEL_ONLY = {"Q6_K": 16}  # type -> its group size, which mlx cannot hold
 _CHUNK_ELEMENTS = 1 << 22  # decode 4M values at a time: the uint64 packing temp is 32 MiB
 _F32 = np.float32
 
@@ -45,21 +53,27 @@ def affine_bits(info: TensorInfo) -> int | None:
     return AFFINE_BITS.get(info.type_name) if len(info.shape) == 2 else None
 
 
+def group_size(info: TensorInfo) -> int:
+    """The group size `to_affine` maps `info` to: 32, or 16 for the `KERNEL_ONLY` types."""
+    return KERNEL_ONLY.get(info.type_name, GROUP_SIZE)
+
+
 def to_affine(info: TensorInfo, raw_bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray,
                                                      int, int] | None:
-    """(weight uint32 (rows, cols * bits / 32), scales float32 (rows, cols / 32), biases
+    """(weight uint32 (rows, cols * bits / 32), scales float32 (rows, cols / group), biases
     float32, bits, group size) holding exactly the values of one GGUF tensor, or None if its
     type does not map (see the module docstring)."""
     bits = affine_bits(info)
     if bits is None:
         return None
+    group = group_size(info)
     rows, cols = info.shape
     _, block, block_bytes = GGML_TYPES[info.ggml_type]
     raw = np.frombuffer(raw_bytes, np.uint8)
     assert raw.size == info.nbytes, (info.name, raw.size, info.nbytes)
     blocks = raw.reshape(-1, block_bytes)
     weight = np.empty(rows * cols * bits // 32, "<u4")
-    scales = np.empty(rows * cols // GROUP_SIZE, _F32)
+    scales = np.empty(rows * cols // group, _F32)
     biases = np.empty_like(scales)
     decode = _DECODERS[info.type_name]
     step = max(1, _CHUNK_ELEMENTS // block)
@@ -67,12 +81,12 @@ def to_affine(info: TensorInfo, raw_bytes) -> tuple[np.ndarray, np.ndarray, np.n
     # chunks of whole blocks gives each row's words exactly as packing it alone would.
     for start in range(0, len(blocks), step):
         q, s, b = decode(blocks[start:start + step])
-        g, n = start * block // GROUP_SIZE, s.size
+        g, n = start * block // group, s.size
         scales[g:g + n], biases[g:g + n] = s.reshape(-1), b.reshape(-1)
         w = pack(q.reshape(-1), bits)
         weight[start * block * bits // 32:][:w.size] = w
     return (weight.reshape(rows, -1), scales.reshape(rows, -1), biases.reshape(rows, -1),
-            bits, GROUP_SIZE)
+            bits, group)
 
 
 def pack(q: np.ndarray, bits: int) -> np.ndarray:
@@ -160,5 +174,17 @@ def _q5_k(b):  # d (2) dmin (2) scales (12) qh (32) qs (128)
     return q.reshape(n, 256), scale, bias
 
 
+def _q6_k(b):  # ql (128) qh (64) scales (16 x int8) d (2); 16 groups of 16
+    n = len(b)
+    ql, qh = b[:, :128].reshape(n, 2, 64), b[:, 128:192].reshape(n, 2, 32)
+    # Per 128-value half, as ggml lays it out: values l, l + 32, l + 64, l + 96 take ql[l] /
+    # ql[l + 32]'s low then high nibbles and bits 0-1, 2-3, 4-5, 6-7 of qh[l].
+    low = np.concatenate([ql[..., :32] & 0x0F, ql[..., 32:] & 0x0F, ql[..., :32] >> 4,
+                          ql[..., 32:] >> 4], axis=-1)
+    high = np.concatenate([(qh >> s) & 3 for s in (0, 2, 4, 6)], axis=-1)
+    scale = _f16(b, 208) * b[:, 192:208].view(np.int8).astype(_F32)
+    return (low | (high << 4)).reshape(n, 256), scale, scale * _F32(-32)
+
+
 _DECODERS = {"Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q5_1": _q5_1,
-             "Q4_K": _q4_k, "Q5_K": _q5_k}
+             "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k}

@@ -4,8 +4,10 @@ A `QuantizedLinear` becomes a `NativeQuantizedLinear` (same module, same paramet
 weight repacked for 5/6 bits, scales and biases float32) and a `QuantizedEmbedding` a
 `NativeQuantizedEmbedding`, whose lookups stay mlx's and whose `as_linear` (a tied head) runs
 on the kernels. Only affine groups of 32, 64 or 128 at 4, 5, 6 or 8 bits with an input size
-that is a multiple of 64 are supported (`unsupported` lists the rest). Knows mlx modules and
-the extension's calls; nothing about files, devices or fingerprints.
+that is a multiple of 64 are supported (`unsupported` lists the rest). `use_kernel_groups`
+also turns float `Linear` layers into kernel layers from exact triples whose groups mlx cannot
+hold (a GGUF's Q6_K: 6 bits in groups of 16). Knows mlx modules and the extension's calls;
+nothing about files, devices or fingerprints.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 __all__ = ["NativeQuantizedEmbedding", "NativeQuantizedLinear", "kernel_keys", "unsupported",
-           "use_native"]
+           "use_kernel_groups", "use_native"]
 
 _BITS = (4, 5, 6, 8)
 _GROUPS = (32, 64, 128)
@@ -102,3 +104,33 @@ def use_native(model, lib) -> int:
         count += 1
     mx.eval(model.parameters())
     return count
+
+
+def use_kernel_groups(model, lib, groups: dict) -> int:
+    """Replace each float `Linear` at a path of `groups` ({path: (weight, scales, biases,
+    bits, group_size)}, mlx packing) by a kernel layer computing those exact groups; returns
+    how many. Paths that are not such a Linear of the matching shape are left alone."""
+    from mlx.utils import tree_unflatten
+
+    modules = dict(model.named_modules())
+    replaced = []
+    for path, (weight, scales, biases, bits, group_size) in groups.items():
+        m = modules.get(path)
+        in_dims = scales.shape[-1] * group_size
+        if (type(m) is not nn.Linear or tuple(m.weight.shape) != (scales.shape[0], in_dims)
+                or bits not in (4, 5, 6) or in_dims % 64):
+            continue
+        q = NativeQuantizedLinear.__new__(NativeQuantizedLinear)
+        nn.Module.__init__(q)
+        q.group_size, q.bits, q.mode = group_size, bits, "affine"
+        q["weight"] = lib.repack(weight, in_dims, bits) if bits in (5, 6) else weight
+        q["scales"], q["biases"] = scales.astype(mx.float32), biases.astype(mx.float32)
+        if "bias" in m:
+            q["bias"] = m["bias"]
+        q._lib = lib
+        q.freeze()
+        replaced.append((path, q))
+    if replaced:
+        model.update_modules(tree_unflatten(replaced))
+        mx.eval(model.parameters())
+    return len(replaced)

@@ -128,15 +128,16 @@ void qgemm_scalar(const QuantX& x, const QuantW& w, int n0, int n1, float* y, si
       const float* dr = x.dx + size_t(m) * (w.K / 32);
       float acc = 0.f;
       for (int c = 0; c < num_chunks; ++c) {
-        for (int half = 0; half < 2; ++half) {
-          const int b = 2 * c + half;  // 32-block
+        const int span = std::min(32, w.group_size);  // elements under one scale pair
+        for (int part = 0; part < 64 / span; ++part) {
+          const int b = (64 * c + span * part) / 32;  // its 32-block
           int32_t dot = 0;
           for (int pos = 0; pos < 64; ++pos) {
             const int e = element_at(pos, permuted);
-            if (e / 32 != half) continue;
+            if (e / span != part) continue;
             dot += int32_t(qr[64 * c + pos]) * weight_at(row, w.bits, c, e);
           }
-          acc += float(dot) * (sc[(32 * b) / w.group_size] * dr[b]);
+          acc += float(dot) * (sc[(64 * c + span * part) / w.group_size] * dr[b]);
         }
       }
       const float* xs = x.xsum + size_t(m) * num_groups;
@@ -187,6 +188,10 @@ T512 inline __m512i load_chunk512(const uint8_t* row, int c) {
 // Lane scales of chunk c for group size G: lanes of block 1 take the second group's scale.
 template <int BITS>
 T512 inline __m512 scale_vec512(const float* sc, int c, int group_size) {
+  if (group_size == 16) {  // 4/5/6-bit only: lane l holds elements of group (l % 8) / 2
+    const __m512i idx = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 0, 0, 1, 1, 2, 2, 3, 3);
+    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_loadu_ps(sc + 4 * c)));
+  }
   if (group_size == 32) {
     // Lanes whose 4 positions lie in the chunk's second 32-block.
     constexpr __mmask16 second = BITS == 8 ? 0xFF00 : 0xF0F0;
@@ -351,7 +356,10 @@ T256 void qgemm256(const QuantX& x, const QuantW& w, int n0, int n1, float* y, s
           const __m256i db = _mm256_madd_epi16(_mm256_maddubs_epi16(wb, xb), ones);
           const __m256i dot = _mm256_add_epi32(da, db);
           __m256 sv;
-          if (w.group_size == 32)
+          if (w.group_size == 16)  // lane j of both registers: elements of group j / 2
+            sv = _mm256_setr_ps(sc[4 * c], sc[4 * c], sc[4 * c + 1], sc[4 * c + 1],
+                                sc[4 * c + 2], sc[4 * c + 2], sc[4 * c + 3], sc[4 * c + 3]);
+          else if (w.group_size == 32)
             sv = _mm256_blend_ps(_mm256_set1_ps(sc[2 * c]), _mm256_set1_ps(sc[2 * c + 1]), 0xF0);
           else
             sv = _mm256_set1_ps(sc[(64 * c) / w.group_size]);

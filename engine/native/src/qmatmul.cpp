@@ -143,8 +143,10 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
                            const mx::array& biases, int bits, int group_size) {
   if (bits != 4 && bits != 5 && bits != 6 && bits != 8)
     throw std::invalid_argument("forkv quantized_matmul: bits must be 4, 5, 6 or 8");
-  if (group_size != 32 && group_size != 64 && group_size != 128)
-    throw std::invalid_argument("forkv quantized_matmul: group_size must be 32, 64 or 128");
+  if (group_size != 32 && group_size != 64 && group_size != 128 && group_size != 16)
+    throw std::invalid_argument("forkv quantized_matmul: group_size must be 16, 32, 64 or 128");
+  if (group_size == 16 && bits == 8)
+    throw std::invalid_argument("forkv quantized_matmul: group_size 16 takes 4, 5 or 6 bits");
   if (scales.ndim() != 2 || biases.shape() != scales.shape())
     throw std::invalid_argument("forkv quantized_matmul: scales and biases must be [N, K/group]");
   const int N = scales.shape(0), K = scales.shape(1) * group_size;
