@@ -49,13 +49,15 @@ class _Variant:
     quantized: str | None  # forkv's load_model keyword; None: the folder is not quantized
 
     @property
-    def dequantize(self) -> bool:
-        return self.quantized == "dequantize"
+    def dequantize(self) -> bool:  # the 4-bit folder, dequantized at load
+        return self.is_q4 and self.quantized == "dequantize"
 
 
+# The float variants load the float folder: "dequantize", since `auto` would load a GGUF's
+# quantized blocks onto forkv's kernels (a float folder loads as it is either way).
 _SPECS = {
-    "float32": _Variant("float32", "float32", False, None),
-    "bfloat16": _Variant("bfloat16", "bfloat16", False, None),
+    "float32": _Variant("float32", "float32", False, "dequantize"),
+    "bfloat16": _Variant("bfloat16", "bfloat16", False, "dequantize"),
     "q4_kept": _Variant("q4_kept", "float32", True, "keep"),
     "q4_dequantized": _Variant("q4_dequantized", "float32", True, "dequantize"),
 }
