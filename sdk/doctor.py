@@ -62,7 +62,8 @@ def kernels_line(is_cpu: bool) -> str:
     native.load()
     info = native.status()
     if info.available:
-        return (f"forkv-native {info.isa}, {info.num_threads} threads, for quantized layers "
+        return (f"forkv-native-v{native.KERNEL_VERSION} {info.isa}, {info.num_threads} threads, "
+                "for quantized models: their matmuls, attention, norms, RoPE and activations "
                 f"({info.path})")
     return f"mlx's: forkv's CPU kernels are not in use: {info.reason}"
 
