@@ -199,7 +199,7 @@ def _load_vision_model(name: str, path: Path, dtype: str, quantized: str,
     from .vision_loader import load_vision_parts
 
     parts = load_vision_parts(path)
-    chosen, quant = _set_weights(parts.model, parts.config, dtype, quantized)
+    chosen, quant = _set_weights(parts.model, parts.config, dtype, quantized, path)
     return LoadedModel(
         name=name, path=path, model=parts.model, tokenizer=parts.tokenizer, config=parts.config,
         dtype=chosen, layout=cache_layout(_make_cache(parts.model.language_model)),
