@@ -39,11 +39,11 @@ def _kernel_weight(lib, w, K, bits):
 
 
 def _reference(x, w, s, b, bits, g):
-    """What the kernels compute, in float64: x rounded to int8 per 32-block (half to even)
-    times the dequantized weights, plus the biases times the float sums of x."""
+    """What the kernels compute, in float64: x rounded to int8 per 8-element block (half to
+    even) times the dequantized weights, plus the biases times the float sums of x."""
     x = np.array(x, np.float32)
     M, K = x.shape
-    blocks = x.reshape(M, K // 32, 32)
+    blocks = x.reshape(M, K // 8, 8)
     amax = np.abs(blocks).max(-1, keepdims=True)
     inv = np.where(amax > 0, np.float32(127) / np.maximum(amax, np.float32(1e-30)), 0)
     xq = (np.rint(blocks * inv.astype(np.float32)) * (amax / np.float32(127)))

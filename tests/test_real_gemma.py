@@ -65,9 +65,9 @@ def test_perplexity_of_an_english_passage_is_low():
 
 
 def test_the_quantized_kernels_stay_near_the_float_perplexity():
-    """forkv's kernels round activations to int8 (32-blocks, as llama.cpp's Q8 blocks): measured
-    12.89 against 12.70 dequantized on this passage (+1.4%; with the Q6_K layers float, 12.99;
-    v1, with mlx's norms and ropes, +3.4%); this guards that gap."""
+    """forkv's kernels round activations to int8 in blocks of 8: measured 12.84 against 12.70
+    dequantized on this passage (+1.0%; blocks of 32: 12.89, +1.4%; v1, with mlx's norms and
+    ropes, +3.4%); this guards that gap."""
     import mlx.core as mx
     import mlx.nn as nn
 
@@ -84,7 +84,7 @@ def test_the_quantized_kernels_stay_near_the_float_perplexity():
         return math.exp(nn.losses.cross_entropy(logits[0], x[0, 1:]).mean().item())
 
     ours, ref = ppl(lm.model), ppl(float_lm.model)
-    assert ours <= ref * 1.05, (ours, ref)
+    assert ours <= ref * 1.025, (ours, ref)
 
 
 def test_on_the_kernels_a_tokens_logits_do_not_depend_on_the_chunking():

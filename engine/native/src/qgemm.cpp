@@ -22,9 +22,10 @@ inline int element_at(int pos, bool permuted) {
   return pos < 32 ? 2 * pos : 2 * (pos - 32) + 1;
 }
 
-// The 32-block of the element each int32 lane (4 positions) of a 64-byte register covers.
+// The activation block (kXBlock elements) of the elements each int32 lane (4 positions) of a
+// 64-byte register covers: 4 evens or 4 odds within 8 elements, or 4 consecutive ones.
 inline int lane_block(int lane, bool permuted) {
-  return element_at(4 * lane, permuted) / 32;
+  return element_at(4 * lane, permuted) / kXBlock;
 }
 
 // Value of element k (0..63) of chunk c of a kernel-layout row, for the portable path.
@@ -73,36 +74,33 @@ Isa best_isa() {
 // ---------------------------------------------------------------- activations
 
 void quantize_rows(const float* x, size_t ldx, int m0, int m1, int K, int group_size,
-                   bool permuted, int8_t* q, float* dxv, float* dx, int32_t* qsum,
-                   float* xsum, Isa /*isa*/) {
-  const int num_blocks = K / 32, num_chunks = K / 64, num_groups = K / group_size;
+                   bool permuted, int8_t* q, float* dxv, float* dx, float* xsum,
+                   Isa /*isa*/) {
+  constexpr int kPerChunk = 64 / kXBlock;
+  const int num_blocks = K / kXBlock, num_chunks = K / 64, num_groups = K / group_size;
   for (int m = m0; m < m1; ++m) {
     const float* xr = x + size_t(m) * ldx;
     int8_t* qr = q + size_t(m) * K;
     float* dr = dx + size_t(m) * num_blocks;
-    int32_t* sr = qsum + size_t(m) * num_blocks;
     for (int b = 0; b < num_blocks; ++b) {
       float amax = 0.f;
-      for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xr[32 * b + i]));
+      for (int i = 0; i < kXBlock; ++i) amax = std::max(amax, std::fabs(xr[kXBlock * b + i]));
       const float d = amax / 127.f;
       const float inv = d > 0.f ? 127.f / amax : 0.f;
       dr[b] = d;
-      int32_t s = 0;
-      for (int i = 0; i < 32; ++i) {
-        const int k = 32 * b + i;
+      for (int i = 0; i < kXBlock; ++i) {
+        const int k = kXBlock * b + i;
         const int v = int(std::nearbyint(xr[k] * inv));
         const int c = k / 64, e = k % 64;
         // Where element e of chunk c sits in the register layout the weights use.
         const int pos = permuted ? ((e & 1) ? 32 + (e >> 1) : (e >> 1)) : e;
         qr[64 * c + pos] = int8_t(v);
-        s += v;
       }
-      sr[b] = s;
     }
     float* vr = dxv + size_t(m) * num_chunks * 16;
     for (int c = 0; c < num_chunks; ++c)
       for (int lane = 0; lane < 16; ++lane)
-        vr[16 * c + lane] = dr[2 * c + lane_block(lane, permuted)];
+        vr[16 * c + lane] = dr[kPerChunk * c + lane_block(lane, permuted)];
     float* gr = xsum + size_t(m) * num_groups;
     for (int g = 0; g < num_groups; ++g) {
       float s = 0.f;
@@ -125,12 +123,12 @@ void qgemm_scalar(const QuantX& x, const QuantW& w, int n0, int n1, float* y, si
     const float* bi = w.biases + size_t(n) * num_groups;
     for (int m = 0; m < x.M; ++m) {
       const int8_t* qr = x.q + size_t(m) * w.K;
-      const float* dr = x.dx + size_t(m) * (w.K / 32);
+      const float* dr = x.dx + size_t(m) * (w.K / kXBlock);
       float acc = 0.f;
       for (int c = 0; c < num_chunks; ++c) {
-        const int span = std::min(32, w.group_size);  // elements under one scale pair
+        const int span = kXBlock;  // elements under one (weight, activation) scale pair
         for (int part = 0; part < 64 / span; ++part) {
-          const int b = (64 * c + span * part) / 32;  // its 32-block
+          const int b = (64 * c + span * part) / kXBlock;  // its activation block
           int32_t dot = 0;
           for (int pos = 0; pos < 64; ++pos) {
             const int e = element_at(pos, permuted);
@@ -305,13 +303,6 @@ T256 inline void load_chunk256(const uint8_t* row, int c, __m256i& a, __m256i& b
   }
 }
 
-T256 inline int32_t hsum_epi32_256(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-  return _mm_cvtsi128_si32(s);
-}
-
 T256 inline float hsum_ps_256(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -321,7 +312,7 @@ T256 inline float hsum_ps_256(__m256 v) {
 
 template <int BITS>
 T256 void qgemm256(const QuantX& x, const QuantW& w, int n0, int n1, float* y, size_t ldy) {
-  const int num_chunks = w.K / 64, num_groups = w.K / w.group_size, num_blocks = w.K / 32;
+  const int num_chunks = w.K / 64, num_groups = w.K / w.group_size;
   const __m256i ones = _mm256_set1_epi16(1);
   for (int n = n0; n < n1; ++n) {
     const uint8_t* row = w.data + size_t(n) * w.row_bytes;
@@ -336,22 +327,27 @@ T256 void qgemm256(const QuantX& x, const QuantW& w, int n0, int n1, float* y, s
         const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qr + 64 * c));
         const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qr + 64 * c + 32));
         if constexpr (BITS == 8) {
-          // u8 x s8 pairs can overflow maddubs: dot the signed weights (q - 128) and add back
-          // 128 * sum(x) per block. Each register is one 32-block.
-          const __m256i flip = _mm256_set1_epi8(char(0x80));
+          // u8 x s8 pairs can overflow maddubs: dot the signed weights (q - 128), then add
+          // 128 * sum(x) per lane, so each int32 lane holds its 4 elements' sum of q * x.
+          const __m256i flip = _mm256_set1_epi8(char(0x80)), one8 = _mm256_set1_epi8(1);
           const __m256i sa = _mm256_xor_si256(wa, flip), sb = _mm256_xor_si256(wb, flip);
-          const __m256i da = _mm256_madd_epi16(
+          __m256i da = _mm256_madd_epi16(
               _mm256_maddubs_epi16(_mm256_sign_epi8(sa, sa), _mm256_sign_epi8(xa, sa)), ones);
-          const __m256i db = _mm256_madd_epi16(
+          __m256i db = _mm256_madd_epi16(
               _mm256_maddubs_epi16(_mm256_sign_epi8(sb, sb), _mm256_sign_epi8(xb, sb)), ones);
-          const int32_t* qs = x.qsum + size_t(m) * num_blocks;
-          const float* dr = x.dx + size_t(m) * num_blocks;
-          const float s0 = sc[(64 * c) / w.group_size], s1 = sc[(64 * c + 32) / w.group_size];
-          const float ta = float(hsum_epi32_256(da) + 128 * qs[2 * c]) * (s0 * dr[2 * c]);
-          const float tb = float(hsum_epi32_256(db) + 128 * qs[2 * c + 1]) * (s1 * dr[2 * c + 1]);
-          acc = _mm256_add_ps(acc, _mm256_setr_ps(ta, tb, 0, 0, 0, 0, 0, 0));
+          da = _mm256_add_epi32(da, _mm256_slli_epi32(
+              _mm256_madd_epi16(_mm256_maddubs_epi16(one8, xa), ones), 7));
+          db = _mm256_add_epi32(db, _mm256_slli_epi32(
+              _mm256_madd_epi16(_mm256_maddubs_epi16(one8, xb), ones), 7));
+          const float* dv = x.dxv + (size_t(m) * num_chunks + c) * 16;  // lanes: 4 elements
+          const __m256 s0 = _mm256_set1_ps(sc[(64 * c) / w.group_size]);
+          const __m256 s1 = _mm256_set1_ps(sc[(64 * c + 32) / w.group_size]);
+          acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(da), _mm256_mul_ps(s0, _mm256_loadu_ps(dv)), acc);
+          acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(db),
+                                _mm256_mul_ps(s1, _mm256_loadu_ps(dv + 8)), acc);
         } else {
-          // Both registers' lanes 0-3 cover block 0 and lanes 4-7 block 1: add them in int32.
+          // Lane j of both registers covers elements 8j..8j+7 (evens, odds): one activation
+          // block, so they add in int32.
           const __m256i da = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, xa), ones);
           const __m256i db = _mm256_madd_epi16(_mm256_maddubs_epi16(wb, xb), ones);
           const __m256i dot = _mm256_add_epi32(da, db);

@@ -24,7 +24,6 @@ std::atomic<int> g_threads{0};
 struct Scratch {
   std::vector<int8_t> q;
   std::vector<float> dxv, dx, xsum;
-  std::vector<int32_t> qsum;
 };
 
 void run_qgemm(const float* x, int M, int K, const QuantW& w, float* y, Isa isa) {
@@ -33,8 +32,7 @@ void run_qgemm(const float* x, int M, int K, const QuantW& w, float* y, Isa isa)
   const int num_groups = K / w.group_size;
   s.q.resize(size_t(M) * K);
   s.dxv.resize(size_t(M) * (K / 64) * 16);
-  s.dx.resize(size_t(M) * (K / 32));
-  s.qsum.resize(size_t(M) * (K / 32));
+  s.dx.resize(size_t(M) * (K / kXBlock));
   s.xsum.resize(size_t(M) * num_groups);
   const bool permuted = w.bits != 8;
   Pool& p = pool();
@@ -44,12 +42,12 @@ void run_qgemm(const float* x, int M, int K, const QuantW& w, float* y, Isa isa)
   p.run(qthreads, [&](int t) {
     const int m0 = int(int64_t(M) * t / qthreads), m1 = int(int64_t(M) * (t + 1) / qthreads);
     quantize_rows(x, K, m0, m1, K, w.group_size, permuted, s.q.data(), s.dxv.data(),
-                  s.dx.data(), s.qsum.data(), s.xsum.data(), isa);
+                  s.dx.data(), s.xsum.data(), isa);
   });
   QuantX qx;
   qx.M = M; qx.K = K; qx.group_size = w.group_size; qx.permuted = permuted;
   qx.q = s.q.data(); qx.dxv = s.dxv.data(); qx.dx = s.dx.data();
-  qx.qsum = s.qsum.data(); qx.xsum = s.xsum.data();
+  qx.xsum = s.xsum.data();
   // Output rows in blocks handed out by a counter: a thread slowed by other work takes
   // fewer. Which thread computes a row never changes its value.
   constexpr int kBlock = 16;
