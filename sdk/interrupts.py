@@ -8,7 +8,10 @@ command has returned, `finish` ends the process in a fixed order: after an inter
 every engine thread, closes every store, flushes, and leaves with `os._exit`, so no mlx thread
 or C++ destructor runs while the interpreter shuts down; after a normal run it only makes a
 late Ctrl-C leave at once instead of raising inside an exit handler (which would skip the
-engine join). Knows nothing about commands or models.
+engine join). A KeyboardInterrupt raised inside a `__del__` (a regex compiled while a
+tokenizer loads) is printed as "Exception ignored" and lost, so `take_over`'s handler also
+notes the Ctrl-C and `check` raises it again before a command starts its long-running loop.
+Knows nothing about commands or models.
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ import os
 import signal
 import sys
 
-__all__ = ["finish", "guard_startup", "take_over"]
+__all__ = ["check", "finish", "guard_startup", "take_over"]
 
 INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C
 _MESSAGE = b"forkv: interrupted\n"
+_pending = False  # a Ctrl-C arrived since take_over
 
 
 def _is_cli() -> bool:
@@ -51,10 +55,23 @@ def guard_startup() -> None:
         pass
 
 
+def _interrupt(signum=None, frame=None) -> None:
+    global _pending
+    _pending = True
+    raise KeyboardInterrupt
+
+
 def take_over() -> None:
-    """The CLI's try block has begun: SIGINT raises KeyboardInterrupt again."""
+    """The CLI's try block has begun: SIGINT raises KeyboardInterrupt again (and is noted)."""
     if signal.getsignal(signal.SIGINT) is _leave_now:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, _interrupt)
+
+
+def check() -> None:
+    """Raise the KeyboardInterrupt of a Ctrl-C that arrived and was swallowed on its way (in a
+    `__del__`, or by a library's blanket except), before a command starts to serve."""
+    if _pending:
+        raise KeyboardInterrupt
 
 
 def finish(code: int) -> int:

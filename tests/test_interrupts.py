@@ -118,3 +118,20 @@ def test_only_interrupts_before_forkv_are_set_aside():
     assert _before_forkv(-signal.SIGINT, early)
     assert not _before_forkv(-signal.SIGINT, in_forkv)
     assert not _before_forkv(130, early) and not _before_forkv(-signal.SIGINT, "")
+
+
+def test_a_ctrl_c_swallowed_in_a_del_is_raised_again_before_serving(monkeypatch):
+    # A regex compiled while a tokenizer loads can take the KeyboardInterrupt in its __del__,
+    # where Python prints "Exception ignored" and drops it: `forkv serve` then ran on.
+    from forkv import interrupts
+
+    monkeypatch.setattr(interrupts, "_pending", False)
+    interrupts.check()  # nothing pending: nothing raised
+
+    class Swallows:
+        def __del__(self):
+            interrupts._interrupt()
+
+    Swallows()  # the Ctrl-C lands in a __del__ and is lost there
+    with pytest.raises(KeyboardInterrupt):
+        interrupts.check()

@@ -66,6 +66,9 @@ def serve(config) -> None:
     print(f"forkv serve: {what} on http://{config.host}:{config.port}/v1 "
           f"({'API keys required' if config.api_keys else 'no API key'})", file=sys.stderr,
           flush=True)
+    from forkv import interrupts
+
+    interrupts.check()  # a Ctrl-C that a library swallowed while the models loaded
     # Our access log (logs.py) writes one line per request, streams included: not uvicorn's.
     uvicorn.run(app, host=config.host, port=config.port, log_level="warning", access_log=False,
                 timeout_graceful_shutdown=5)
