@@ -82,18 +82,22 @@ def kernel_keys(module) -> tuple[str, ...]:
     return ()
 
 
+def _kernel_arrays(lib, weight, scales, biases, bits: int, group_size: int):
+    """mlx-packed affine groups as the kernels read them: 5/6-bit rows repacked, float32
+    scales and biases."""
+    if bits in (5, 6):
+        weight = lib.repack(weight, scales.shape[-1] * group_size, bits)
+    return weight, scales.astype(mx.float32), biases.astype(mx.float32)
+
+
 def use_native(model, lib) -> int:
     """Convert every supported quantized layer of `model` in place; returns how many."""
     count = 0
     for _, m in model.named_modules():
         if not _is_candidate(m) or _problem(m):
             continue
-        in_dims = m["scales"].shape[-1] * m.group_size
-        weight = m["weight"]
-        if m.bits in (5, 6):
-            weight = lib.repack(weight, in_dims, m.bits)
-        scales = m["scales"].astype(mx.float32)
-        biases = m["biases"].astype(mx.float32)
+        weight, scales, biases = _kernel_arrays(lib, m["weight"], m["scales"], m["biases"],
+                                                m.bits, m.group_size)
         if isinstance(m, nn.QuantizedLinear):
             m["weight"], m["scales"], m["biases"] = weight, scales, biases
             m.__class__ = NativeQuantizedLinear
@@ -123,8 +127,8 @@ def use_kernel_groups(model, lib, groups: dict) -> int:
         q = NativeQuantizedLinear.__new__(NativeQuantizedLinear)
         nn.Module.__init__(q)
         q.group_size, q.bits, q.mode = group_size, bits, "affine"
-        q["weight"] = lib.repack(weight, in_dims, bits) if bits in (5, 6) else weight
-        q["scales"], q["biases"] = scales.astype(mx.float32), biases.astype(mx.float32)
+        q["weight"], q["scales"], q["biases"] = _kernel_arrays(lib, weight, scales, biases, bits,
+                                                               group_size)
         if "bias" in m:
             q["bias"] = m["bias"]
         q._lib = lib
