@@ -7,7 +7,8 @@ generation_config.json, the tokenizer files and `forkv_gguf.json`, all into a te
 renamed into place at the end. With `quantized=True` the tensors blocks.py maps exactly stay
 quantized, as mlx affine `weight` / `scales` / `biases` triples with mlx-lm's per-module
 quantization config; the ones whose groups mlx cannot hold (Q6_K's 16) stay float there for
-mlx and go, exactly, into `KERNEL_GROUPS_FILE` for forkv's kernels. Knows nothing about caching: the caller picks `out`.
+mlx and go, exactly, into `KERNEL_GROUPS_FILE` for forkv's kernels. Knows nothing about
+caching: the caller picks `out`.
 """
 
 from __future__ import annotations
@@ -32,9 +33,10 @@ from .writer import ShardWriter
 __all__ = ["CONVERTER_VERSION", "DEFAULT_DTYPE", "KERNEL_GROUPS_FILE", "convert_gguf"]
 
 # Bump when the output of a conversion changes, so caches keyed on it are rebuilt.
-CONVERTER_VERSION = 3  # 3: Q6_K's exact 16-wide groups in KERNEL_GROUPS_FILE (2 was never released)
-# Quantized mode: `<module>.weight/.scales/.biases/.bits_group` (int32 [bits, group size]) for the
-# modules whose groups only forkv's kernels take; model.safetensors holds them float.
+# 3: Q6_K's exact 16-wide groups in KERNEL_GROUPS_FILE (2 was never released).
+CONVERTER_VERSION = 3
+# Quantized mode: `<module>.weight/.scales/.biases/.bits_group` (int32 [bits, group size])
+# for the modules whose groups only forkv's kernels take; model.safetensors holds them float.
 KERNEL_GROUPS_FILE = "forkv_kernel_groups.safetensors"
 # Measured on the real Gemma 3 270M Q4_K_M with float32 compute: bfloat16 storage of the
 # dequantized Q4/Q5/Q8 weights moved perplexity 9.7871 -> 9.7905, 1 of 166 top-1 tokens and the

@@ -22,7 +22,8 @@ from .build import BuildError, built_library
 __all__ = ["NativeInfo", "kernel_label", "load", "status"]
 
 # Bump when a kernel's arithmetic changes (its results, not its speed).
-KERNEL_VERSION = 3  # 2: decode attention, RMS norm and RoPE; 3: activations, prefill attention, groups of 16
+# 2: decode attention, RMS norm and RoPE; 3: activations, prefill attention, groups of 16.
+KERNEL_VERSION = 3
 
 
 @dataclass(slots=True, frozen=True)
