@@ -44,6 +44,18 @@ def test_growing_curves_fail():
     assert verdict["rss_mib"]["ratio"] > 1.1
 
 
+def test_rss_is_judged_on_its_level_not_one_sample():
+    burst = _curves(rss_mib=[180.0] * 2 + [300.0] * 6 + [345.0] + [300.0] * 4)  # one +15% sample
+    verdict = judge(burst, warm_index(TIMES, 180), clients=8)
+    assert verdict["ok"] and verdict["rss_mib"]["sample_peak"] == 345.0
+    assert not judge(_curves(rss_mib=[180.0] * 2 + [300.0] * 6 + [390.0] + [300.0] * 4),
+                     2, clients=8)["ok"]  # +30% in one sample is too much even alone
+    settled = _curves(rss_mib=[180.0] * 2 + [300.0] * 6 + [340.0] * 5)  # +13% that stays
+    assert not judge(settled, 2, clients=8)["rss_mib"]["ok"]
+    last = _curves(rss_mib=[180.0] * 2 + [300.0] * 10 + [340.0])  # a last sample alone: a burst
+    assert judge(last, 2, clients=8)["ok"]
+
+
 def test_small_counts_get_absolute_slack_and_sockets_their_own_bound():
     threads = [10] * 3 + [12] * (len(TIMES) - 3)  # +20%, but only 2 threads
     files = [8] * 3 + [12] * (len(TIMES) - 3)

@@ -11,7 +11,9 @@ per tier, namespaces, requests by status).
 
 Pass (`soak_ok`): from the warm-up sample (the one at a sixth of the run: minute 5 of 30) to the
 end, RSS, checkpoint bytes, open files (sockets apart) and threads each stay within 10% of
-their warm-up value, with a small absolute slack for small counts (`LIMITS`); sockets never
+their warm-up value, with a small absolute slack for small counts (`LIMITS`). RSS is judged on
+its level, the median of three neighbouring samples, since one sample can catch a burst of
+requests in flight; a single sample may not pass +25% (`RSS_SPIKE`). Sockets never
 exceed one per client plus a few; no request fails unexpectedly; and once traffic stops no
 request is left in flight. Knows the run and the judgement; the requests are in
 `soak_traffic`, the plot in `soak_plot`.
@@ -44,6 +46,10 @@ LIVE_CACHE_MIB = "16"
 # curve -> (relative allowance, absolute slack): limit = max(warm * (1 + rel), warm + slack)
 LIMITS = {"rss_mib": (0.10, 0.0), "store_bytes": (0.10, float(1 << 20)), "files": (0.10, 4.0),
           "threads": (0.10, 2.0)}
+# RSS moves with the requests in flight at the moment of a sample (a clean clone's 3-minute soak
+# read 345, 363, 359, 358, 395, 356, 364 MiB on a flat server): its level is the median of three
+# neighbouring samples, and one sample alone may reach +25% before it fails.
+RSS_SPIKE = 0.25
 SOCKET_SLACK = 4  # listening socket and connections being torn down, beyond one per client
 CURVES = ("t_s", "rss_mib", "store_bytes", "ram_bytes", "disk_bytes", "files", "sockets",
           "threads", "namespaces", "in_flight", "requests", "expected_4xx", "unexpected",
@@ -184,6 +190,12 @@ def warm_index(times: list[float], duration_s: float, warmup_s: float | None = N
     return next((i for i, t in enumerate(times) if t >= at - 1e-6), len(times) - 1)
 
 
+def _level(curve: list[float], i: int) -> float:
+    """The median of sample `i` and its two neighbours (the two nearest at either end)."""
+    lo = min(max(i - 1, 0), max(len(curve) - 3, 0))
+    return sorted(curve[lo:lo + 3])[len(curve[lo:lo + 3]) // 2]
+
+
 def judge(curves: dict[str, list], warm: int, clients: int,
           store_budget: float | None = None) -> dict:
     """Per judged curve: warm-up value, peak after it, limit, growth, ok; and `ok` overall.
@@ -191,13 +203,21 @@ def judge(curves: dict[str, list], warm: int, clients: int,
     warm-up fill up to it, +10%: a cache reaching its budget is not a leak."""
     out: dict = {}
     for name, (rel, slack) in LIMITS.items():
-        base, peak = curves[name][warm], max(curves[name][warm:])
+        curve = curves[name]
+        if name == "rss_mib":
+            base, peak = _level(curve, warm), max(_level(curve, i) for i in range(warm, len(curve)))
+        else:
+            base, peak = curve[warm], max(curve[warm:])
         limit = max(base * (1 + rel), base + slack)
         if name == "store_bytes" and store_budget:
             limit = max(limit, store_budget * (1 + rel))
         out[name] = {"warm": base, "peak": peak, "limit": round(limit, 3),
                      "growth": round(peak - base, 3),
                      "ratio": round(peak / base, 4) if base else None, "ok": peak <= limit}
+        if name == "rss_mib":
+            top = max(curve[warm:])
+            out[name].update(sample_peak=top, sample_limit=round(base * (1 + RSS_SPIKE), 3))
+            out[name]["ok"] = out[name]["ok"] and top <= base * (1 + RSS_SPIKE)
     peak = max(curves["sockets"])
     out["sockets"] = {"peak": peak, "limit": clients + SOCKET_SLACK,
                       "ok": peak <= clients + SOCKET_SLACK}
@@ -315,8 +335,9 @@ def _result(samples: list[dict], tally: Tally, in_flight_left: int, duration: fl
          f"{settings['api_keys']} API keys (the tenants past the keys add their own cache_salt), "
          f"{settings['clients']} client threads, seed {settings['seed']}."),
         (f"Warm-up: the sample at {curves['t_s'][warm]:.0f} s (the first at or after "
-         f"{_warm_rule(settings.get('warmup_s'))}). Limits from it, whichever is larger: RSS +10%; checkpoint bytes +10% "
-         "or +1 MiB, or the tiers' budgets +10% where they are still filling at warm-up; open "
+         f"{_warm_rule(settings.get('warmup_s'))}). Limits from it, whichever is larger: RSS "
+         "+10% on its level (the median of three neighbouring samples; one sample alone "
+         "+25%); checkpoint bytes +10% or +1 MiB, or the tiers' budgets +10% where they are still filling at warm-up; open "
          "files +10% or +4; threads +10% or +2. Sockets are counted apart from files (the "
          "clients' keep-alive connections come and go) and may not exceed one per client plus "
          f"{SOCKET_SLACK}."),
