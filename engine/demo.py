@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -19,6 +18,8 @@ from .demo_tokenizer import EOS_TOKEN, TOOL_FORMATS, chat_template, special_toke
 from .demo_weights import save_random_model
 # Vision demos (mlx-vlm architectures) live in demo_vlm, which never imports this module.
 from .demo_vlm import VISION_ARCHS, build_vlm, demo_vlm_config
+# cache_root moved to paths; importing it from here keeps working.
+from .paths import cache_root, staged_folder
 
 DEMO_VERSION = 1
 SIZES = ("tiny", "small")
@@ -100,12 +101,6 @@ def demo_config(arch: str, size: str) -> dict:
     return dict(base, **params, forkv_demo=f"{arch}:{size}:v{DEMO_VERSION}")
 
 
-def cache_root() -> Path:
-    root = os.environ.get("FORKV_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "forkv")
-    return Path(root)
-
-
 def ensure_demo_model(arch: str, size: str = "tiny") -> Path:
     """Return the folder of a demo model, building it first if it is not there yet."""
     if arch in VISION_ARCHS and arch not in _CONFIGS and size in SIZES:  # text names win
@@ -127,19 +122,11 @@ def ensure_demo_model(arch: str, size: str = "tiny") -> Path:
 
 
 def build_atomically(folder: Path, write) -> Path:
-    """`write(tmp)` a model into a sibling temp folder, then rename it to `folder`, so a crash
-    never leaves half a model (and a concurrent builder that wins the rename is fine)."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
-    try:
+    """`write(tmp)` a model into a fresh folder beside `folder`, then rename it to `folder`, so
+    a crash never leaves half a model (and a concurrent builder that wins the rename is fine)."""
+    with staged_folder(folder, done=lambda f: (f / "model.safetensors").exists()) as tmp:
+        tmp.mkdir(mode=0o700)
         write(tmp)
-        try:
-            os.rename(tmp, folder)
-        except OSError:  # another process built it first
-            if not (folder / "model.safetensors").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return folder
 
 

@@ -6,21 +6,20 @@ file's whole-content BLAKE3 (`fingerprint.file_digest`, cached by inode and mtim
 load reads no byte of it), so a renamed or copied file hits and an edited one converts again;
 a new converter version converts again too. A `dtype` other than the default and the
 quantized mode (`-q`: the blocks kept as mlx affine tensors) each get their own folder. The
-conversion is written to a private temp sibling and renamed into place, so a crash or a
-concurrent converter never leaves half a folder. The cache folder is private (0700). Knows nothing of the GGUF format itself.
+conversion is written to a private temp sibling and renamed into place (`paths.staged_folder`),
+so a crash or a concurrent converter never leaves half a folder. The cache folder is private
+(0700). Knows nothing of the GGUF format itself.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from .errors import ModelLoadError
 from .fingerprint import file_digest
+from .paths import private_cache_folder, staged_folder
 
-__all__ = ["converted_folder", "converter_version", "private_cache_folder"]
+__all__ = ["converted_folder", "converter_version"]
 
 
 def converted_folder(file: Path, *, dtype: str | None = None,
@@ -47,43 +46,17 @@ def converter_version() -> str:
     return _converter()[1]
 
 
-def private_cache_folder(name: str) -> Path:
-    """`<forkv cache>/<name>`, created 0700; refused if it is a link or open to others."""
-    from .demo import cache_root
-
-    folder = cache_root() / name
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = os.lstat(folder)
-    if info.st_uid == os.geteuid() and info.st_mode & 0o077:
-        os.chmod(folder, 0o700)  # made by an older forkv or a loose umask: ours, so tighten
-        info = os.lstat(folder)
-    if os.path.islink(folder) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
-        raise ModelLoadError(f"{str(folder)!r} is not a private folder of this user; remove it "
-                             "or set FORKV_CACHE_DIR to another place.")
-    return folder
-
-
 def is_complete(folder: Path) -> bool:
     return (folder / "config.json").is_file() and any(folder.glob("*.safetensors"))
 
 
 def write_atomically(folder: Path, write) -> Path:
-    """`write(out)` a model folder into a temp sibling, then rename it to `folder`."""
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))  # 0700
-    try:
-        out = tmp / "model"
+    """`write(out)` a model folder (0700) beside `folder`, then rename it to `folder`."""
+    with staged_folder(folder, done=is_complete) as out:
         write(out)
         if not is_complete(out):
             raise ModelLoadError(f"The converter wrote no model into {str(out)!r}; this is a "
                                  "forkv bug, please report it.")
-        os.chmod(out, 0o700)
-        try:
-            os.rename(out, folder)
-        except OSError:  # another process finished first: its folder is as good as ours
-            if not is_complete(folder):
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return folder
 
 

@@ -131,13 +131,8 @@ NAMED_MODELS: dict[str, NamedModel] = {
 def ensure_named_model(name: str, *, download: bool = True, quantized: bool = False) -> Path:
     """The MLX folder of a named model, built on first use (see the module docstring);
     `quantized` keeps the GGUF's quantized blocks (forkv's CPU kernels run them)."""
-    from .gguf_cache import (
-        converted_folder,
-        converter_version,
-        is_complete,
-        private_cache_folder,
-        write_atomically,
-    )
+    from .gguf_cache import converted_folder, converter_version, is_complete, write_atomically
+    from .paths import private_cache_folder
 
     named = NAMED_MODELS[name]
     version = converter_version()

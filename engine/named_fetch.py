@@ -90,7 +90,7 @@ def _installed(spec: WheelFile) -> Path | None:
 
 
 def _cached(spec: WheelFile) -> Path:
-    from .gguf_cache import private_cache_folder
+    from .paths import private_cache_folder
 
     return private_cache_folder("named/files") / f"{spec.pip_name}-{spec.version}" / (
         spec.file_name)

@@ -11,10 +11,8 @@ place, so a failure leaves no half folder; an existing non-empty OUT is refused.
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from forkv.errors import ForkvError
@@ -53,6 +51,7 @@ def run_convert(args) -> int:
 def convert_model(src: str, out: str | Path, *, q_bits: int | None = None,
                   dtype: str | None = None, q_group_size: int = 64) -> tuple[Path, str]:
     """Write the MLX folder `out` from model name `src`; returns (out, what was done)."""
+    from forkv.engine.paths import staged_folder
     from forkv.engine.sources import resolve_source
 
     out = Path(out).expanduser()
@@ -60,10 +59,9 @@ def convert_model(src: str, out: str | Path, *, q_bits: int | None = None,
         raise ConvertRefused(f"{str(out)!r} already exists and is not empty; choose a new OUT "
                              "folder or remove that one first.")
     source = resolve_source(src)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
-        target = tmp / "model"
+    # OUT is the user's folder: the umask's permissions, and a concurrent writer's OUT is not
+    # ours to accept (the rename fails).
+    with staged_folder(out, mode=None) as target:
         if q_bits is None and dtype is None:
             # Follow links: a Hugging Face snapshot is links into its blob store.
             shutil.copytree(source.path, target, symlinks=False,
@@ -72,11 +70,6 @@ def convert_model(src: str, out: str | Path, *, q_bits: int | None = None,
         else:
             what = _rewrite(source.path, target, q_bits, dtype, q_group_size)
             what += f", from {source.description}"
-        if out.exists():
-            out.rmdir()  # empty, checked above
-        os.rename(target, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out, what
 
 

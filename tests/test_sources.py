@@ -134,7 +134,7 @@ def test_lmstudio_settings_and_home_pointer(tmp_path, monkeypatch, demo_folder):
 
 
 def test_a_gguf_converts_once_then_hits_the_cache(tmp_path, fake_converter, monkeypatch):
-    from forkv.engine.demo import cache_root
+    from forkv.engine.paths import cache_root
 
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF" + os.urandom(64))

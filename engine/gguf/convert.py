@@ -14,14 +14,12 @@ caching: the caller picks `out`.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
+from ..paths import staged_folder
 from .archs import SKIPPED, arch_for, permute_rows
 from .blocks import GROUP_SIZE, KERNEL_ONLY, affine_bits, to_affine
 from .config import make_config, make_generation_config
@@ -93,55 +91,49 @@ def convert_gguf(src: Path, out: Path, *, dtype: str | None = None,
         config["quantization_config"] = config["quantization"]  # as mlx-lm's save writes it
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    # forkv_gguf.json is written last: with it, a concurrent conversion that renamed first won.
     try:
-        save_tokenizer(header, tmp)  # first: a bad vocabulary fails before minutes of weights
-        writer = ShardWriter(tmp, plan, metadata={"forkv_gguf": src.name})
-        kernel_groups: dict = {}
-        with open(src, "rb") as f:
-            for info in header.tensors.values():
-                if info.name in bits:
-                    _write_quantized(writer, names[info.name], info, arch.row_order(
-                        info.name, info.shape[0], heads, kv_heads),
-                        read_tensor_bytes(header, info, f))
-                elif info.name in names:
-                    if info.name in kernel_only:
-                        kernel_groups.update(_kernel_groups(
-                            names[info.name], info, arch.row_order(
-                                info.name, info.shape[0], heads, kv_heads),
-                            read_tensor_bytes(header, info, f)))
-                    w = arch.restore(info.name, dequantize(header, info, f), heads, kv_heads)
-                    tag = "float32" if info.type_name == "F32" else storage
-                    writer.write(names[info.name], to_storage(w, tag))
-                    del w  # one tensor in memory at a time
-        writer.close()
-        if kernel_groups:
-            from safetensors.numpy import save_file
+        with staged_folder(out, done=lambda f: (f / "forkv_gguf.json").exists()) as tmp:
+            tmp.mkdir(mode=0o700)
+            save_tokenizer(header, tmp)  # first: a bad vocabulary fails before minutes of weights
+            writer = ShardWriter(tmp, plan, metadata={"forkv_gguf": src.name})
+            kernel_groups: dict = {}
+            with open(src, "rb") as f:
+                for info in header.tensors.values():
+                    if info.name in bits:
+                        _write_quantized(writer, names[info.name], info, arch.row_order(
+                            info.name, info.shape[0], heads, kv_heads),
+                            read_tensor_bytes(header, info, f))
+                    elif info.name in names:
+                        if info.name in kernel_only:
+                            kernel_groups.update(_kernel_groups(
+                                names[info.name], info, arch.row_order(
+                                    info.name, info.shape[0], heads, kv_heads),
+                                read_tensor_bytes(header, info, f)))
+                        w = arch.restore(info.name, dequantize(header, info, f), heads, kv_heads)
+                        tag = "float32" if info.type_name == "F32" else storage
+                        writer.write(names[info.name], to_storage(w, tag))
+                        del w  # one tensor in memory at a time
+            writer.close()
+            if kernel_groups:
+                from safetensors.numpy import save_file
 
-            save_file(kernel_groups, str(tmp / KERNEL_GROUPS_FILE), metadata={
-                "format": "forkv-kernel-groups-1", "forkv_gguf": src.name})
-        _write_json(tmp / "config.json", config)
-        _write_json(tmp / "generation_config.json", make_generation_config(header, arch))
-        record = {"source": src.name, "source_bytes": header.file_size,
-                  "converter_version": CONVERTER_VERSION, "architecture": arch.name,
-                  "dtype": storage, "gguf_version": header.version}
-        if quantized:  # only then: a float conversion's folder stays byte for byte as it was
-            kinds = {n: header.tensors[n].type_name for n in names}
-            record.update(quantized=True, quantized_tensors=_counts(
-                t for n, t in kinds.items() if n in bits), float_tensors=_counts(
-                t for n, t in kinds.items() if n not in bits), kernel_groups=_counts(
-                t for n, t in kinds.items() if n in kernel_only))
-        _write_json(tmp / "forkv_gguf.json", record)
-        try:
-            os.rename(tmp, out)
-        except OSError:  # a concurrent conversion into the same folder finished first
-            if not (out / "forkv_gguf.json").exists():
-                raise
+                save_file(kernel_groups, str(tmp / KERNEL_GROUPS_FILE), metadata={
+                    "format": "forkv-kernel-groups-1", "forkv_gguf": src.name})
+            _write_json(tmp / "config.json", config)
+            _write_json(tmp / "generation_config.json", make_generation_config(header, arch))
+            record = {"source": src.name, "source_bytes": header.file_size,
+                      "converter_version": CONVERTER_VERSION, "architecture": arch.name,
+                      "dtype": storage, "gguf_version": header.version}
+            if quantized:  # only then: a float conversion's folder stays byte for byte as it was
+                kinds = {n: header.tensors[n].type_name for n in names}
+                record.update(quantized=True, quantized_tensors=_counts(
+                    t for n, t in kinds.items() if n in bits), float_tensors=_counts(
+                    t for n, t in kinds.items() if n not in bits), kernel_groups=_counts(
+                    t for n, t in kinds.items() if n in kernel_only))
+            _write_json(tmp / "forkv_gguf.json", record)
     except OSError as e:
         raise GGUFError(f"converting {src} into {out} failed: {e}.") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

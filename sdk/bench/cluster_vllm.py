@@ -44,7 +44,8 @@ def vllm_model_folder() -> Path:
     from forkv.engine import blas
 
     blas.activate()  # before _build imports mlx
-    from forkv.engine.demo import _build, build_atomically, cache_root, demo_config
+    from forkv.engine.demo import _build, build_atomically, demo_config
+    from forkv.engine.paths import cache_root
 
     config = dict(demo_config("qwen3", "tiny"), head_dim=64, num_attention_heads=2,
                   num_key_value_heads=1, max_position_embeddings=4096,
@@ -69,7 +70,7 @@ def vllm_view(folder: Path) -> Path:
     import hashlib
     import json
 
-    from forkv.engine.demo import cache_root
+    from forkv.engine.paths import cache_root
 
     config = json.loads((folder / "config.json").read_text())
     if config.get("architectures"):

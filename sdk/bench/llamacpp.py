@@ -46,7 +46,7 @@ class LlamaServerMissing(RuntimeError):
 
 
 def _cached_binary() -> Path:
-    from forkv.engine.demo import cache_root
+    from forkv.engine.paths import cache_root
 
     return cache_root() / "llamacpp" / LLAMA_CPP_PYTHON / "bin" / "llama-server"
 

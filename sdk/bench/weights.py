@@ -125,7 +125,7 @@ def _load_peer(folder: Path, v: _Variant):
 def _q4_folder(src: Path, fingerprint: bytes, bits: int) -> tuple[Path, bool]:
     """The 4-bit MLX folder of `src` (made by mlx_lm.convert on first use, then reused: its
     name carries the source's fingerprint and mlx-lm's version); True if made just now."""
-    from forkv.engine.demo import cache_root
+    from forkv.engine.paths import cache_root
 
     from .common import _version
 
