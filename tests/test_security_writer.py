@@ -1,7 +1,6 @@
 """WriteQueue: bounded without blocking, FIFO, drain, discard, stop; survives bugs."""
 
 import threading
-import time
 
 from forkv.security.writer import WriteItem, WriteQueue
 
@@ -19,18 +18,27 @@ def test_fifo_and_drain():
     q.stop()
 
 
+class WaitLog(threading.Condition):
+    """A Condition that notes which threads waited on it."""
+
+    def __init__(self):
+        super().__init__()
+        self.waiters: list[int] = []
+
+    def wait(self, timeout=None):
+        self.waiters.append(threading.get_ident())
+        return super().wait(timeout)
+
+
 def test_full_queue_refuses_without_blocking():
-    gate = threading.Event()
-    q = WriteQueue(lambda it: gate.wait(5), max_items=2, max_bytes=100)
-    assert q.offer(item(b"a"))
-    deadline = time.monotonic() + 5
-    while q._items and time.monotonic() < deadline:  # wait for the writer to take "a"
-        time.sleep(0.001)
+    taken, gate = threading.Event(), threading.Event()
+    q = WriteQueue(lambda it: (taken.set(), gate.wait(5)), max_items=2, max_bytes=100)
+    q._cond = cond = WaitLog()
+    assert q.offer(item(b"a")) and taken.wait(5)  # the writer holds "a": the queue is empty
     assert q.offer(item(b"b", 60)) and not q.offer(item(b"c", 60))  # bytes bound
     assert q.offer(item(b"d", 10)) and not q.offer(item(b"e", 1))  # count bound
-    start = time.perf_counter()
     assert not q.offer(item(b"f"))
-    assert time.perf_counter() - start < 0.05
+    assert threading.get_ident() not in cond.waiters  # refused at once, never waited for room
     gate.set()
     assert q.drain(5)
     q.stop()
@@ -43,16 +51,27 @@ def test_oversize_item_alone_is_accepted():
     q.stop()
 
 
-def test_discard_and_stop():
-    gate, done = threading.Event(), []
-    q = WriteQueue(lambda it: (gate.wait(5), done.append(it.key)), max_items=10, max_bytes=1 << 20)
-    for key in (b"a", b"b", b"c"):
-        q.offer(item(key))
-    time.sleep(0.02)
-    assert q.discard() >= 2
+def test_discard_while_writing_drops_the_rest():
+    taken, gate, done = threading.Event(), threading.Event(), []
+    q = WriteQueue(lambda it: (taken.set(), gate.wait(5), done.append(it.key)),
+                   max_items=10, max_bytes=1 << 20)
+    assert q.offer(item(b"a")) and taken.wait(5)  # "a" is being written
+    assert q.offer(item(b"b")) and q.offer(item(b"c"))
+    assert q.discard() == 2
     gate.set()
     q.stop()
-    assert done in ([b"a"], []) and not q.offer(item(b"z"))
+    assert done == [b"a"] and not q.offer(item(b"z"))
+
+
+def test_discard_before_writing_drops_everything():
+    done = []
+    q = WriteQueue(lambda it: done.append(it.key), max_items=10, max_bytes=1 << 20)
+    with q._cond:  # the writer cannot take an item while we hold its lock
+        for key in (b"a", b"b", b"c"):
+            assert q.offer(item(key))
+        assert q.discard() == 3
+    q.stop()
+    assert done == [] and not q.offer(item(b"z"))
 
 
 def test_writer_survives_a_failing_write(caplog):
