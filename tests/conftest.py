@@ -64,6 +64,26 @@ def arch(request):
     return request.param
 
 
+_scoped_engines = []
+
+
+def scoped_engine(*args, **kw):
+    """`Engine(*args, **kw)`, closed when the test that made it ends, however it ends (its
+    thread stopped, its store's files removed). Not for engines shared beyond one test."""
+    from forkv.engine import Engine
+
+    engine = Engine(*args, **kw)
+    _scoped_engines.append(engine)
+    return engine
+
+
+@pytest.fixture(autouse=True)
+def _close_scoped_engines():
+    yield
+    while _scoped_engines:
+        _scoped_engines.pop().close()
+
+
 def pytest_addoption(parser):
     parser.addoption("--slow", action="store_true", default=False,
                      help="also run tests marked slow (.ci/run does)")

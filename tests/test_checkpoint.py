@@ -1,17 +1,16 @@
 import numpy as np
 import pytest
 
-from conftest import load_tiny
-from forkv.engine import Engine
+from conftest import load_tiny, scoped_engine
 from forkv.engine.generate import prefill
 from forkv.engine.layout import CacheKind
 from forkv.engine.recordstore import RecordStore
-from helpers import MemoryDisk, fresh_logits, random_tokens
+from helpers import MemoryDisk, fresh_logits, fresh_run, random_tokens
 
 
 def _engine(lm, **kw):
     kw.setdefault("store", RecordStore(1 << 30, None))
-    return Engine(lm, **kw)
+    return scoped_engine(lm, **kw)
 
 
 def _restore_logits(engine, tokens):
@@ -31,7 +30,7 @@ def test_restore_is_bit_exact(arch, dtype):
     out = engine.generate(prompt, max_tokens=30)  # decode crosses the 1024 boundary
     history = prompt + out.token_ids
     assert len(history) > 1024 or out.finish_reason == "stop"
-    plain_engine = Engine(lm, checkpoints=False)
+    plain_engine = scoped_engine(lm, checkpoints=False)
     # 256: first block; 768: past the 128-token window; 1024: reached while decoding
     for cut in (256, 768, 1024):
         if cut >= len(history):
@@ -74,8 +73,8 @@ def test_stats_count_reuse_and_hits():
 def test_namespaces_never_share_blocks():
     lm = load_tiny("qwen3")
     store = RecordStore(1 << 30, None)
-    a = Engine(lm, store=store, namespace="tenant-a")
-    b = Engine(lm, store=store, namespace="tenant-b")
+    a = scoped_engine(lm, store=store, namespace="tenant-a")
+    b = scoped_engine(lm, store=store, namespace="tenant-b")
     tokens = random_tokens(600, seed=6)
     a.generate(tokens, max_tokens=1)
     assert b.generate(tokens, max_tokens=1).timings.reused_tokens == 0
@@ -85,8 +84,8 @@ def test_namespaces_never_share_blocks():
 def test_other_model_fingerprint_is_never_used():
     store = RecordStore(1 << 30, None)
     tokens = random_tokens(600, seed=7)
-    Engine(load_tiny("qwen3"), store=store).generate(tokens, max_tokens=1)
-    other = Engine(load_tiny("qwen3", "bfloat16"), store=store)
+    scoped_engine(load_tiny("qwen3"), store=store).generate(tokens, max_tokens=1)
+    other = scoped_engine(load_tiny("qwen3", "bfloat16"), store=store)
     assert other.generate(tokens, max_tokens=1).timings.reused_tokens == 0
 
 
@@ -101,7 +100,7 @@ def test_colliding_keys_with_other_tokens_are_rejected(monkeypatch):
     other = random_tokens(600, seed=9)
     r = engine.generate(other, max_tokens=4)
     assert r.timings.reused_tokens == 0 and engine.checkpointer.stats.rejected >= 1
-    assert r.token_ids == Engine(lm, checkpoints=False).generate(other, max_tokens=4).token_ids
+    assert r.token_ids == fresh_run(lm, other, max_tokens=4).token_ids
 
 
 @pytest.mark.parametrize("kind", ["state", "window", "global"])
@@ -112,7 +111,7 @@ def test_corrupt_or_missing_record_recomputes_identically(kind):
     engine = _engine(lm, store=RecordStore(0, disk))
     tokens = random_tokens(800, seed=10)
     engine.generate(tokens, max_tokens=1)
-    expected = Engine(lm, checkpoints=False).generate(tokens, max_tokens=8)
+    expected = fresh_run(lm, tokens, max_tokens=8)
     slots = [s for s in disk.blobs if s[1] == kind]  # in the order written
     disk.blobs[slots[-1]] = disk.blobs[slots[-1]][:-7] + b"\xff" * 7  # corrupt the newest
     r = engine.generate(tokens, max_tokens=8)
@@ -132,7 +131,7 @@ def test_eviction_leaves_a_restorable_prefix():
     assert store.stats.ram_evictions > 0 and store.ram_bytes <= 300_000
     r = engine.generate(tokens, max_tokens=4)
     assert 0 < r.timings.reused_tokens < 1280
-    assert r.token_ids == Engine(lm, checkpoints=False).generate(tokens, max_tokens=4).token_ids
+    assert r.token_ids == fresh_run(lm, tokens, max_tokens=4).token_ids
 
 
 def test_model_without_known_caches_runs_without_checkpoints(monkeypatch):
@@ -161,7 +160,7 @@ def test_decode_boundaries_are_recorded_by_one_job_after_the_request(arch, block
     # back over three blocks). Its restore is not counted as a request's reuse.
     lm = load_tiny(arch)
     store = RecordStore(0, MemoryDisk(), block_size=block)
-    engine = Engine(lm, block_size=block, store=store)
+    engine = scoped_engine(lm, block_size=block, store=store)
     tokens = random_tokens(300, seed=3)
     out = engine.generate(tokens, max_tokens=300)  # seed 3: no early EOS
     assert len(out.token_ids) == 300

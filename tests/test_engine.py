@@ -1,14 +1,14 @@
 import pytest
 
 import forkv
-from conftest import load_tiny
-from forkv.engine import Engine, GenerationError, SamplingParams
+from conftest import load_tiny, scoped_engine
+from forkv.engine import GenerationError, SamplingParams
 
 MESSAGES = [{"role": "user", "content": "Tell me about block checkpoints. " * 4}]
 
 
 def test_seeded_generation_is_deterministic(arch):
-    engine = Engine(load_tiny(arch))
+    engine = scoped_engine(load_tiny(arch))
     a = engine.generate(MESSAGES, max_tokens=12, temperature=0.9, seed=7)
     b = engine.generate(MESSAGES, max_tokens=12, temperature=0.9, seed=7)
     assert a.token_ids == b.token_ids and a.text == b.text
@@ -17,7 +17,7 @@ def test_seeded_generation_is_deterministic(arch):
 
 
 def test_stream_events_add_up_to_result():
-    engine = Engine(load_tiny("gemma3"))
+    engine = scoped_engine(load_tiny("gemma3"))
     events = list(engine.stream(MESSAGES, max_tokens=10, seed=3, temperature=1.0))
     result = engine.generate(MESSAGES, max_tokens=10, seed=3, temperature=1.0)
     assert "".join(e.text for e in events) == result.text
@@ -27,7 +27,7 @@ def test_stream_events_add_up_to_result():
 
 
 def test_stop_string_ends_generation():
-    engine = Engine(load_tiny("qwen3"))
+    engine = scoped_engine(load_tiny("qwen3"))
     full = engine.generate(MESSAGES, max_tokens=30, temperature=1.0, seed=11)
     stop = full.text[5:7]
     assert stop and stop not in full.text[:5]
@@ -37,17 +37,17 @@ def test_stop_string_ends_generation():
 
 def test_eos_ends_generation():
     lm = load_tiny("qwen3")
-    engine = Engine(lm)
+    engine = scoped_engine(lm)
     greedy = engine.generate(MESSAGES, max_tokens=8)
     eos_lm = type(lm)(**{**{k: getattr(lm, k) for k in lm.__slots__},
                          "eos_token_ids": frozenset({greedy.token_ids[2]})})
-    r = Engine(eos_lm).generate(MESSAGES, max_tokens=8)
+    r = scoped_engine(eos_lm).generate(MESSAGES, max_tokens=8)
     first = greedy.token_ids.index(greedy.token_ids[2])
     assert r.finish_reason == "stop" and r.token_ids == greedy.token_ids[: first + 1]
 
 
 def test_zero_max_tokens_and_bad_prompts():
-    engine = Engine(load_tiny("qwen3"))
+    engine = scoped_engine(load_tiny("qwen3"))
     r = engine.generate("hello", max_tokens=0)
     assert r.token_ids == [] and r.finish_reason == "length"
     with pytest.raises(GenerationError, match="empty"):
@@ -57,5 +57,5 @@ def test_zero_max_tokens_and_bad_prompts():
 
 
 def test_forkv_load_facade():
-    engine = forkv.load("demo:qwen3:tiny")
-    assert engine.generate("abc", max_tokens=3).finish_reason == "length"
+    with forkv.load("demo:qwen3:tiny") as engine:
+        assert engine.generate("abc", max_tokens=3).finish_reason == "length"

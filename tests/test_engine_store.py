@@ -6,11 +6,11 @@ import warnings
 
 import pytest
 
-from conftest import load_tiny
-from forkv.engine import Engine, ForkvWarning
+from conftest import load_tiny, scoped_engine
+from forkv.engine import ForkvWarning
 from forkv.engine.engine import make_record_store
 from forkv.security import BlobStore, FaultyIO, StoreSettings
-from helpers import random_tokens
+from helpers import fresh_run, random_tokens
 
 
 def _engine(lm, io=None, **settings):
@@ -20,11 +20,11 @@ def _engine(lm, io=None, **settings):
         store.disk.close()
         store.disk = BlobStore(settings, io=io)
         store.disk.set_eviction_order(store._disk_order)
-    return Engine(lm, store=store)
+    return scoped_engine(lm, store=store)
 
 
 def _plain(lm, tokens, n):
-    return Engine(lm, checkpoints=False).generate(tokens, max_tokens=n).token_ids
+    return fresh_run(lm, tokens, max_tokens=n).token_ids
 
 
 @pytest.mark.parametrize("arch_name", ["gemma3", "qwen3_5"])
@@ -46,7 +46,7 @@ def test_restore_from_encrypted_disk_tier(arch_name):
 def test_env_settings_reach_the_engine(monkeypatch):
     monkeypatch.setenv("FORKV_DISK", "off")
     monkeypatch.setenv("FORKV_RAM_BUDGET", "64MB")
-    engine = Engine(load_tiny("qwen3"))
+    engine = scoped_engine(load_tiny("qwen3"))
     assert engine.store.disk is None and engine.store.ram_budget == 64 * 10**6
 
 

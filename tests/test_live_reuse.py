@@ -12,7 +12,7 @@ from conftest import load_tiny
 from forkv.engine import Engine, EngineConfigError, GenerationError, SamplingParams
 from forkv.engine.live import cut, cut_limit
 from forkv.engine.recordstore import RecordStore
-from helpers import random_tokens
+from helpers import fresh_run, random_tokens
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0)
 
@@ -33,7 +33,7 @@ def _assert_exact(engine, tokens, reused: int) -> None:
     """An exact request restores `reused` tokens and gets a fresh run's output bit for bit."""
     got = engine.generate(tokens, GREEDY, reuse="exact")
     assert got.timings.reused_tokens == reused
-    fresh = Engine(engine.lm, checkpoints=False).generate(tokens, GREEDY)
+    fresh = fresh_run(engine.lm, tokens, GREEDY)
     assert got.token_ids == fresh.token_ids and got.logprobs == fresh.logprobs
 
 
@@ -42,7 +42,7 @@ def _assert_fast(engine, tokens, reused: int) -> None:
     logprobs within rounding."""
     got = engine.generate(tokens, GREEDY)
     assert got.timings.reused_tokens == reused
-    fresh = Engine(engine.lm, checkpoints=False).generate(tokens, GREEDY)
+    fresh = fresh_run(engine.lm, tokens, GREEDY)
     assert got.token_ids == fresh.token_ids
     assert all(abs(x - y) < 1e-3 for x, y in zip(got.logprobs, fresh.logprobs))
 

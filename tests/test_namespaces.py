@@ -7,17 +7,17 @@ from __future__ import annotations
 import pytest
 
 import forkv
-from conftest import load_tiny
+from conftest import load_tiny, scoped_engine
 from forkv.engine import Engine, SamplingParams
 from forkv.engine.recordstore import RecordStore
-from helpers import MemoryDisk, random_tokens
+from helpers import MemoryDisk, fresh_run, random_tokens
 
 ONE = SamplingParams(max_tokens=1)
 
 
 def _engine(lm, **kw):
     kw.setdefault("store", RecordStore(1 << 30, None))
-    return Engine(lm, **kw)
+    return scoped_engine(lm, **kw)
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "gemma3", "qwen3_5"])
@@ -69,7 +69,7 @@ def test_a_record_of_another_namespace_is_a_miss_under_a_colliding_key(monkeypat
         assert engine.block_keys(tokens, "a") == engine.block_keys(tokens, "b")
         r = engine.generate(tokens, max_tokens=4, namespace="b")
         assert r.timings.reused_tokens == 0 and ck.stats.rejected >= 1
-        fresh = Engine(lm, checkpoints=False).generate(tokens, max_tokens=4)
+        fresh = fresh_run(lm, tokens, max_tokens=4)
         assert r.token_ids == fresh.token_ids  # a miss, never wrong output
         engine.close()
 

@@ -4,9 +4,9 @@ import asyncio
 
 import forkv
 import pytest
-from conftest import load_tiny
+from conftest import load_tiny, scoped_engine
 from forkv.graph import ImageNotSupported, ModelMismatch, NodeFailed, NodeNotFound, NodeRemoved
-from forkv.engine import CacheKind, Engine
+from forkv.engine import CacheKind
 from forkv.graph import ContextOverflow, NodeStateError, WorkflowSpec
 from forkv.runner import _clean_text
 
@@ -251,7 +251,7 @@ def test_forks_of_either_kind_restore_to_the_turn_end(model):
 
 
 def test_session_over_an_engine_and_settings_rules():
-    engine = Engine(load_tiny("qwen3"), checkpoints=False)
+    engine = scoped_engine(load_tiny("qwen3"), checkpoints=False)
     s = forkv.Session(engine)
     s.user("x").final({"max_tokens": 2})
     assert s.run()[0].result.stats.tokens_reused == 0

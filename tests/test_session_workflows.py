@@ -7,8 +7,7 @@ once; a pruned or rewound path generates exactly what a fresh, checkpoint-free r
 
 import forkv
 import pytest
-from conftest import load_tiny
-from forkv.engine import Engine
+from conftest import load_tiny, scoped_engine
 
 B = 256
 SYSTEM = "You are a careful code reviewer. Point out bugs first, style last. " * 3
@@ -52,7 +51,7 @@ class Checked:
 
 def from_scratch(lm, path):
     """Run `path` (given nodes, then one generated node) in a fresh session, no checkpoints."""
-    with forkv.Session(Engine(lm, checkpoints=False)) as s:
+    with forkv.Session(scoped_engine(lm, checkpoints=False)) as s:
         parent = None
         for n in path[:-1]:
             parent = s.tree.add(parent, n.kind, n.text)

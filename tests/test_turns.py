@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from conftest import load_tiny
+from conftest import load_tiny, scoped_engine
 from forkv.engine import Engine
 from forkv.engine.blocks import BlockKeyer
 from forkv.engine.generate import prefill
@@ -19,7 +19,7 @@ _WORDS = "river stone lamp orbit cedar quartz meadow signal harbor copper".split
 
 def _engine(lm, **kw):
     kw.setdefault("store", RecordStore(1 << 30, None))
-    return Engine(lm, **kw)
+    return scoped_engine(lm, **kw)
 
 
 def _chat(turns: int, words: int = 60, seed: int = 0) -> list[dict]:
