@@ -1,9 +1,12 @@
 """Running one planned node: prompt tokens in, streamed `NodeEvent`s out, result into the tree.
 
-Knows how a node's `GenSettings` map to the engine's `SamplingParams`, how the engine's timings
-become per-node statistics (tokens reused from checkpoints, computed, generated), how a
-reasoning node's text is cleaned of its close tag, and how a failure is recorded on the node.
-Does not plan, render prompts or choose what runs together: `Session` does.
+The one node runner: Session (and so `forkv run`) and the server's Responses API run every
+generated node through `NodeRun`, which takes the engine's events from any loop, sync or
+asyncio. Knows how a node's `GenSettings` map to the engine's `SamplingParams` (and back), the
+model's reasoning format, how the engine's timings become per-node statistics (tokens reused
+from checkpoints, computed, generated), how a reasoning node's text is cleaned of its close
+tag, that a final node's tool calls are parsed on attach, and how a failure is recorded on the
+node. Does not plan, render prompts or choose what runs together: `Session` does.
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ from forkv.graph import (
 from .tools import attach_tool_calls
 
 
-__all__ = ["NodeEvent", "path_images", "record_render", "run_job", "sampling_params",
-           "submit_job"]
+__all__ = ["NodeEvent", "NodeRun", "gen_settings", "node_failed", "path_images",
+           "reasoning_format", "record_render", "run_job", "sampling_params", "submit_job"]
 
 
 @dataclass(slots=True)
@@ -63,6 +66,25 @@ def sampling_params(gen: GenSettings) -> SamplingParams:
     temperature, top-p/k, min-p, penalties, logit bias, seed, stop, constraint)."""
     known = type(gen).model_fields
     return SamplingParams(**{k: getattr(gen, k) for k in _SAMPLING_FIELDS if k in known})
+
+
+def gen_settings(params: SamplingParams, **update) -> GenSettings:
+    """A node's settings from the engine's (every field both know, `update` on top): what the
+    server stores on the nodes it generates. The engine's compiled constraint stays behind;
+    give the graph's `Constraint` in `update`."""
+    fields = {k: getattr(params, k) for k in GenSettings.model_fields
+              if k in _SAMPLING_FIELDS and k != "constraint"}
+    return GenSettings(**{**fields, **update})
+
+
+def reasoning_format(tokenizer) -> ReasoningFormat:
+    """The model's thinking format, from the tags mlx-lm finds in its tokenizer (`think_start`,
+    `think_end`); `<think>` when it names none. Session and the server both use this one."""
+    start = getattr(tokenizer, "think_start", None)
+    end = getattr(tokenizer, "think_end", None)
+    if start and end:
+        return ReasoningFormat(open=f"{start}\n", close=f"\n{end}\n\n")
+    return ReasoningFormat()
 
 
 def record_render(engine: Engine, tree: Tree, rendered: RenderedPath,
@@ -109,52 +131,85 @@ def submit_job(engine: Engine, tree: Tree, job: Job, progress=None,
                          images=images or None, namespace=namespace, progress=on_chunk)
 
 
+class NodeRun:
+    """One node's generation, fed the engine's events one by one by whatever loop reads them
+    (`run_job`; the server's asyncio routes): `feed` returns each as a `NodeEvent`. The last
+    one attaches the result (text, ids, timings, `NodeStats`; a final node's tool calls, ids
+    `call_prefix` + index, default `call_<node id>`) and records the path's spans and keys.
+    Stopping early leaves the node pending; the caller decides what a failure does."""
+
+    def __init__(self, engine: Engine, tree: Tree, job: Job, prompt: RenderedPath,
+                 fmt: ReasoningFormat, template_kwargs: dict | None = None,
+                 namespace: str | None = None, call_prefix: str | None = None):
+        self.engine, self.tree, self.job, self.fmt = engine, tree, job, fmt
+        self.template_kwargs, self.namespace = template_kwargs, namespace
+        self.call_prefix = call_prefix
+        self.t0 = time.perf_counter()
+        self.parts: list[str] = []
+        self.ids: list[int] = []
+        record_render(engine, tree, prompt, namespace)
+
+    def feed(self, event) -> NodeEvent:
+        """The node's view of one engine event; the last one (finish_reason set) attaches."""
+        node_id, kind = self.job.node_id, self.job.kind
+        self.parts.append(event.text)
+        self.ids += event.token_ids
+        if event.finish_reason is None:
+            return NodeEvent(node_id, kind, event.text, event.token_ids, event.logprobs)
+        assert event.timings is not None, "the engine's last event has no timings"
+        stats, timings = self._attach(event.finish_reason, event.timings)
+        return NodeEvent(node_id, kind, event.text, event.token_ids, event.logprobs,
+                         event.finish_reason, stats, timings)
+
+    def _attach(self, finish: str, t) -> tuple[NodeStats, dict]:
+        engine, tree, node_id, ids = self.engine, self.tree, self.job.node_id, self.ids
+        text = _clean_text(self.job.kind, "".join(self.parts), finish, ids[-1] if ids else None,
+                           engine.lm.eos_token_ids, self.fmt)
+        timings = {k: v for k, v in t.as_dict().items() if isinstance(v, (int, float))}
+        timings["wall_s"] = time.perf_counter() - self.t0
+        stats = NodeStats(tokens_reused=t.reused_tokens, tokens_computed=t.computed_tokens,
+                          tokens_generated=t.generated_tokens)
+        tree.attach(node_id, text, ids, finish, timings, stats)
+        # a final node's tool calls
+        attach_tool_calls(engine.lm.tokenizer, tree, node_id, self.call_prefix)
+        # Spans of the whole path now that the node has text (for `forkv show` and release).
+        record_render(engine, tree, render(tree, node_id, engine.lm.tokenizer, self.fmt,
+                                           template_kwargs=self.template_kwargs), self.namespace)
+        return stats, timings
+
+
+def node_failed(tree: Tree, node_id: str, error: BaseException) -> NodeFailed:
+    """Mark `node_id` failed (unless its result was attached) and the error to raise."""
+    if tree[node_id].status != "done":
+        tree.fail(node_id, f"{type(error).__name__}: {error}")
+    return NodeFailed(
+        f"node {node_id!r} failed while generating ({type(error).__name__}: {error}); results "
+        f"computed before it are kept - fix the cause, then tree.reset({node_id!r}) and "
+        "run again.",
+        node_id,
+    )
+
+
 def run_job(engine: Engine, tree: Tree, job: Job, prompt: RenderedPath, fmt: ReasoningFormat,
             template_kwargs: dict | None, events: Iterator,
             namespace: str | None = None) -> Iterator[NodeEvent]:
     """Stream `job`'s node from the engine's `events` for `prompt` (see `submit_job`); attach
-    the result when done.
+    the result when done (`NodeRun`).
 
     Any exception while generating marks the node failed and is re-raised as `NodeFailed`
     naming it; results attached before stay. Stopping the iteration early leaves the node
     pending (nothing is attached).
     """
-    node_id, kind = job.node_id, job.kind
-    t0 = time.perf_counter()
-    parts: list[str] = []
-    ids: list[int] = []
     last = None
     try:
-        record_render(engine, tree, prompt, namespace)
+        run = NodeRun(engine, tree, job, prompt, fmt, template_kwargs, namespace)
         for event in events:
-            parts.append(event.text)
-            ids += event.token_ids
-            if event.finish_reason is not None:
-                last = event
+            out = run.feed(event)
+            if out.is_last:
+                last = out
                 break
-            yield NodeEvent(node_id, kind, event.text, event.token_ids, event.logprobs)
-        assert last is not None and last.timings is not None, "engine stream ended early"
-        text = _clean_text(kind, "".join(parts), last.finish_reason, ids[-1] if ids else None,
-                           engine.lm.eos_token_ids, fmt)
-        t = last.timings
-        timings = {k: v for k, v in t.as_dict().items() if isinstance(v, (int, float))}
-        timings["wall_s"] = time.perf_counter() - t0
-        stats = NodeStats(tokens_reused=t.reused_tokens, tokens_computed=t.computed_tokens,
-                          tokens_generated=t.generated_tokens)
-        tree.attach(node_id, text, ids, last.finish_reason, timings, stats)
-        attach_tool_calls(engine.lm.tokenizer, tree, node_id)  # a final node's tool calls
-        # Spans of the whole path now that the node has text (for `forkv show` and release).
-        record_render(engine, tree, render(tree, node_id, engine.lm.tokenizer, fmt,
-                                           template_kwargs=template_kwargs), namespace)
+            yield out
+        assert last is not None, "engine stream ended early"
     except Exception as e:
-        if tree[node_id].status != "done":
-            tree.fail(node_id, f"{type(e).__name__}: {e}")
-        raise NodeFailed(
-            f"node {node_id!r} failed while generating ({type(e).__name__}: {e}); results "
-            f"computed before it are kept - fix the cause, then tree.reset({node_id!r}) and "
-            "run again.",
-            node_id,
-        ) from e
-    yield NodeEvent(node_id, kind, last.text, last.token_ids, last.logprobs, last.finish_reason,
-                    stats, timings)
-
+        raise node_failed(tree, job.node_id, e) from e
+    yield last

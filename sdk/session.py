@@ -33,7 +33,7 @@ from forkv.graph import (
 )
 
 from .backend import Backend
-from .runner import NodeEvent, run_job, submit_job
+from .runner import NodeEvent, reasoning_format, run_job, submit_job
 
 __all__ = ["Session"]
 
@@ -71,7 +71,9 @@ class Session:
                 engine_settings["settings"], config = config, None
             self.engine = Engine(model, config, **engine_settings)
             self._owns_engine = True
-        self.reasoning = reasoning or ReasoningFormat()
+        # the model's own thinking tags (the server uses the same), `<think>` if it has none
+        self.reasoning = reasoning or reasoning_format(
+            getattr(getattr(self.engine, "lm", None), "tokenizer", None))
         self.template_kwargs = dict(template_kwargs or {})
         try:
             self.tree = tree if tree is not None else Tree(model_id=self.model_id)

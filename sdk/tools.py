@@ -28,7 +28,7 @@ from forkv.graph.tools import (
     visible_tools,
 )
 
-__all__ = ["Constraint", "ToolCall", "ToolSpec", "attach_tool_calls", "make_tool",
+__all__ = ["Constraint", "ToolCall", "ToolSpec", "attach_tool_calls", "call_content", "make_tool",
            "parse_tool_calls", "run", "run_tools", "tool_format"]
 
 
@@ -77,8 +77,12 @@ def parse_tool_calls(text: str, fmt: ToolFormat, tools: list[ToolSpec],
     return content, calls, problems
 
 
-def attach_tool_calls(tokenizer: Any, tree: Tree, node: Node | str) -> list[ToolCall]:
-    """Parse the calls in a done final node's text into `node.tool_calls` (idempotent)."""
+def attach_tool_calls(tokenizer: Any, tree: Tree, node: Node | str,
+                      id_prefix: str | None = None) -> list[ToolCall]:
+    """Parse the calls in a done final node's text into `node.tool_calls` (idempotent): the
+    tools visible at the node, its `tool_choice` ("none": no calls) and `parallel_tool_calls`
+    (False: the first call only). Call ids are `id_prefix` (default `call_<node id>`) + index.
+    The one parser of generated calls: the node runner calls it for Session and the server."""
     node = tree[node] if isinstance(node, str) else node
     if node.kind != "final" or node.is_pending or node.tool_calls or not node.is_generated:
         return list(node.tool_calls)
@@ -88,11 +92,19 @@ def attach_tool_calls(tokenizer: Any, tree: Tree, node: Node | str) -> list[Tool
     tools = visible_tools(tree.path(node))
     if fmt is None or not tools:
         return []
-    _, calls, problems = parse_tool_calls(node.text or "", fmt, tools, f"call_{node.id}")
-    node.tool_calls = calls
+    _, calls, problems = parse_tool_calls(node.text or "", fmt, tools,
+                                          id_prefix or f"call_{node.id}")
+    node.tool_calls = calls if node.gen.parallel_tool_calls else calls[:1]
     if problems:
         node.meta["tool_call_error"] = "; ".join(problems)
-    return calls
+    return list(node.tool_calls)
+
+
+def call_content(tokenizer: Any, node: Node) -> str:
+    """A final node's text without the calls it made (as its rendered message's content)."""
+    fmt = tool_format(tokenizer)
+    text = node.text or ""
+    return fmt.split(text)[0] if node.tool_calls and fmt is not None else text
 
 
 def run(session: Any, targets: Any = None) -> list[Node]:
