@@ -1,5 +1,5 @@
-"""forkv serve's parts without a server: the reasoning splitter on streamed deltas, tenants
-and namespaces, image decoding, and the Prometheus text format."""
+"""forkv serve's parts without a server: tenants and namespaces, image decoding, and the
+Prometheus text format."""
 
 from __future__ import annotations
 
@@ -10,35 +10,10 @@ import pytest
 
 pytest.importorskip("starlette")
 
-from forkv.graph import ReasoningFormat  # noqa: E402
 from forkv.server.auth import Tenants, namespace_of  # noqa: E402
 from forkv.server.errors import APIError  # noqa: E402
 from forkv.server.inputs import decode_image  # noqa: E402
 from forkv.server.metrics import Metrics  # noqa: E402
-from forkv.server.response_events import Splitter  # noqa: E402
-
-TEXT = "I think x.\n</think>\n\nThe answer."
-
-
-@pytest.mark.parametrize("cut", [1, 2, 3, 5, 8, len(TEXT)])
-def test_splitter_finds_the_close_tag_across_deltas(cut):
-    split = Splitter(ReasoningFormat())
-    pieces = []
-    for i in range(0, len(TEXT), cut):
-        pieces += split.feed(TEXT[i:i + cut])
-    pieces += split.finish()
-    assert "".join(t for k, t in pieces if k == "reasoning") == "I think x.\n"
-    assert "".join(t for k, t in pieces if k == "text") == "\n\nThe answer."
-    assert split.reasoning == "I think x." and split.text == "The answer."
-
-
-def test_splitter_without_a_close_tag_or_format():
-    split = Splitter(ReasoningFormat())
-    assert split.feed("still </thi") == [("reasoning", "still ")]  # holds a possible tag
-    assert split.finish() == [("reasoning", "</thi")]
-    assert split.reasoning == "still </thi" and split.text == ""
-    plain = Splitter(None)
-    assert plain.feed("a</think>b") == [("text", "a</think>b")]
 
 
 def test_tenants_and_namespaces():

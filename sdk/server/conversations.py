@@ -67,8 +67,9 @@ class Conversations:
         return stored
 
     def add_turns(self, namespace: str, previous: Stored | None, instructions: str | None,
-                  turns: list[Turn], reasoning: bool, gen: dict) -> tuple[str, list[str]]:
-        """Add `turns` (and the generated nodes) under `previous`; (first node, generated ids).
+                  turns: list[Turn], gens: dict[str, Any]) -> tuple[str, list[str]]:
+        """Add `turns` and a pending node per entry of `gens` (kind -> its settings, in order)
+        under `previous`; (first node, generated ids).
 
         Consecutive turns of one kind merge into one node, as the tree alternates roles."""
         tree = self.tree(namespace)
@@ -99,7 +100,7 @@ class Conversations:
                 added.append(node.id)
                 parent = node.id
             gen_ids = []
-            for kind in (("reasoning", "final") if reasoning else ("final",)):
+            for kind, gen in gens.items():
                 node = tree.add(parent, kind, gen=gen)
                 added.append(node.id)
                 gen_ids.append(node.id)

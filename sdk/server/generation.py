@@ -54,9 +54,10 @@ def _prepare(state, prompt, params: SamplingParams, images, namespace: str, max_
 
 
 async def start(state, prompt, params: SamplingParams, namespace: str, images=None,
-                n: int = 1, max_param: str = "max_tokens") -> list:
+                n: int = 1, max_param: str = "max_tokens", follow_up: bool = False) -> list:
     """Submit `n` completions of `prompt` for `namespace`; their handles. `max_param` is the
-    request's name for `params.max_tokens`, for a 400 that blames it."""
+    request's name for `params.max_tokens`, for a 400 that blames it. A `follow_up` prompt
+    (a response's second node) is not counted again in the request's log line."""
     def submit(index: int, tokens):
         # Choices of one prompt differ by seed (as OpenAI's n does) when a seed is given.
         p = replace(params, seed=params.seed + index) if index and params.seed is not None \
@@ -80,7 +81,8 @@ async def start(state, prompt, params: SamplingParams, namespace: str, images=No
     except BaseException:
         cancel(handles)
         raise
-    logs.note_prompt(handles)
+    if not follow_up:
+        logs.note_prompt(handles)
     return handles
 
 
@@ -91,9 +93,11 @@ def cancel(handles) -> None:
             h.cancel()
 
 
-async def events(state, handle, t0: float) -> AsyncIterator[GenerationEvent]:
-    """The handle's events; TTFT and token counts into the metrics; cancel if left early."""
-    first = True
+async def events(state, handle, t0: float,
+                 follow_up: bool = False) -> AsyncIterator[GenerationEvent]:
+    """The handle's events; TTFT (not for a `follow_up`: the request's first token came
+    before) and token counts into the metrics; cancel if left early."""
+    first = not follow_up
     finished = False
     try:
         async for event in handle:

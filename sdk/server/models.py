@@ -21,28 +21,24 @@ import threading
 import time
 from collections import OrderedDict
 
-from forkv.graph import ReasoningFormat
+from forkv.runner import reasoning_format
 
 from . import logs
 from .backend import Backend
 from .conversations import Conversations
 from .errors import APIError
 
-__all__ = ["ModelPool", "ServedModel", "reasoning_format"]
+__all__ = ["ModelPool", "ServedModel", "thinks"]
 
 DEFAULT_MAX_MODELS = 3
 _log = logging.getLogger(__name__)
 
 
-def reasoning_format(tokenizer, mode: str) -> ReasoningFormat | None:
-    """The thinking format of the model's tokenizer (mlx-lm detects it), if reasoning is on."""
-    start = getattr(tokenizer, "think_start", None)
-    end = getattr(tokenizer, "think_end", None)
-    if mode == "off" or (mode == "auto" and not (start and end)):
-        return None
-    if start and end:
-        return ReasoningFormat(open=f"{start}\n", close=f"\n{end}\n\n")
-    return ReasoningFormat()
+def thinks(tokenizer, mode: str) -> bool:
+    """Whether responses generate a reasoning node first (`--reasoning`; auto: when mlx-lm
+    finds thinking tags in the tokenizer)."""
+    tags = getattr(tokenizer, "think_start", None) and getattr(tokenizer, "think_end", None)
+    return mode == "on" or (mode == "auto" and bool(tags))
 
 
 class ServedModel:
@@ -56,8 +52,10 @@ class ServedModel:
         self.fingerprint = f"forkv-{lm.fingerprint.hex()[:12]}"
         self.conversations = Conversations(f"{lm.name}@{lm.fingerprint.hex()[:12]}")
         self.can_see_images = bool(getattr(lm, "is_vision", False))
-        self.plain_format = ReasoningFormat()
-        self.reasoning = reasoning_format(lm.tokenizer, server.config.reasoning)
+        # The template's thinking format, as Session detects it: it renders every path (with
+        # reasoning off too); `reasoning` is it when responses think first, else None.
+        self.format = reasoning_format(lm.tokenizer)
+        self.reasoning = self.format if thinks(lm.tokenizer, server.config.reasoning) else None
         self.template_kwargs: dict = {}
         self.loaded_at = time.time()
         self.weight_bytes = weight_bytes(lm)  # (for the pool's memory budget; fixed once loaded)

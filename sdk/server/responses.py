@@ -5,14 +5,15 @@ Each response adds its input turns and generated nodes to its namespace's conver
 response, and the engine restores the shared path from checkpoints
 (`usage.input_tokens_details.cached_tokens`). `instructions` is the system node. On models with
 a thinking format the reasoning comes back as a `reasoning` item before the message. `store:
-false` removes the nodes (and checkpoints only they used) once answered. Streaming events are
-built in `response_events`. Knows the wire format; the engine work is in `generation`.
+false` removes the nodes (and checkpoints only they used) once answered. The generated nodes
+run in `response_run` through the SDK's node runner (as Session's do); streaming events are
+built in `response_events`. Knows the request's wire format.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
+import contextlib
 import time
 import uuid
 from typing import Any
@@ -21,21 +22,21 @@ from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from forkv.graph import render
-from forkv.runner import path_images, record_render
+from forkv.engine import SamplingParams
+from forkv.graph import ReasoningFormat
+from forkv.runner import gen_settings
 
 from .auth import namespace_of
 from .conversations import Stored, Turn
 from .errors import APIError
-from .generation import collect, start, watch_disconnect
 from .inputs import (DEFAULT_MAX_TOKENS, Sampling, decode_image, parse_body, read_json,
                      sampling_params)
-from .response_events import Splitter, output_items, stream_response
-from .tools import TOOL_ITEMS, attach_calls, name_tool_results, plan_tools, tool_turn
+from .response_events import stream_response
+from .response_run import Cancelled, ResponseRun
+from .tools import TOOL_ITEMS, ToolPlan, name_tool_results, plan_tools, tool_turn
 
 __all__ = ["create_response", "delete_response", "get_response"]
 
-_log = logging.getLogger(__name__)
 _KINDS = {"user": "user", "assistant": "final", "system": "system", "developer": "system"}
 
 
@@ -105,13 +106,10 @@ async def create_response(request: Request) -> Any:
     ns = namespace_of(tenant, req.cache_salt)
     conv = state.conversations
     previous = conv.get(ns, req.previous_response_id) if req.previous_response_id else None
-    params = plan.apply(sampling_params(req, req.max_output_tokens))
-    gen = {"max_tokens": params.max_tokens, "temperature": params.temperature,
-           "top_p": params.top_p, "top_k": params.top_k, "seed": params.seed,
-           "stop": params.stop}
-    fmt = state.reasoning
+    params = sampling_params(req, req.max_output_tokens)
     turns = to_turns(req.input, state.can_see_images)
-    first, gen_ids = conv.add_turns(ns, previous, req.instructions, turns, fmt is not None, gen)
+    first, gen_ids = conv.add_turns(ns, previous, req.instructions, turns,
+                                    _node_gens(params, plan, state.reasoning))
     tree = conv.tree(ns)
     if plan.specs:  # declared on this request's first node: seen by what it generates
         tree[first].tools = plan.specs
@@ -123,105 +121,50 @@ async def create_response(request: Request) -> Any:
             "instructions": req.instructions, "store": req.store,
             "temperature": params.temperature, "top_p": params.top_p,
             "max_output_tokens": req.max_output_tokens or DEFAULT_MAX_TOKENS,
-            "parallel_tool_calls": plan.parallel, "tool_choice": raw.get("tool_choice", plan.choice),
+            "parallel_tool_calls": plan.parallel,
+            "tool_choice": raw.get("tool_choice", plan.choice),
             "tools": req.tools or [], "error": None,
             "incomplete_details": None, "metadata": req.metadata or {}, "usage": None,
             "text": {"format": plan.format_info}, "reasoning": None}
     stored.body = body
+    run = ResponseRun(state, stored, req.store, gen_ids, time.perf_counter())
     try:
-        prompt = render(tree, gen_ids[0], state.lm.tokenizer, fmt or state.plain_format,
-                        template_kwargs=state.template_kwargs)
-        images = path_images(tree, gen_ids[0])
-        t0 = time.perf_counter()
-        handles = await start(state, prompt.token_ids, params, ns, images or None,
-                              max_param="max_output_tokens")
+        await run.begin()
     except BaseException:
         conv.remove(ns, first)
         raise
     conv.keep(stored)  # visible (in progress) so a fork cannot race ahead of it
-    finish = _Finisher(state, stored, req.store, gen_ids, fmt, plan)
     if req.stream:
-        finish.streaming = True
-        return stream_response(state, handles[0], body, Splitter(fmt), finish, t0)
-    watcher = asyncio.create_task(watch_disconnect(request, handles))
+        return stream_response(run, body)
+    watcher = asyncio.create_task(run.watch(request))
     try:
-        result = await collect(state, handles[0], t0)
+        async with contextlib.aclosing(run.nodes()) as nodes:
+            async for _ in nodes:
+                pass
+    except Cancelled:
+        run.abandon()
+        raise APIError(499, "The client closed the request.", "cancelled") from None
     except BaseException:
-        finish.abandon()
+        run.abandon()
         raise
     finally:
         watcher.cancel()
-    if result.finish_reason == "cancelled":
-        finish.abandon()
-        raise APIError(499, "The client closed the request.", "cancelled")
-    splitter = Splitter(fmt)
-    splitter.feed(result.text)
-    splitter.finish()
-    finish(splitter, result.token_ids, result.finish_reason, result.timings,
-           len(handles[0].prompt_tokens))
-    return JSONResponse(body)
+    return JSONResponse(run.finish())
 
 
-class _Finisher:
-    """Writes a finished generation into the tree and the response body (or drops both)."""
-
-    def __init__(self, state, stored: Stored, keep: bool, gen_ids: list[str], fmt, plan):
-        self.state, self.stored, self.keep, self.gen_ids, self.fmt = state, stored, keep, \
-            gen_ids, fmt
-        self.plan, self.streaming = plan, False
-
-    def __call__(self, split: Splitter, ids: list[int], finish: str, timings,
-                 prompt_tokens: int) -> dict:
-        state, stored = self.state, self.stored
-        tree = state.conversations.tree(stored.namespace)
-        n_reason = split.num_reasoning_tokens(ids, state.lm.tokenizer) if self.fmt else 0
-        reason = "max_output_tokens" if finish == "length" else None
-        if self.fmt is not None:
-            tree.attach(self.gen_ids[0], split.reasoning, ids[:n_reason], finish, stats=None)
-        tree.attach(self.gen_ids[-1], split.text, ids[n_reason:], finish)
-        content, calls = attach_calls(self.plan, tree[self.gen_ids[-1]], split.text)
-        body = stored.body
-        body["output"] = output_items(stored.id, split, self.fmt is not None)
-        if calls:  # function_call items follow the message (kept if it has text or streamed)
-            body["output"] = [i for i in body["output"] if i["type"] != "message" or content
-                              or self.streaming]
-            for item in body["output"]:
-                if item["type"] == "message":
-                    item["content"][0]["text"] = content
-            body["output"] += calls
-        body["status"] = "incomplete" if reason else "completed"
-        body["incomplete_details"] = {"reason": reason} if reason else None
-        body["usage"] = {"input_tokens": prompt_tokens,
-                         "input_tokens_details": {"cached_tokens": timings.reused_tokens},
-                         "output_tokens": len(ids),
-                         "output_tokens_details": {"reasoning_tokens": n_reason},
-                         "total_tokens": prompt_tokens + len(ids)}
-        stored.done = True
-        if self.keep:
-            try:
-                _record_keys(state, tree, stored)
-            except Exception:  # noqa: BLE001 - bookkeeping for DELETE only; the answer stands
-                _log.warning("could not record the block keys of %s", stored.id, exc_info=True)
-        else:
-            self.abandon()
-        return body
-
-    def abandon(self) -> None:
-        """Remove this response's nodes and release the checkpoints only they used."""
-        stored = self.stored
-        try:
-            _, keys = self.state.conversations.remove(stored.namespace, stored.first)
-        except Exception:  # noqa: BLE001 - already removed (a DELETE got there first)
-            return
-        self.state.backend.release(keys, stored.namespace)
-
-
-def _record_keys(state, tree, stored: Stored) -> None:
-    """Store each node's span and checkpoint keys of the finished path, so that a DELETE can
-    tell which checkpoints only its subtree used."""
-    rendered = render(tree, stored.last, state.lm.tokenizer, state.reasoning or
-                      state.plain_format, template_kwargs=state.template_kwargs)
-    record_render(state.backend.engine, tree, rendered, namespace=stored.namespace)
+def _node_gens(params: SamplingParams, plan: ToolPlan, fmt: ReasoningFormat | None) -> dict:
+    """The settings of the nodes a response generates: every sampling field of the request
+    (logit_bias, seed... as the sampler knows them) on each; the answer alone takes the stop
+    strings, tool choice and output format, the thought stops at the close tag."""
+    try:
+        final = gen_settings(params, constraint=plan.constraint, tool_choice=plan.choice,
+                             parallel_tool_calls=plan.parallel)
+        if fmt is None:
+            return {"final": final}
+        return {"reasoning": gen_settings(params, stop=(fmt.close_tag,)), "final": final}
+    except ValueError as e:  # a value the sampler takes but a node does not (pydantic's)
+        raise APIError(400, f"The sampling settings do not fit a node: {e}",
+                       "invalid_value") from None
 
 
 async def get_response(request: Request) -> Any:

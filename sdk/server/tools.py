@@ -27,8 +27,8 @@ from forkv.tools import parse_tool_calls, tool_format
 from .conversations import Turn
 from .errors import APIError
 
-__all__ = ["TOOL_ITEMS", "CallStream", "ToolPlan", "attach_calls", "history", "name_tool_results",
-           "plan_tools", "response_call_items", "tool_turn"]
+__all__ = ["TOOL_ITEMS", "CallStream", "ToolPlan", "history", "name_tool_results", "plan_tools",
+           "response_call_items", "tool_turn"]
 
 
 @dataclass(slots=True)
@@ -247,10 +247,3 @@ def name_tool_results(tree: Any, node_ids: list[str]) -> None:
             if match:
                 node.name = match[0]
                 break
-
-
-def attach_calls(plan: ToolPlan, node: Any, text: str) -> tuple[str, list[dict]]:
-    """Parse a generated Responses node's calls into it; (content, function_call items)."""
-    content, calls = plan.split(text, f"call_{node.id}_{uuid.uuid4().hex[:6]}")
-    node.tool_calls = calls
-    return content, response_call_items(calls)
