@@ -23,7 +23,6 @@ from forkv.graph import (
     ImageNotSupported,
     Job,
     Node,
-    NodeFailed,
     ReasoningFormat,
     RenderedPath,
     Tree,
@@ -33,7 +32,7 @@ from forkv.graph import (
 )
 
 from .backend import Backend
-from .runner import NodeEvent, reasoning_format, run_job, submit_job
+from .runner import NodeEvent, node_failed, reasoning_format, run_job, submit_job
 
 __all__ = ["Session"]
 
@@ -209,11 +208,7 @@ class Session:
                 handle.cancel()
         if failed is not None:
             job, error = failed
-            self.tree.fail(job.node_id, f"{type(error).__name__}: {error}")
-            raise NodeFailed(
-                f"node {job.node_id!r} failed while generating ({type(error).__name__}: "
-                f"{error}); results computed before it are kept - fix the cause, then "
-                f"tree.reset({job.node_id!r}) and run again.", job.node_id) from error
+            raise node_failed(self.tree, job.node_id, error) from error
 
     def _events_of(self, job: Job, events) -> Iterator[NodeEvent]:
         for event in run_job(self.engine, self.tree, job, job.prompt, self.reasoning,
