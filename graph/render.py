@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict
 
 from .errors import NodeStateError
+from .render_cache import NodeEnd, PathState, common_prefix, render_cache, reusable_ends, signature
 from .toolformat import ToolFormat, detect_format
 from .tools import visible_tools
 
@@ -199,12 +200,28 @@ def _char_end(prefix: str, content: str, full: str, start: int) -> int | None:
     return j + len(tail) if j >= 0 else None
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+def _node_end(r: _Renderer, done: Sequence[Node], i: int, text: str, tokens: list[int],
+              prev: int, prev_char: int) -> NodeEnd:
+    """Where node `done[i]` ends in the render `text`/`tokens` (not the last of a whole path)."""
+    n = done[i]
+    try:
+        prefix = r.path_text(done[: i + 1])
+    except Exception:  # noqa: BLE001 - templates may refuse partial chats; next node absorbs
+        prefix = None
+    if not prefix:
+        return NodeEnd(prev, "none")
+    content = n.text or ""
+    char_end = _char_end(prefix, content, text, prev_char)
+    if char_end is not None:
+        enc = r.encode(text[:char_end])
+        how = "prefix" if text.startswith(prefix) else "found"
+        raw = common_prefix(enc, tokens)
+        return NodeEnd(max(prev, raw), how, char_end, raw, len(enc), len(prefix))
+    enc = r.encode(prefix)
+    raw = common_prefix(enc, tokens)
+    k = prefix.rfind(content) if content else -1
+    return NodeEnd(max(prev, raw), "lost", None, raw, len(enc), len(prefix),
+                   prefix[k:] if k >= 0 else None)
 
 
 def render(
@@ -218,8 +235,10 @@ def render(
     """Render the path root→`node`: its prompt if `node` is pending, else the whole path.
 
     Every node above a pending target must be done. `template_kwargs` go to
-    `apply_chat_template` (e.g. `enable_thinking`). Costs one template call and one encode per
-    node on the path (spans are found by re-tokenizing prefixes; see the module docstring).
+    `apply_chat_template` (e.g. `enable_thinking`). Spans are found by re-tokenizing prefixes
+    (see the module docstring); a render extends the tree's cached render of the path's
+    deepest ancestor (render_cache.py), so it costs one template call and one encode of the
+    whole path plus one of each per node the cached render did not cover.
     """
     fmt = reasoning or ReasoningFormat()
     path = tree.path(node)
@@ -237,27 +256,31 @@ def render(
     r = _Renderer(tokenizer, fmt, dict(template_kwargs or {}), tools)
     text = r.prompt_text(done, target) if is_prompt else r.path_text(done)
     tokens = r.encode(text)
-    spans: dict[str, tuple[int, int]] = {}
-    prev, prev_char = 0, 0
-    for i, n in enumerate(done):
+    cache = render_cache(tree)
+    settings = (fmt, r.kw)
+    base = cache.base_for(tokenizer, settings, done, target)
+    ends = reusable_ends(base, text, tokens) if base is not None else None
+    ends = ends or []
+    prev = ends[-1].end if ends else 0
+    prev_char = next((e.char_end for e in reversed(ends) if e.char_end is not None), 0)
+    for i in range(len(ends), len(done)):
         if i == len(done) - 1 and not is_prompt:
-            end = len(tokens)
+            e = NodeEnd(len(tokens), "last")
         else:
-            try:
-                prefix = r.path_text(done[: i + 1])
-            except Exception:  # noqa: BLE001 - templates may refuse partial chats; next node absorbs
-                prefix = None
-            char_end = _char_end(prefix, n.text or "", text, prev_char) if prefix else None
-            if char_end is not None:
-                prev_char = char_end
-                end = _common_prefix(r.encode(text[:char_end]), tokens)
-            else:
-                end = _common_prefix(r.encode(prefix), tokens) if prefix else prev
-            end = max(prev, end)
-        spans[n.id] = (prev, end)
-        prev = end
+            e = _node_end(r, done, i, text, tokens, prev, prev_char)
+            prev_char = e.char_end if e.char_end is not None else prev_char
+        ends.append(e)
+        prev = e.end
+    spans: dict[str, tuple[int, int]] = {}
+    start = 0
+    for n, e in zip(done, ends):
+        spans[n.id] = (start, e.end)
+        start = e.end
     if is_prompt:
-        spans[target.id] = (prev, len(tokens))
+        spans[target.id] = (start, len(tokens))
+    cache.put(("prompt" if is_prompt else "done", target.id),
+              PathState(tokenizer, settings, [signature(n) for n in done], text, tokens,
+                        ends))
     messages = _messages(done, r.calls)
     return RenderedPath(
         node_id=target.id,

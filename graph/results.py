@@ -7,6 +7,7 @@ results are computed or how keys are derived (the engine's business).
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -100,16 +101,16 @@ class ResultsMixin:
         for node_id, blocks in rendered.blocks(block_size).items():
             node = self._resolve(node_id)
             node.span = rendered.spans[node_id]
-            node.blocks = [
-                BlockRef(index=i, key=block_keys[i] if i < len(block_keys) else None)
-                for i in blocks
-            ]
+            refs = [(i, block_keys[i] if i < len(block_keys) else None) for i in blocks]
+            if [(b.index, b.key) for b in node.blocks] != refs:  # most are as the last render
+                node.blocks = [BlockRef(index=i, key=k) for i, k in refs]
         # Turn keys accumulate: a later render of the path may place a node's tokens
         # differently, and the checkpoints of the earlier one stay in the store until released.
         starts = sorted((span[0], node_id) for node_id, span in rendered.spans.items())
+        firsts = [start for start, _ in starts]
         for pos, key in sorted((turn_keys or {}).items()):
-            owner = [node_id for start, node_id in starts if start < pos]
-            node = self._resolve(owner[-1]) if owner else None
+            i = bisect_left(firsts, pos)  # the last node starting before pos owns it
+            node = self._resolve(starts[i - 1][1]) if i else None
             if node is not None and key not in node.turn_keys:
                 node.turn_keys.append(key)
 

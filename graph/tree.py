@@ -26,6 +26,7 @@ from .errors import (
     NodeRemoved,
 )
 from .nodes import GENERATED_KINDS, GenSettings, Node, NodeLike, make_image
+from .render_cache import render_cache
 from .results import ResultsMixin
 from .rules import check_placement, validate_tree
 from .tools import ToolCall, make_tools
@@ -292,6 +293,7 @@ class Tree(BranchingMixin, ResultsMixin):
         # removed Node objects keep pointing here, so using them raises NodeRemoved.
         self._g.remove_nodes_from(ids)
         self._removed.update(ids)
+        render_cache(self).drop(ids)
         return ids
 
     # -- checks ------------------------------------------------------------------------

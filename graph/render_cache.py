@@ -1,0 +1,161 @@
+"""What `render` keeps between calls so that a path's rendering extends its parent's.
+
+A render of a path finds each node's span by re-rendering and re-encoding the path up to that
+node (see render.py): one template call and one encode per node, O(depth^2) over a
+conversation. The spans of the nodes a parent's render covered stay valid in a child's render
+whenever the parent's text is a prefix of the child's and the parent's token ends fall inside
+the tokens both renders share; only the new nodes are then worked out. A `PathState` is one
+render's text, tokens and per-node end records; a tree's `RenderCache` keeps recent ones.
+
+Entries are checked, not trusted: a state serves only a path whose nodes still render the same
+(kind, text, status, images, tool calls, ...: `signature`) under the same tokenizer, reasoning
+format and template arguments, so an edit, reset or removal anywhere above makes it a miss.
+Knows nothing of templates or tokenizers beyond object identity.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .nodes import Node
+
+__all__ = ["NodeEnd", "PathState", "RenderCache", "common_prefix", "render_cache", "signature"]
+
+MAX_STATES = 64  # each holds a whole path's text and tokens: bounded, least recently used out
+
+
+@dataclass(frozen=True, slots=True)
+class NodeEnd:
+    """How one node's end was found in a render.
+
+    `how`: "prefix" (the path up to it renders as a prefix of the whole text), "found" (its
+    content and end-of-turn text found after the previous node), "lost" (neither: the longest
+    common token prefix of its own render), "none" (its path could not be rendered alone: it
+    ends where the previous node did) or "last" (the last node of a whole path: the end of
+    the tokens). `char_end` is the character end for prefix/found; `tail` the searched text
+    for lost; `prefix_len` the length of its own path's text; `raw` the common token prefix
+    before clamping to the previous end, over an encoding of `enc_len` tokens.
+    """
+
+    end: int
+    how: str
+    char_end: int | None = None
+    raw: int = 0
+    enc_len: int = 0
+    prefix_len: int = 0
+    tail: str | None = None
+
+
+@dataclass(slots=True)
+class PathState:
+    """One render: its settings, the done nodes it covered, text, tokens and node ends."""
+
+    tokenizer: Any
+    settings: tuple
+    sigs: list[tuple]
+    text: str
+    tokens: list[int]
+    ends: list[NodeEnd]
+
+
+def signature(node: Node) -> tuple:
+    """Everything about `node` that its rendering reads."""
+    return (node.id, node.kind, node.status, node.text, node.name, node.tool_call_id,
+            tuple(p.sha256 for p in node.images), tuple(node.tool_calls))
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists (slices compare in C first)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 64:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    while lo < hi and a[lo] == b[lo]:
+        lo += 1
+    return lo
+
+
+def reusable_ends(base: PathState, text: str, tokens: list[int]) -> list[NodeEnd] | None:
+    """The end records of `base`'s nodes as they hold in a render with `text` and `tokens`
+    (which continues base's path), or None where the whole computation must run."""
+    if not base.text or not text.startswith(base.text):
+        return None  # a later turn changed how earlier ones render
+    shared = common_prefix(base.tokens, tokens)
+    out: list[NodeEnd] = []
+    prev = 0
+    for i, e in enumerate(base.ends):
+        if e.how == "last":
+            # Its own path renders to base's whole text, a prefix of `text`: it ends where
+            # base's tokens and these part.
+            end = max(prev, shared)
+            e = NodeEnd(end, "prefix", len(base.text), shared, len(base.tokens), len(base.text))
+        elif e.how in ("found", "lost") and e.prefix_len > len(base.text):
+            return None  # its own render may now be a prefix of the longer text
+        elif e.how == "lost" and e.tail is not None and text.find(
+                e.tail, max(0, len(base.text) - len(e.tail) + 1)) >= 0:
+            return None  # its content may now be found past base's text
+        elif e.how != "none" and not (e.raw < shared or e.raw == e.enc_len <= shared):
+            return None  # its token end touches where base's tokens and these part
+        out.append(e)
+        prev = e.end
+    return out
+
+
+class RenderCache:
+    """Recent `PathState`s of one tree, by (kind, node id): ("done", id) for a whole path
+    ending at a node, ("prompt", id) for the prompt of a pending node."""
+
+    def __init__(self) -> None:
+        self._states: OrderedDict[tuple[str, str], PathState] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def base_for(self, tokenizer: Any, settings: tuple, done: list[Node],
+                 target: Node) -> PathState | None:
+        """The deepest cached state whose nodes start `done` and render the same."""
+        keys = [("done", n.id) for n in reversed(done)]
+        # A pending target's own prompt first; a done one's right after its whole path.
+        keys.insert(0 if target.is_pending else 1, ("prompt", target.id))
+        for key in keys:
+            state = self._states.get(key)
+            if state is None:
+                continue
+            if (state.tokenizer is tokenizer and state.settings == settings
+                    and len(state.sigs) <= len(done)
+                    and all(s == signature(n) for s, n in zip(state.sigs, done))):
+                self._states.move_to_end(key)
+                return state
+        return None
+
+    def put(self, key: tuple[str, str], state: PathState) -> None:
+        self._states[key] = state
+        self._states.move_to_end(key)
+        while len(self._states) > MAX_STATES:
+            self._states.popitem(last=False)
+
+    def clear(self) -> None:
+        self._states.clear()
+
+    def drop(self, node_ids) -> None:
+        """Forget the states of removed nodes (a miss anyway: their ids never come back)."""
+        ids = set(node_ids)
+        for key in [k for k in self._states if k[1] in ids]:
+            del self._states[key]
+
+
+def render_cache(tree: Any) -> RenderCache:
+    """The tree's cache, made on first use (trees built or loaded any way get one)."""
+    cache = tree.__dict__.get("_render_cache")
+    if cache is None:
+        cache = tree.__dict__["_render_cache"] = RenderCache()
+    return cache
