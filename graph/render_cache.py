@@ -15,6 +15,7 @@ Knows nothing of templates or tokenizers beyond object identity.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -116,6 +117,7 @@ class RenderCache:
 
     def __init__(self) -> None:
         self._states: OrderedDict[tuple[str, str], PathState] = OrderedDict()
+        self._lock = threading.Lock()  # the server renders one tree from several threads
 
     def __len__(self) -> int:
         return len(self._states)
@@ -133,24 +135,29 @@ class RenderCache:
             if (state.tokenizer is tokenizer and state.settings == settings
                     and len(state.sigs) <= len(done)
                     and all(s == signature(n) for s, n in zip(state.sigs, done))):
-                self._states.move_to_end(key)
+                with self._lock:
+                    if key in self._states:
+                        self._states.move_to_end(key)
                 return state
         return None
 
     def put(self, key: tuple[str, str], state: PathState) -> None:
-        self._states[key] = state
-        self._states.move_to_end(key)
-        while len(self._states) > MAX_STATES:
-            self._states.popitem(last=False)
+        with self._lock:
+            self._states[key] = state
+            self._states.move_to_end(key)
+            while len(self._states) > MAX_STATES:
+                self._states.popitem(last=False)
 
     def clear(self) -> None:
-        self._states.clear()
+        with self._lock:
+            self._states.clear()
 
     def drop(self, node_ids) -> None:
         """Forget the states of removed nodes (a miss anyway: their ids never come back)."""
         ids = set(node_ids)
-        for key in [k for k in self._states if k[1] in ids]:
-            del self._states[key]
+        with self._lock:
+            for key in [k for k in self._states if k[1] in ids]:
+                del self._states[key]
 
 
 def render_cache(tree: Any) -> RenderCache:
