@@ -22,6 +22,7 @@ HEADLINES = {
                 "q4_dequantized_prefill_vs_mlx_lm"},
     "restore": {"restore_vs_read", "read_ms", "build_ms", "restore_ms"},
     "contention": {"quiet_s", "slowdown_busy2"},
+    "depth": {"depth_ratio", "overhead_depth_ratio", "turn_10_ms"},
 }
 
 

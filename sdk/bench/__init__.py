@@ -26,6 +26,7 @@ BENCHMARKS = {
     "weights": ("weights", "run_weights_bench", ("gemma3-270m",)),
     "restore": ("restore", "run_restore_bench", ("demo:gemma3:small",)),
     "contention": ("contention", "run_contention_bench", ("demo:gemma3:small",)),
+    "depth": ("depth", "run_depth_bench", ("demo:qwen3:tiny",)),
 }
 
 # Benchmarks whose default is a named real model when its package is installed (the `gemma`

@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, replace
 
-from .common import result, summary
+from .common import ascii_only, result, summary
 
 SYSTEM = ("You are a careful senior engineer doing code review. Point out bugs first, then "
           "risky edge cases, then style. Quote the lines you mean. Keep answers short.")
@@ -119,12 +119,13 @@ def _session(lm, model: str):
     from forkv import Session
     from forkv.engine import Engine
 
-    engine = Engine(lm)
-    if model.startswith("demo:") and getattr(engine, "_vocab_limit", None):
-        # Random weights emit invalid UTF-8, whose text re-encodes to other tokens; a real
-        # model's text round-trips. Sampling ASCII bytes only keeps the workflow realistic.
-        engine._vocab_limit = 128
-    return Session(engine)
+    return Session(Engine(lm))
+
+
+def _gen(lm, model: str, **settings) -> dict:
+    """A node's settings; demo models sample ASCII bytes only (see `ascii_only`)."""
+    bias = ascii_only(lm, model)
+    return {**settings, "logit_bias": bias} if bias else settings
 
 
 def _branch_prune(lm, model: str, sz: Sizes, doc: str) -> _Ours:
@@ -133,9 +134,9 @@ def _branch_prune(lm, model: str, sz: Sizes, doc: str) -> _Ours:
         ours = _Ours(s)
         user = s.system(SYSTEM).user(doc)
         for t in range(sz.turns):
-            reasoning = user.reasoning({"max_tokens": sz.reasoning, "temperature": 0.7,
-                                        "seed": t})
-            answer = reasoning.final({"max_tokens": sz.answer})
+            reasoning = user.reasoning(_gen(lm, model, max_tokens=sz.reasoning, temperature=0.7,
+                                             seed=t))
+            answer = reasoning.final(_gen(lm, model, max_tokens=sz.answer))
             ours.run([reasoning])
             ours.run([answer])
             kept = s.tree.prune(answer)  # system -> ... -> user -> answer (verbatim)
@@ -150,10 +151,11 @@ def _tree_of_thought(lm, model: str, sz: Sizes, problem: str) -> _Ours:
     try:
         ours = _Ours(s)
         user = s.system("Think step by step, then answer.").user(problem)
-        branches = user.fork(sz.tot_k, gen={"max_tokens": sz.tot_reasoning, "temperature": 0.8})
+        branches = user.fork(sz.tot_k, gen=_gen(lm, model, max_tokens=sz.tot_reasoning,
+                                                temperature=0.8))
         ours.run(branches)
         best = max(branches, key=s.mean_logprob)
-        ours.run([best.final({"max_tokens": sz.tot_answer})])
+        ours.run([best.final(_gen(lm, model, max_tokens=sz.tot_answer))])
         return ours
     finally:
         s.engine.close()
@@ -226,7 +228,7 @@ def _warm_up(lm, model: str) -> None:
     """Run both paths once on a short prompt, so first-call costs hit neither measurement."""
     s = _session(lm, model)
     try:
-        node = s.user("warm up " * 40).final({"max_tokens": 2})
+        node = s.user("warm up " * 40).final(_gen(lm, model, max_tokens=2))
         s.run(node)
         _replay(lm, [_Step(s.prompt(node.parent).token_ids, list(node.result.token_ids))])
     finally:

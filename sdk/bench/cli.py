@@ -24,6 +24,7 @@ _WHAT = {
     "weights": "prefill and decode per weight format (f32, bf16, 4-bit kept or dequantized)",
     "restore": "a long restore split into record reads, cache building and the rest",
     "contention": "one request's slowdown beside 2 and 4 busy processes vs its fair share",
+    "depth": "per-turn cost of a linear conversation as it grows (render vs engine)",
 }
 
 

@@ -100,3 +100,14 @@ def random_tokens(n: int, seed: int, vocab: int = 256) -> list[int]:
 
     rng = random.Random(seed)
     return [rng.randrange(vocab) for _ in range(n)]
+
+
+def ascii_only(lm, model: str) -> dict[int, float]:
+    """A node's `logit_bias` that keeps a demo model to ASCII byte tokens ({} for real models):
+    random weights emit invalid UTF-8, whose text re-encodes to other tokens, while a real
+    model's text round-trips."""
+    if not model.startswith("demo:"):
+        return {}
+    from forkv.engine.sampling import vocab_limit
+
+    return {i: -1e9 for i in range(128, vocab_limit(lm) or 128)}
