@@ -67,6 +67,8 @@ class ResponseRun:
                                path_images(self.tree, job.node_id) or None,
                                max_param="max_output_tokens", follow_up=bool(self.handles))
         self.handles.append(handle)
+        if self.cancelled:  # the client left while it was being submitted
+            self.cancel()
         return handle
 
     async def begin(self) -> None:
