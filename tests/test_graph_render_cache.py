@@ -4,7 +4,7 @@ random trees under random edits, and costs a bounded number of template calls at
 import random
 
 import pytest
-from forkv.graph import Tree, render
+from forkv.graph import ReasoningFormat, Tree, render
 from forkv.graph.render_cache import (
     MAX_STATES,
     NodeEnd,
@@ -18,6 +18,7 @@ from forkv.graph.testing import ToyTokenizer
 PNG = (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08\x02\x00\x00"
        b"\x00\x90wS\xde\x00\x00\x00\x0cIDATx\x9cc\xf8\x0f\x00\x00\x01\x01\x00\x05\x18\xd8N\x00"
        b"\x00\x00\x00IEND\xaeB`\x82")
+FORMATS = [ReasoningFormat(), ReasoningFormat(open="<think>", close="</think>\n", empty="<e>")]
 
 
 class MergingTokenizer(ToyTokenizer):
@@ -44,11 +45,11 @@ class CountingTokenizer(ToyTokenizer):
         return super().apply_chat_template(messages, tokenize, add_generation_prompt, **kw)
 
 
-def full_render(tree, node, tok):
+def full_render(tree, node, tok, fmt=None):
     """A render that ignores (and keeps) the tree's cache."""
     saved = tree.__dict__.pop("_render_cache", None)
     try:
-        return render(tree, node, tok)
+        return render(tree, node, tok, fmt)
     finally:
         tree.__dict__["_render_cache"] = saved
 
@@ -118,8 +119,9 @@ def test_incremental_equals_full_on_random_trees(tok):
             for m in {live[-1].id, rng.choice(live).id}:
                 if any(a.is_pending for a in tree.ancestors(m)):
                     continue
-                got = render(tree, m, tok)
-                assert same(got, full_render(tree, m, tok)), (trial, step, m)
+                fmt = FORMATS[rng.random() < 0.1]  # another format: a miss, never a reuse
+                got = render(tree, m, tok, fmt)
+                assert same(got, full_render(tree, m, tok, fmt)), (trial, step, m)
 
 
 def test_a_turn_costs_the_same_template_calls_at_any_depth():
