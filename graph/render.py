@@ -28,7 +28,15 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict
 
 from .errors import NodeStateError
-from .render_cache import NodeEnd, PathState, common_prefix, render_cache, reusable_ends, signature
+from .render_cache import (
+    NodeEnd,
+    PathState,
+    common_prefix,
+    render_cache,
+    reusable_ends,
+    signature,
+    token_array,
+)
 from .toolformat import ToolFormat, detect_format
 from .tools import visible_tools
 
@@ -259,8 +267,11 @@ def render(
     cache = render_cache(tree)
     settings = (fmt, r.kw)
     base = cache.base_for(tokenizer, settings, done, target)
-    ends = reusable_ends(base, text, tokens) if base is not None else None
+    kept = token_array(tokens)  # the cache's own copy: callers may change `tokens`
+    ends = reusable_ends(base, text, kept) if base is not None else None
     ends = ends or []
+    if ends and len(ends) == len(done) and not is_prompt:  # the same whole path again
+        ends[-1] = NodeEnd(len(tokens), "last")
     prev = ends[-1].end if ends else 0
     prev_char = next((e.char_end for e in reversed(ends) if e.char_end is not None), 0)
     for i in range(len(ends), len(done)):
@@ -279,8 +290,7 @@ def render(
     if is_prompt:
         spans[target.id] = (start, len(tokens))
     cache.put(("prompt" if is_prompt else "done", target.id),
-              PathState(tokenizer, settings, [signature(n) for n in done], text, tokens,
-                        ends))
+              PathState(tokenizer, settings, [signature(n) for n in done], text, kept, ends))
     messages = _messages(done, r.calls)
     return RenderedPath(
         node_id=target.id,

@@ -16,16 +16,22 @@ Knows nothing of templates or tokenizers beyond object identity.
 from __future__ import annotations
 
 import threading
+from array import array
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .nodes import Node
 
-__all__ = ["NodeEnd", "PathState", "RenderCache", "common_prefix", "render_cache", "signature"]
+__all__ = ["NodeEnd", "PathState", "RenderCache", "common_prefix", "render_cache",
+           "reusable_ends", "signature", "token_array"]
 
-MAX_STATES = 64  # each holds a whole path's text and tokens: bounded, least recently used out
+# Each state holds a whole path's text and tokens: bounded in number and in tokens, least
+# recently used out (the newest always stays).
+MAX_STATES = 64
+MAX_TOKENS = 1 << 22
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,13 +58,14 @@ class NodeEnd:
 
 @dataclass(slots=True)
 class PathState:
-    """One render: its settings, the done nodes it covered, text, tokens and node ends."""
+    """One render: its settings, the done nodes it covered, text, tokens (a copy, int32) and
+    node ends."""
 
     tokenizer: Any
     settings: tuple
     sigs: list[tuple]
     text: str
-    tokens: list[int]
+    tokens: array
     ends: list[NodeEnd]
 
 
@@ -68,8 +75,9 @@ def signature(node: Node) -> tuple:
             tuple(p.sha256 for p in node.images), tuple(node.tool_calls))
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix of two token lists (slices compare in C first)."""
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token lists or two arrays (slices compare
+    in C)."""
     n = min(len(a), len(b))
     if a[:n] == b[:n]:
         return n
@@ -85,9 +93,14 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return lo
 
 
-def reusable_ends(base: PathState, text: str, tokens: list[int]) -> list[NodeEnd] | None:
+def token_array(tokens: Sequence[int]) -> array:
+    return array("i", tokens)
+
+
+def reusable_ends(base: PathState, text: str, tokens: array) -> list[NodeEnd] | None:
     """The end records of `base`'s nodes as they hold in a render with `text` and `tokens`
-    (which continues base's path), or None where the whole computation must run."""
+    (which continues base's path; `token_array`), or None where the whole computation must
+    run."""
     if not base.text or not text.startswith(base.text):
         return None  # a later turn changed how earlier ones render
     shared = common_prefix(base.tokens, tokens)
@@ -117,6 +130,7 @@ class RenderCache:
 
     def __init__(self) -> None:
         self._states: OrderedDict[tuple[str, str], PathState] = OrderedDict()
+        self._num_tokens = 0
         self._lock = threading.Lock()  # the server renders one tree from several threads
 
     def __len__(self) -> int:
@@ -143,21 +157,24 @@ class RenderCache:
 
     def put(self, key: tuple[str, str], state: PathState) -> None:
         with self._lock:
+            old = self._states.pop(key, None)
+            self._num_tokens += len(state.tokens) - (len(old.tokens) if old else 0)
             self._states[key] = state
-            self._states.move_to_end(key)
-            while len(self._states) > MAX_STATES:
-                self._states.popitem(last=False)
+            while len(self._states) > 1 and (len(self._states) > MAX_STATES
+                                             or self._num_tokens > MAX_TOKENS):
+                self._num_tokens -= len(self._states.popitem(last=False)[1].tokens)
 
     def clear(self) -> None:
         with self._lock:
             self._states.clear()
+            self._num_tokens = 0
 
     def drop(self, node_ids) -> None:
         """Forget the states of removed nodes (a miss anyway: their ids never come back)."""
         ids = set(node_ids)
         with self._lock:
             for key in [k for k in self._states if k[1] in ids]:
-                del self._states[key]
+                self._num_tokens -= len(self._states.pop(key).tokens)
 
 
 def render_cache(tree: Any) -> RenderCache:

@@ -205,3 +205,20 @@ def test_reusable_ends_refuses_a_lost_node_whose_content_shows_up_later():
                                           NodeEnd(3, "last")])
     assert reusable_ends(base, "<u>q</u><a>x</a>", [1, 2, 3, 4, 5]) is not None
     assert reusable_ends(base, "<u>q</u>thought</r>", [1, 2, 3, 4, 5]) is None
+
+
+def test_cache_keeps_its_own_tokens_within_a_token_budget(monkeypatch):
+    import forkv.graph.render_cache as rc
+
+    tok = ToyTokenizer()
+    tree = Tree()
+    node = tree.system("S").user("q").final(text="a")
+    rp = render(tree, node, tok)
+    rp.token_ids[-1] = 7  # a caller changing its copy does not reach the cache
+    child = node.user("next").final()
+    assert same(render(tree, child, tok), full_render(tree, child, tok))
+    monkeypatch.setattr(rc, "MAX_TOKENS", rp.num_tokens * 2)
+    for turn in range(4):
+        node = node.user(f"q{turn}").final(text=f"a{turn}")
+        render(tree, node, tok)
+    assert len(render_cache(tree)) == 1  # each path is longer than half the budget
