@@ -136,6 +136,9 @@ class RenderCache:
     def __len__(self) -> int:
         return len(self._states)
 
+    def __reduce__(self):  # a copied or pickled tree starts with an empty cache (and no lock)
+        return (RenderCache, ())
+
     def base_for(self, tokenizer: Any, settings: tuple, done: list[Node],
                  target: Node) -> PathState | None:
         """The deepest cached state whose nodes start `done` and render the same."""

@@ -222,3 +222,16 @@ def test_cache_keeps_its_own_tokens_within_a_token_budget(monkeypatch):
         node = node.user(f"q{turn}").final(text=f"a{turn}")
         render(tree, node, tok)
     assert len(render_cache(tree)) == 1  # each path is longer than half the budget
+
+
+def test_a_copied_tree_renders_with_a_cache_of_its_own():
+    import copy
+    import pickle
+
+    tok = ToyTokenizer()
+    tree = Tree()
+    node = tree.system("S").user("q").final(text="a")
+    render(tree, node, tok)
+    for other in (copy.deepcopy(tree), pickle.loads(pickle.dumps(tree))):
+        assert len(render_cache(other)) == 0
+        assert same(render(other, node.id, tok), render(tree, node, tok))
