@@ -58,7 +58,7 @@ class Cuts:
             return False
         try:
             arrays = partial.snapshot(ck, cache, end)
-        except ValueError:  # a cache holds something that cannot be copied: not checkpointed
+        except ValueError:  # a cache off the cut (it does not hold `end` tokens): not checkpointed
             return False
         if extra:
             arrays.update(extra)
