@@ -109,6 +109,22 @@ class Cuts:
         ck.stats.misses[name] += 1
         return None
 
+    def advance(self, name: str, restored, tokens: Sequence[int], candidates: Iterable,
+                names: set[str] = frozenset(), count: bool = True) -> dict | None:
+        """Move `restored` (a block restore) on to the furthest cut of kind `name` after it in
+        the same block, from `candidates` ((end, key, arrays it must hold), furthest first);
+        that cut's arrays, or None (`restored` untouched)."""
+        n, B = restored.position, self.ck.block_size
+        for end, key, needs in candidates:
+            if end <= n:
+                break
+            if end // B * B != n:
+                continue  # its block's start is not restored
+            arrays = self.move(name, restored, key, tokens, end, names, count, needs)
+            if arrays is not None:
+                return arrays
+        return None
+
     def build(self, name: str, key: bytes, tokens: Sequence[int], end: int, keys, keyer,
               names: set[str] = frozenset(), needs: set[str] = frozenset()
               ) -> tuple[list | None, dict | None]:

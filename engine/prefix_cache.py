@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from .live import LivePool, clone, rings, shared_prefix, widen
 from .record_jobs import RecordJobs
@@ -198,8 +199,8 @@ class PrefixCache:
         on_leave = None
         if plan.live_from:
             upto = max(seq.prompt_len, n_tokens // B * B)
-            job = (seq.tokens[:upto], plan.recorded_to // B, plan.keyer)
-            on_leave = lambda: self.jobs.add(*job)  # noqa: E731
+            on_leave = partial(self.jobs.add, seq.tokens[:upto], plan.recorded_to // B,
+                               plan.keyer)
         live.put(tokens, cache, plan.keyer.tag, self._writes_tokens(tokens, plan.keyer),
                  on_leave)
 

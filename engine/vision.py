@@ -22,6 +22,7 @@ import numpy as np
 
 from .errors import GenerationError
 from .features import DEFAULT_FEATURE_BYTES, FeatureCache
+from .generate import run_pieces
 from .images import ImageInput, ImageSlot, VisionPrompt, render_prompt
 
 
@@ -137,22 +138,20 @@ class VisionSequence:
         self._features: dict[int, object] = {}  # image start -> its features, once fetched
 
     def __call__(self, inputs, cache):
+        # (an image end at the chunk's own end is a block boundary or the prompt's end)
+        return run_pieces(inputs, cache, self.ends, self._forward,
+                          self._at_end if self.on_image_end is not None else None,
+                          at_last=False)
+
+    def _forward(self, ids, cache: list, a: int, b: int):
+        return self.support.family.forward(ids, cache, self._spans(a, b),
+                                           self.positions.ids(a, b - a))
+
+    def _at_end(self, b: int, cache: list, logits) -> None:
         import mlx.core as mx
 
-        # The first cache that counts tokens (a gated-delta layer's state does not).
-        first = next(c.offset for c in cache if hasattr(c, "offset"))
-        last = first + inputs.shape[1]
-        cuts = [e for e in self.ends if first < e < last]
-        logits, a = None, first
-        for b in cuts + [last]:
-            ids = inputs[:, a - first:b - first]
-            logits = self.support.family.forward(ids, cache, self._spans(a, b),
-                                                 self.positions.ids(a, b - a))
-            if b in cuts and self.on_image_end is not None:
-                mx.eval([c.state for c in cache])
-                self.on_image_end(b, cache)
-            a = b
-        return logits
+        mx.eval([c.state for c in cache])
+        self.on_image_end(b, cache)
 
     def _spans(self, first: int, last: int) -> list:
         """(a, b, features) of the image tokens in [first, last), chunk-relative."""

@@ -132,13 +132,11 @@ class RecordKind:
     @classmethod
     def ring(cls, cache):
         """(keys, values) of a sliding window in time order; None for other caches."""
-        return None
 
     @classmethod
     def widen(cls, cache, fresh, ring, n_new: int):
         """A cache like `cache` whose ring also holds `ring` (its ring before the last `n_new`
         tokens), built in `fresh`; None when it gains nothing."""
-        return None
 
 
 def register(kind: type[RecordKind]) -> type[RecordKind]:
