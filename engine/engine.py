@@ -152,12 +152,11 @@ class Engine:
             raise GenerationError("Pass either a SamplingParams or sampling keywords, not both.")
         params = params or SamplingParams(**kwargs)
         tokens, request = self.render_request(prompt, images, params)
+        plan = self.prefix.plan(tokens, namespace, reuse or self.config.reuse, request)
         rid = next(self._ids)
-        handle = RequestHandle(rid, tokens, params, self._cancel)
+        handle = RequestHandle(rid, tokens, params, self._cancel, plan.keys)
         seq = make_sequence(rid, tokens, params, self.lm, self._vocab_limit)
-        seq.request, seq.progress = request, progress
-        seq.plan = self.prefix.plan(tokens, namespace, reuse or self.config.reuse,
-                                    has_images=request is not None)
+        seq.request, seq.progress, seq.plan = request, progress, plan
         self._worker.post(self._add, handle, seq)
         return handle
 
@@ -297,7 +296,7 @@ class Engine:
         if self._vision is None:
             from .vision import VisionSupport
 
-            self._vision = VisionSupport(self.lm, self.checkpointer)
+            self._vision = VisionSupport(self.lm)
         return self._vision
 
     # -- lifetime ----------------------------------------------------------------------------

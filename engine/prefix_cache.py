@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
+from . import vision_ckpt
 from .live import LivePool, clone, rings, shared_prefix, widen
 from .record_jobs import RecordJobs
 
@@ -62,14 +63,16 @@ class PrefixCache:
 
     # -- plan --------------------------------------------------------------------------------
     def plan(self, tokens: list[int], namespace: str | None = None, reuse: str = "exact",
-             has_images: bool = False) -> Plan:
-        """Keys and cuts of a request's prompt, in `namespace` (None: the engine's own)."""
+             request=None) -> Plan:
+        """Keys and cuts of a request's prompt (`request`: a vision prompt, whose images its
+        keys fold in), in `namespace` (None: the engine's own)."""
         ck = self.ck
         if ck is None:
             return Plan(fast=reuse == "fast")
         keyer = ck.keyer_for(namespace)
-        # (text turn ends only: vision runs cut at image ends, which their restore finds)
-        ends = ck.turns.ends(tokens) if ck.turns is not None and not has_images else []
+        if request is not None:  # (its cuts are image ends, which its restore finds)
+            return Plan(keyer, keyer.keys(tokens, request.extras(self.block_size)))
+        ends = ck.turns.ends(tokens) if ck.turns is not None else []
         return Plan(keyer, keyer.keys(tokens), ends, reuse == "fast")
 
     def keyer(self, namespace: str | None = None):
@@ -79,15 +82,27 @@ class PrefixCache:
     def match(self, seq) -> None:
         """Give `seq` its cache, position, model callable and boundary hook: the longest
         prefix the records (or, for a fast request, a live cache) hold."""
-        t = seq.timings
+        t, t0 = seq.timings, time.perf_counter()
         if seq.request is not None and self.vision is not None:
-            seq.model, seq.cache, seq.pos, seq.hook = self.vision.prepare(
-                seq.request, t, seq.plan.keyer)
+            seq.model, seq.cache, seq.pos, seq.hook = self.restore_vision(seq.request,
+                                                                          seq.plan.keyer)
         else:
-            t0 = time.perf_counter()
             self._match_text(seq, self.live if seq.plan.fast else None, count=True)
-            t.restore_s, t.reused_tokens = time.perf_counter() - t0, seq.pos
+        t.restore_s, t.reused_tokens = time.perf_counter() - t0, seq.pos
         t.computed_tokens = seq.prompt_len - seq.pos
+
+    def restore_vision(self, request, keyer=None) -> tuple:
+        """(model callable, cache, tokens it holds, boundary hook) of a vision request in
+        `keyer`'s namespace: restored to a block boundary or an image end past it."""
+        ck, vision = self.ck, self.vision
+        if ck is None or not ck.enabled:
+            return vision.sequence(request), self.lm.make_cache(), 0, None
+        cache, start, keys, state = vision_ckpt.restore(ck, request, vision.stats, keyer)
+        # A restore right after an image ends mid-block; a decode boundary later recomputes
+        # that whole block, so the sequence must know positions from the block's start.
+        model = vision.sequence(request, start, state, lo=start // self.block_size
+                                * self.block_size)
+        return model, cache, start, vision_ckpt.VisionRecorder(ck, keys, request, model, keyer)
 
     def _match_text(self, seq, live: LivePool | None, count: bool) -> None:
         ck, plan, B = self.ck, seq.plan, self.block_size

@@ -475,3 +475,21 @@ def test_a_first_token_reaches_its_client_before_the_step_decodes():
         assert order == [("deliver", 1), "decode"]
         assert not handle.done and handle.finish_reason is None
     engine.close()
+
+
+def test_a_finished_rows_record_job_is_work_at_once_and_its_result_carries_the_keys():
+    """A record job is scheduled work, due as soon as the batch is empty (no idle timer),
+    and a result carries the block keys the engine planned for its prompt."""
+    lm = load_tiny("gemma3")
+    engine = _engine(lm)
+    prompt = random_tokens(300, seed=74)
+    no_eos = {t: -1e9 for t in lm.eos_token_ids}
+    with engine.paused():
+        handle = engine.submit(prompt, max_tokens=230, logit_bias=no_eos)  # decodes to 529
+        while not handle.done:
+            engine.step_once()
+        assert _queue(engine)["record_jobs"] == 1 and engine.scheduler.has_work
+        assert engine.step_once().recomputed == B  # one chunk of the job, in the next step
+    assert handle.result().block_keys == engine.block_keys(prompt) != []
+    engine.drain()
+    assert not engine.scheduler.has_work
