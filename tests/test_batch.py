@@ -164,8 +164,8 @@ def test_cancel_frees_the_row_without_disturbing_others():
     assert cancelled.finish_reason == "cancelled" and 0 < len(cancelled.token_ids) < 24
     for i in (0, 2):
         _assert_same(handles[i].result(), _single(lm, prompts[i], max_tokens=24))
-    # A request cancelled before it starts never runs (the earlier rows' record jobs wait
-    # for the engine to stay idle a moment: let them finish first).
+    # A request cancelled before it starts never runs (the earlier rows' record jobs run
+    # once the batch is empty: let them finish first).
     engine.drain(timeout=60)
     with engine.paused():
         queued = engine.submit(prompts[0], max_tokens=5)
