@@ -35,7 +35,7 @@ class Plan:
     """What the prefix cache knows about one request: computed once, carried on it."""
 
     keyer: object = None  # its namespace (a BlockKeyer; None without checkpoints)
-    keys: list = field(default_factory=list)  # block keys of the prompt (image hashes aside)
+    keys: list = field(default_factory=list)  # block keys of the prompt (its images folded in)
     turn_ends: list = field(default_factory=list)  # restorable turn ends of the prompt
     fast: bool = False  # reuse="fast": may continue a live cache
     # What match and decoding found, for commit:
@@ -51,7 +51,7 @@ class PrefixCache:
         self.lm = lm
         self.ck = checkpointer
         self.block_size = block_size
-        self.vision = vision  # VisionSupport on vision models: their requests restore there
+        self.vision = vision  # VisionSupport on vision models: their requests' model callables
         self.mergeable = mergeable
         enabled = checkpointer is not None and checkpointer.enabled
         # Text rows defer decoded blocks to jobs and keep live caches (vision rows cannot).
