@@ -5,9 +5,9 @@ mid-block, through the checkpointer's cuts (cuts.py), which key, store and verif
 module copies the caches in and out. Such a checkpoint holds the K/V of the partial block
 [lo, end) for global layers (the rest comes from the block records of boundary lo) and the
 whole cache of every other layer — sliding-window rings, recurrent state — as its record kind
-copies it (`save_whole` / `load_whole`). Both
-kinds of edge are also chunk edges of every run (a pure function of the tokens), so the caches
-there are exactly what a fresh run of the same tokens holds, and restoring them is exact.
+copies it (`save_whole` / `load_whole`). Both kinds of edge are also chunk edges of every run
+(a pure function of the tokens), so the caches there are exactly what a fresh run of the same
+tokens holds, and restoring them is exact.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from . import kinds as _kinds
 from .layout import CacheKind
 
 _PARTIAL_KINDS = {CacheKind.GLOBAL, CacheKind.WINDOW, CacheKind.STATE, CacheKind.EXTRA}
+
+
 def supports_partial(ck) -> bool:
     """Partial checkpoints work when every layer is one cache of a kind copied here."""
     return (ck.enabled and set(ck.kinds) <= _PARTIAL_KINDS
