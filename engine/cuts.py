@@ -58,7 +58,7 @@ class Cuts:
             return False
         try:
             arrays = partial.snapshot(ck, cache, end)
-        except ValueError:  # a cache holds something that cannot be copied: not checkpointed
+        except ValueError:  # a cache off the cut (it does not hold `end` tokens): not checkpointed
             return False
         if extra:
             arrays.update(extra)
@@ -107,6 +107,22 @@ class Cuts:
         if record is not None:
             ck.stats.rejected += 1
         ck.stats.misses[name] += 1
+        return None
+
+    def advance(self, name: str, restored, tokens: Sequence[int], candidates: Iterable,
+                names: set[str] = frozenset(), count: bool = True) -> dict | None:
+        """Move `restored` (a block restore) on to the furthest cut of kind `name` after it in
+        the same block, from `candidates` ((end, key, arrays it must hold), furthest first);
+        that cut's arrays, or None (`restored` untouched)."""
+        n, B = restored.position, self.ck.block_size
+        for end, key, needs in candidates:
+            if end <= n:
+                break
+            if end // B * B != n:
+                continue  # its block's start is not restored
+            arrays = self.move(name, restored, key, tokens, end, names, count, needs)
+            if arrays is not None:
+                return arrays
         return None
 
     def build(self, name: str, key: bytes, tokens: Sequence[int], end: int, keys, keyer,

@@ -29,8 +29,9 @@ from .config import EngineConfig
 from .errors import ForkvWarning, GenerationError, check_context
 from .events import GenerationEvent, GenerationResult
 from .handle import RequestHandle
-from .live import REUSE_MODES, LivePool
+from .live import REUSE_MODES
 from .loader import LoadedModel, load_model
+from .prefix_cache import PrefixCache
 from .recordstore import RecordStore
 from .runner import make_runner
 from .sampling import SamplingParams, vocab_limit
@@ -68,8 +69,7 @@ class Engine:
         self._requests: dict[int, tuple[RequestHandle, Any]] = {}
         self._ids = itertools.count()
         self._vision = None
-        self._worker = EngineThread("forkv-engine", self._has_work, self.step_once,
-                                    self._wait_s)
+        self._worker = EngineThread("forkv-engine", self._has_work, self.step_once)
         # An engine nobody holds (and no handle of it is alive) ends its thread.
         weakref.finalize(self, self._worker.close_soon)
         try:
@@ -96,13 +96,14 @@ class Engine:
                     f"forkv cannot batch {self.lm.name}: its {blocker} caches cannot be "
                     "merged, so requests will run one at a time.", ForkvWarning, stacklevel=2)
             self.runner = make_runner(self)
-            # Caches fast-reuse requests continue (text models with checkpoints; live.py).
-            self.live = (LivePool(self.lm.make_cache, self.config.live_cache_mib << 20)
-                         if self.checkpointer is not None and self.checkpointer.enabled
-                         and getattr(self.runner, "keeps_live", False) else None)
-            self.scheduler = Scheduler(self.runner, self.block_size, self.config.max_seqs,
-                                       self.config.prefill_budget, mergeable=self.is_batched,
-                                       make_job=self._record_job, deliver=self._deliver_all)
+            # Everything about reuse: keys, records, live caches (fast reuse), record jobs.
+            self.prefix = PrefixCache(
+                self.lm, self.checkpointer, self.block_size, make_seq=self._job_sequence,
+                vision=getattr(self.runner, "vision", None), mergeable=self.is_batched,
+                live_bytes=self.config.live_cache_mib << 20)
+            self.scheduler = Scheduler(self.runner, self.prefix, self.block_size,
+                                       self.config.max_seqs, self.config.prefill_budget,
+                                       mergeable=self.is_batched, deliver=self._deliver_all)
         except BaseException:
             self._worker.close()
             raise
@@ -151,17 +152,11 @@ class Engine:
             raise GenerationError("Pass either a SamplingParams or sampling keywords, not both.")
         params = params or SamplingParams(**kwargs)
         tokens, request = self.render_request(prompt, images, params)
+        plan = self.prefix.plan(tokens, namespace, reuse or self.config.reuse, request)
         rid = next(self._ids)
-        handle = RequestHandle(rid, tokens, params, self._cancel)
+        handle = RequestHandle(rid, tokens, params, self._cancel, plan.keys)
         seq = make_sequence(rid, tokens, params, self.lm, self._vocab_limit)
-        seq.request, seq.progress = request, progress
-        seq.keyer = self._keyer(namespace)
-        seq.reuse = reuse or self.config.reuse
-        seq.keys = seq.keyer.keys(tokens) if seq.keyer else []  # (image hashes aside: only
-        # for scheduling)
-        ck = self.checkpointer
-        if ck is not None and ck.turns is not None and request is None:
-            seq.turn_ends = ck.turns.ends(tokens)  # (its end too: restored whole)
+        seq.request, seq.progress, seq.plan = request, progress, plan
         self._worker.post(self._add, handle, seq)
         return handle
 
@@ -174,21 +169,16 @@ class Engine:
                  **kwargs) -> GenerationResult:
         return self.submit(prompt, params, images, **kwargs).result()
 
-    def _record_job(self, tokens: list[int], first_block: int, keyer=None):
-        """A prefill-only sequence that records the blocks of `tokens` in `keyer`'s namespace
-        (engine thread)."""
-        job = make_sequence(next(self._ids), tokens, SamplingParams(max_tokens=0), self.lm,
-                            self._vocab_limit)
-        job.keyer = keyer or self._keyer(None)
-        job.keys = job.keyer.keys(tokens) if job.keyer else []
-        job.first_block, job.is_record_job = first_block, True
-        return job
+    def _job_sequence(self, tokens: list[int]):
+        """A prefill-only sequence of `tokens`, for a record job (engine thread)."""
+        return make_sequence(next(self._ids), tokens, SamplingParams(max_tokens=0), self.lm,
+                             self._vocab_limit)
 
     def drain(self, timeout: float | None = None) -> None:
         """Wait until the engine has nothing left to do: every request finished and every
         deferred decode record written (benchmarks and tests that read records at once)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self._worker.is_alive and self._worker.call(self._pending):
+        while self._worker.is_alive and self._worker.call(self._has_work):
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"the engine still had work after {timeout} s")
             time.sleep(0.005)
@@ -213,14 +203,6 @@ class Engine:
     # -- the engine thread -------------------------------------------------------------------
     def _has_work(self) -> bool:
         return self.scheduler is not None and self.scheduler.has_work
-
-    def _pending(self) -> bool:
-        """Work left, due or not (record jobs wait for the engine to stay idle a moment)."""
-        s = self.scheduler
-        return s is not None and (s.has_work or bool(s.jobs or s.job))
-
-    def _wait_s(self) -> float | None:
-        return self.scheduler.jobs_due_in() if self.scheduler is not None else None
 
     def step_once(self) -> StepReport:
         """One scheduler step (admit, prefill up to the budget, decode every row once), on
@@ -264,14 +246,10 @@ class Engine:
         return self._worker.call(fn, *args)
 
     # -- the SDK's surface -------------------------------------------------------------------
-    def _keyer(self, namespace: str | None):
-        ck = self.checkpointer
-        return ck.keyer_for(namespace) if ck is not None else None
-
     def block_keys(self, tokens: Sequence[int], namespace: str | None = None) -> list[bytes]:
         """Chained keys of every full block of `tokens` in `namespace` (None: the engine's
         own; empty without checkpoints)."""
-        keyer = self._keyer(namespace)
+        keyer = self.prefix.keyer(namespace)
         return keyer.keys(tokens) if keyer else []
 
     def turn_keys(self, tokens: Sequence[int], namespace: str | None = None
@@ -302,15 +280,8 @@ class Engine:
         keys = list(keys)
         dropped = 0
         if self._worker.is_alive:
-            dropped = self._worker.call(self._release_live, frozenset(keys))
+            dropped = self._worker.call(self.prefix.forget, frozenset(keys))
         return dropped + self.checkpointer.release(keys)
-
-    def _release_live(self, keys: frozenset) -> int:
-        """Forget the live caches holding released tokens, then the jobs that would record
-        them (engine thread); how many live caches went."""
-        dropped = self.live.release(keys) if self.live is not None else 0
-        self.scheduler.drop_jobs(keys)
-        return dropped
 
     def stats(self) -> dict:
         """Reuse, hits/misses per record kind, bytes per tier, evictions, and the queue."""
@@ -325,7 +296,7 @@ class Engine:
         if self._vision is None:
             from .vision import VisionSupport
 
-            self._vision = VisionSupport(self.lm, self.checkpointer)
+            self._vision = VisionSupport(self.lm)
         return self._vision
 
     # -- lifetime ----------------------------------------------------------------------------
@@ -341,8 +312,7 @@ class Engine:
     def _cancel_all(self) -> None:
         for rid in list(self._requests):
             self._cancel_now(rid)
-        if self.live is not None:
-            self.live.clear()
+        self.prefix.close()
 
     def __enter__(self) -> Engine:
         return self

@@ -52,3 +52,6 @@ class GenerationResult:
     finish_reason: str
     timings: Timings = field(default_factory=Timings)
     top_logprobs: list[dict[int, float]] = field(default_factory=list)
+    # The prompt's block keys in its namespace, as the engine planned them (empty without
+    # checkpoints, and from backends that do not say)
+    block_keys: list[bytes] = field(default_factory=list)

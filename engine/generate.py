@@ -3,9 +3,10 @@
 Prefill runs in chunks that end exactly on block boundaries (multiples of `block_size`), so a
 checkpoint hook sees the model state at every boundary, and a run that starts from a restored
 boundary computes exactly what a fresh run computes from there (the engine's sequences prefill
-with the same `chunk_ends`). Text runs also cut inside a chunk at turn ends: the model callable
-they pass does that (turns.TurnModel), as a vision request's does at image ends. Knows nothing
-about text, keys or stores: the hook decides what to record.
+with the same `chunk_ends`). Text runs also cut inside a chunk at turn ends, vision runs at
+image ends: their model callables (turns.TurnModel, vision.VisionSequence) split each chunk
+with the one splitter here, `run_pieces`. Knows nothing about text, keys or stores: the hook
+decides what to record.
 """
 
 from __future__ import annotations
@@ -28,6 +29,27 @@ def chunk_ends(start: int, end: int, block_size: int) -> list[int]:
     if not ends or ends[-1] != end:
         ends.append(end)
     return ends
+
+
+def run_pieces(inputs, cache: list, ends: Sequence[int], forward, on_end=None,
+               at_last: bool = True):
+    """Feed a chunk (`inputs`, after what `cache` holds) in pieces that end at each of `ends`
+    inside it, so every run of the same input cuts there and a checkpoint there is exact:
+    `forward(ids, cache, a, b)` runs tokens [a, b) and gives their logits; `on_end(b, cache,
+    logits)` runs at each end reached (the chunk's own end too, if `at_last`). The last
+    piece's logits."""
+    # The first cache that counts tokens (a gated-delta layer's state does not).
+    first = next(c.offset for c in cache if hasattr(c, "offset"))
+    last = first + inputs.shape[1]
+    inside = [e for e in ends if first < e < last]
+    stops = set(inside) | ({last} & set(ends) if at_last else set())
+    logits, a = None, first
+    for b in inside + [last]:
+        logits = forward(inputs[:, a - first:b - first], cache, a, b)
+        if on_end is not None and b in stops:
+            on_end(b, cache, logits)
+        a = b
+    return logits
 
 
 def run_chunk(model, cache: list, tokens: Sequence[int], start: int, end: int):

@@ -23,10 +23,11 @@ class RequestHandle:
     `result()` (`await aresult()`); `cancel()` frees its row within one engine step."""
 
     def __init__(self, request_id: int, prompt_tokens: list[int], params: SamplingParams,
-                 canceller: Callable[[RequestHandle], bool]):
+                 canceller: Callable[[RequestHandle], bool], block_keys: list[bytes] = ()):
         self.id = request_id
         self.prompt_tokens = prompt_tokens
         self.params = params
+        self.block_keys = list(block_keys)  # the prompt's, as planned (its result carries them)
         self._cancel = canceller
         self._cond = threading.Condition()
         self._events: list = []  # GenerationEvent, or one exception last
@@ -118,7 +119,7 @@ class RequestHandle:
             raise self._error
         f = self._final
         return GenerationResult("".join(self._text), list(self._ids), list(self._logprobs),
-                                f.finish_reason, f.timings, list(self._top))
+                                f.finish_reason, f.timings, list(self._top), self.block_keys)
 
     # -- the producer's side (the engine thread, or a remote backend's reader) ----------------
     def push(self, event: GenerationEvent) -> None:

@@ -25,7 +25,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from . import kinds as _kinds
-from .partial import _copy_attrs, _set_attrs
 
 REUSE_MODES = ("exact", "fast")
 
@@ -53,45 +52,30 @@ class LiveStats:
         return {k: getattr(self, k) for k in self.__slots__}
 
 
-def _kind(cache) -> str:
-    kind = _kinds.kind_of(cache)
-    return kind.name if kind is not None else ""
+def _kinds_of(cache: list) -> list:
+    return [_kinds.kind_of(c) for c in cache]
 
 
-def _held(cache) -> int:
-    """Tokens a rotating cache still holds (the ring in time order)."""
-    if cache.keys is None:
-        return 0
-    return min(cache.offset, cache._temporal_order(cache.keys).shape[2])
+def _evaluated(cache: list) -> list:
+    import mlx.core as mx
+
+    mx.eval([c.state for c in cache if getattr(c, "keys", True) is not None])
+    return cache
 
 
 def cut_limit(cache: list, n_tokens: int, want: int) -> int:
     """The longest prefix <= `want` that `cache` (holding `n_tokens` tokens) can be cut back
     to; 0 when none."""
     u = min(want, n_tokens)
-    for c in cache:
-        kind = _kind(c)
-        if kind == "global":
-            continue
-        if kind == "window" and c.keep == 0:
-            # Held tokens are [n - held, n); cut to u, the next query needs the last
-            # min(u, W - 1) before u: all of them from 0, or u >= W - 1 + (n - held).
-            held, W = _held(c), c.max_size
-            if held < n_tokens and u < W - 1 + n_tokens - held:
-                return 0
-            continue
-        if u != n_tokens:  # recurrent state, or a kind we cannot cut: only where it stands
-            return 0
-    return u
+    ok = all(k is not None and k.can_cut(c, n_tokens, u) for c, k in zip(cache, _kinds_of(cache)))
+    return u if ok else 0
 
 
 def rings(cache: list) -> list:
     """The sliding-window rings of `cache` in time order (None for other layers): a fast
     request keeps them from before its last prefill chunk (references, no copy), since the
     chunk's update trims them to W - 1 tokens and a fork often diverges just before it."""
-    return [(c._temporal_order(c.keys), c._temporal_order(c.values))
-            if _kind(c) == "window" and c.keep == 0 and c.keys is not None else None
-            for c in cache]
+    return [k.ring(c) if k is not None else None for c, k in zip(cache, _kinds_of(cache))]
 
 
 def widen(cache: list, before: list, n_new: int, make_cache: Callable) -> list:
@@ -99,58 +83,18 @@ def widen(cache: list, before: list, n_new: int, make_cache: Callable) -> list:
     `n_new` tokens as well, so a later request can cut it back into those tokens (the last
     prefill chunk, or an answer: decoding trims a ring to W), or `cache` itself when no ring
     gains a token."""
-    import mlx.core as mx
-
-    out, fresh, gained = list(cache), None, False
-    for i, (c, old) in enumerate(zip(cache, before)):
-        if old is None or c.keys is None:
-            continue
-        keys, values = c._temporal_order(c.keys), c._temporal_order(c.values)
-        if old[0].shape[2] + n_new <= keys.shape[2] or n_new > keys.shape[2]:
-            continue  # nothing was trimmed, or the ring no longer holds all the new tokens
-        fresh = fresh or make_cache()
-        new = fresh[i]
-        new.keys = mx.concatenate([old[0], keys[..., -n_new:, :]], 2)
-        new.values = mx.concatenate([old[1], values[..., -n_new:, :]], 2)
-        new.offset, new._idx = c.offset, new.keys.shape[2]
-        out[i], gained = new, True
-    if gained:
-        mx.eval([c.state for c in out if getattr(c, "keys", True) is not None])
-    return out
+    fresh = make_cache()
+    out = [k.widen(c, new, old, n_new) if k is not None else None
+           for c, new, old, k in zip(cache, fresh, before, _kinds_of(cache))]
+    if all(c is None for c in out):
+        return cache
+    return _evaluated([new or c for new, c in zip(out, cache)])
 
 
 def cut(cache: list, n_tokens: int, u: int, make_cache: Callable) -> list:
     """New caches holding the first `u` tokens of `cache` (which must allow it: cut_limit)."""
-    import mlx.core as mx
-
-    fresh = make_cache()
-    out = []
-    for c, new in zip(cache, fresh):
-        kind = _kind(c)
-        if kind == "global":
-            new.keys, new.values = c.keys[..., :u, :], c.values[..., :u, :]
-            new.offset = u
-        elif kind == "window":
-            keys, values = c._temporal_order(c.keys), c._temporal_order(c.values)
-            end = keys.shape[2] - (n_tokens - u)
-            # (at most W: a widened ring holds more than the next query can see)
-            start = max(0, end - c.max_size) if u >= c.max_size else 0
-            keys, values = keys[..., start:end, :], values[..., start:end, :]
-            keep = end - start
-            if u >= c.max_size > keep:
-                # A ring past its window holds at least W slots (mlx-lm grows it only from
-                # 0): zeros stand in for the oldest, overwritten before any query reads them.
-                pad = keys.shape[:2] + (c.max_size - keep,)
-                keys = mx.concatenate([mx.zeros(pad + keys.shape[3:], keys.dtype), keys], 2)
-                values = mx.concatenate(
-                    [mx.zeros(pad + values.shape[3:], values.dtype), values], 2)
-            new.keys, new.values = keys, values
-            new.offset, new._idx = u, keys.shape[2]
-        else:
-            _set_attrs(new, _copy_attrs(c, ""), "")
-        out.append(new)
-    mx.eval([c.state for c in out if getattr(c, "keys", True) is not None])
-    return out
+    return _evaluated([k.cut(c, new, n_tokens, u)
+                       for c, new, k in zip(cache, make_cache(), _kinds_of(cache))])
 
 
 def cache_nbytes(cache: list) -> int:
@@ -159,13 +103,8 @@ def cache_nbytes(cache: list) -> int:
 
 def clone(cache: list, make_cache: Callable) -> list:
     """Caches equal to `cache` that share nothing mutable with it."""
-    import mlx.core as mx
-
-    fresh = make_cache()
-    for c, new in zip(cache, fresh):
-        _set_attrs(new, _copy_attrs(c, ""), "")
-    mx.eval([c.state for c in fresh if getattr(c, "keys", True) is not None])
-    return fresh
+    return _evaluated([k.load_whole(new, k.save_whole(c))
+                       for c, new, k in zip(cache, make_cache(), _kinds_of(cache))])
 
 
 def shared_prefix(a: Sequence, b: Sequence) -> int:

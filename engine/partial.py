@@ -4,18 +4,18 @@ Image ends (vision_ckpt.py) and turn ends (turns.py) are checkpointed where they
 mid-block, through the checkpointer's cuts (cuts.py), which key, store and verify them; this
 module copies the caches in and out. Such a checkpoint holds the K/V of the partial block
 [lo, end) for global layers (the rest comes from the block records of boundary lo) and the
-whole cache object of every other layer — sliding-window rings, recurrent state — copied
-attribute by attribute. Both
-kinds of edge are also chunk edges of every run (a pure function of the tokens), so the caches
-there are exactly what a fresh run of the same tokens holds, and restoring them is exact.
+whole cache of every other layer — sliding-window rings, recurrent state — as its record kind
+copies it (`save_whole` / `load_whole`). Both kinds of edge are also chunk edges of every run
+(a pure function of the tokens), so the caches there are exactly what a fresh run of the same
+tokens holds, and restoring them is exact.
 """
 
 from __future__ import annotations
 
+from . import kinds as _kinds
 from .layout import CacheKind
 
 _PARTIAL_KINDS = {CacheKind.GLOBAL, CacheKind.WINDOW, CacheKind.STATE, CacheKind.EXTRA}
-_SCALARS = (bool, int, float)
 
 
 def supports_partial(ck) -> bool:
@@ -30,41 +30,17 @@ def split_layers(ck) -> tuple[list[int], list[int]]:
     return ([i for i, g in is_global.items() if g], [i for i, g in is_global.items() if not g])
 
 
-def _copy_attrs(cache, prefix: str) -> dict:
-    """A cache object's attributes as arrays (numbers as 0-d arrays, lists item by item)."""
-    import mlx.core as mx
-
-    out = {}
-    for name, v in vars(cache).items():
-        if isinstance(v, mx.array):
-            out[f"{prefix}{name}"] = mx.array(v)  # a copy: caches update in place
-        elif isinstance(v, _SCALARS):
-            out[f"{prefix}{name}#"] = mx.array(v)
-        elif isinstance(v, (list, tuple)) and all(isinstance(x, (mx.array, type(None))) for x in v):
-            out[f"{prefix}{name}#len"] = mx.array(len(v))
-            out.update({f"{prefix}{name}.{j}": mx.array(x) for j, x in enumerate(v)
-                        if x is not None})
-        elif v is not None:
-            raise ValueError(f"cannot copy {type(cache).__name__}.{name}")
-    return out
+def _save_whole(cache, i: int) -> dict:
+    c = cache[i]
+    return {f"{i}:{name}": a for name, a in _kinds.kind_of(c).save_whole(c).items()}
 
 
-def _set_attrs(cache, arrays: dict, prefix: str) -> None:
-    """The inverse of `_copy_attrs` on a cache of the same class."""
-    for name, v in list(vars(cache).items()):
-        if f"{prefix}{name}#" in arrays:
-            setattr(cache, name, type(v)(arrays[f"{prefix}{name}#"].item()))
-        elif f"{prefix}{name}#len" in arrays:
-            n = int(arrays[f"{prefix}{name}#len"].item())
-            items = [arrays.get(f"{prefix}{name}.{j}") for j in range(n)]
-            setattr(cache, name, type(v)(items) if isinstance(v, tuple) else items)
-        else:
-            setattr(cache, name, arrays.get(f"{prefix}{name}"))
+def _load_whole(fresh: list, arrays: dict, i: int) -> None:
+    fresh[i] = _kinds.kind_of(fresh[i]).load_whole(fresh[i], _kinds.sub_arrays(arrays, f"{i}:"))
 
 
 def snapshot(ck, cache: list, end: int) -> dict:
-    """Copies of `cache` (holding `end` tokens) for a partial checkpoint at `end`; evaluated.
-    A ValueError if a cache holds something that cannot be copied."""
+    """Copies of `cache` (holding `end` tokens) for a partial checkpoint at `end`; evaluated."""
     import mlx.core as mx
 
     lo = end // ck.block_size * ck.block_size
@@ -77,7 +53,7 @@ def snapshot(ck, cache: list, end: int) -> dict:
         arrays[f"{i}.k"] = mx.array(c.keys[..., lo:end, :])  # copies: caches update
         arrays[f"{i}.v"] = mx.array(c.values[..., lo:end, :])  # in place
     for i in others:
-        arrays.update(_copy_attrs(cache[i], f"{i}:"))
+        arrays.update(_save_whole(cache, i))
     mx.eval(arrays)
     return arrays
 
@@ -105,7 +81,7 @@ def apply(ck, cache: list, arrays: dict, end: int) -> bool:
             parts[i] = (k, v)
         fresh = ck.lm.make_cache()  # the other layers take the checkpoint's copies whole
         for i in others:
-            _set_attrs(fresh[i], arrays, f"{i}:")
+            _load_whole(fresh, arrays, i)
     except (KeyError, TypeError, ValueError):  # arrays that do not fit this model: a miss
         return False
     for i, (k, v) in parts.items():
@@ -136,7 +112,7 @@ def build(ck, blocks: list[dict], arrays: dict, end: int) -> list | None:
             c.keys, c.values = mx.concatenate(ks, axis=2), mx.concatenate(vs, axis=2)
             c.offset = end
         for i in others:
-            _set_attrs(fresh[i], arrays, f"{i}:")
+            _load_whole(fresh, arrays, i)
     except (KeyError, TypeError, ValueError):
         return None
     mx.eval([c.state for c in fresh])

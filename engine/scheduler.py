@@ -1,36 +1,26 @@
 """Continuous batching: which sequences prefill, which decode, and what one step does.
 
 A sequence waits until a slot is free (`max_seqs` caps prefilling + decoding sequences), is
-restored from its checkpoints (the runner's `prepare`), prefills on its own cache in
-block-aligned chunks, then joins the batch of decoding rows. Each `step()`:
+given its cache by the prefix cache (`match`: restored from records or continued from a live
+cache), prefills on it in chunks, then joins the batch of decoding rows. Each `step()`:
 
-1. admits waiting sequences into free slots (FIFO), except one that starts with blocks another
-   sequence is prefilling right now: it waits until those blocks are recorded and then
-   restores them, so forks and `n > 1` compute a shared prefix once (a fast-reuse request
-   waits instead for the other's whole prompt, whose cache it then continues: live.py);
-2. prefills whole chunks, round-robin over the prefilling sequences, until the step has spent
+1. runs one chunk of a record job (prefix_cache.py) if the engine has nothing else to do or a
+   waiting request needs that job's blocks;
+2. admits waiting sequences into free slots (FIFO), except one whose prefix another sequence
+   is computing right now (the prefix cache's `waits`: forks and `n > 1` compute a shared
+   prefix once);
+3. prefills whole chunks, round-robin over the prefilling sequences, until the step has spent
    `max_prefill_tokens` (at least one chunk, so prefill always progresses); a chunk is never
    split, since other chunk edges would change the arithmetic and make records non-canonical
    (a sequence restored whole — its prompt ends at a recorded turn end, whose record holds
    the last logits — goes straight to decoding);
-3. runs one decode step for every row together, so a long prompt arriving never stalls the
+4. runs one decode step for every row together, so a long prompt arriving never stalls the
    others for more than one step's prefill budget.
 
-Before admitting, a step runs one chunk of a record job (below) if a waiting request needs its
-blocks or the engine has been idle a moment.
-
-Decode boundaries. A state reached by decoding rounds differently from a block-aligned prefill,
-so its blocks are recorded by recomputing them as chunks (see `recorder.py`). For text rows
-that work is deferred: a row that crosses boundaries while decoding keeps decoding, and when
-it finishes, one record job (a prefill-only sequence of its tokens up to the last boundary)
-is queued (as is one for a fast-reuse request's tokens when its live cache leaves the pool).
-Jobs run one chunk per step once the engine has had no request for `JOB_IDLE_S`, or at once
-when a waiting exact request starts with blocks a job would record (that request then
-restores them), so no row ever stalls for another row's records and records nobody asks for
-while the engine is busy cost nothing until it is idle. Rows of runners that cannot defer
-(vision: the job would need the request's images) recompute in the step that reaches the
-boundary, and the canonical state replaces the row in the batch. Knows nothing about threads,
-handles, or what kind of model runs the rows (the runner does).
+The prefix cache hears of each sequence when its prompt is prefilled and when it finishes
+(`commit`), and of each row that decodes onto a block boundary (`decoded`: a vision row's
+recomputed canonical state then replaces it in the batch). Knows nothing about threads,
+handles, reuse, or what kind of model runs the rows (the runner does).
 """
 
 from __future__ import annotations
@@ -41,7 +31,6 @@ from dataclasses import dataclass, field
 
 from .batchcache import BatchCache
 from .events import GenerationEvent
-from .live import clone, shared_prefix
 from .sampling import top_logprobs
 from .sequence import Sequence
 
@@ -78,18 +67,12 @@ class StepTotals:
         return {k: getattr(self, k) for k in self.__slots__}
 
 
-_LIVE_WAIT_MIN = 32  # a fast request waits for another's prompt to share at least this
-# Record jobs start only once no request has been in the engine for this long: a client's
-# next request usually follows its last answer within milliseconds, and a job chunk that has
-# started (up to a block of prefill) would hold that request back.
-JOB_IDLE_S = 0.3
-
-
 class Scheduler:
-    def __init__(self, runner, block_size: int, max_seqs: int, max_prefill_tokens: int,
-                 mergeable: bool = True, make_job=None, deliver=None):
+    def __init__(self, runner, prefix, block_size: int, max_seqs: int, max_prefill_tokens: int,
+                 mergeable: bool = True, deliver=None):
         assert max_seqs >= 1 and max_prefill_tokens >= 1
         self.runner = runner
+        self.prefix = prefix  # the prefix cache: match, commit, record jobs
         self.block_size = block_size
         self.max_seqs = max_seqs if mergeable else 1
         self.max_prefill_tokens = max_prefill_tokens
@@ -98,11 +81,6 @@ class Scheduler:
         self.rows: list[Sequence] = []  # in the batch's row order
         self.batch = BatchCache(mergeable)
         self.totals = StepTotals()
-        # Deferred decode records: make_job(tokens, first_block, keyer) -> a prefill-only Sequence.
-        self.make_job = make_job if getattr(runner, "defers_decode_records", False) else None
-        self.jobs: deque[Sequence] = deque()
-        self.job: Sequence | None = None  # the job prefilling now
-        self.last_busy = 0.0  # (monotonic) when a request was last in the engine
         # deliver(events): hands the first tokens sampled from prefill to their clients
         # before the step's decode (one decode step of TTFT: ~150-300 ms on a real model)
         self.deliver = deliver
@@ -113,17 +91,10 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return self.busy or (bool(self.jobs or self.job) and self.jobs_due_in() == 0)
-
-    def jobs_due_in(self) -> float | None:
-        """Seconds until queued record jobs may run (0: now; None: no job waits)."""
-        if not (self.jobs or self.job) or self.busy:
-            return None
-        return max(0.0, self.last_busy + JOB_IDLE_S - time.monotonic())
+        return self.busy or bool(self.prefix.jobs)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
-        self.last_busy = time.monotonic()
 
     def clear(self) -> None:
         """Forget every sequence (after a failed step)."""
@@ -131,8 +102,7 @@ class Scheduler:
         self.prefilling.clear()
         self.rows = []
         self.batch = BatchCache(self.batch.mergeable)
-        self.jobs.clear()
-        self.job = None
+        self.prefix.reset()
 
     def cancel(self, seq: Sequence) -> GenerationEvent | None:
         """Drop `seq` wherever it is, leaving the other rows as they are; None if done."""
@@ -150,10 +120,8 @@ class Scheduler:
 
     def step(self) -> StepReport:
         report, totals = StepReport(), self.totals
-        if self.busy:
-            self.last_busy = time.monotonic()
         t = time.perf_counter()
-        self._record_job(report)
+        report.recomputed += self.prefix.work(self.waiting, idle=not self.busy)
         t0 = time.perf_counter()
         totals.record_jobs_s += t0 - t
         self._admit()
@@ -178,40 +146,12 @@ class Scheduler:
         held = []
         while self.waiting and len(self.prefilling) + len(self.rows) < self.max_seqs:
             seq = self.waiting.popleft()
-            if self._awaits_shared_prefill(seq):
+            if self.prefix.waits(seq, self.prefilling):
                 held.append(seq)
                 continue
-            self.runner.prepare(seq)
-            seq.timings.computed_tokens = seq.prompt_len - seq.pos
+            self.prefix.match(seq)
             self.prefilling.append(seq)
         self.waiting.extendleft(reversed(held))
-
-    def _awaits_shared_prefill(self, seq: Sequence) -> bool:
-        """Whether a prefilling sequence (or record job) has yet to record blocks this one
-        starts with, or a turn end past them (forks of one prompt: tree of thought)."""
-        fast = seq.reuse == "fast"
-        if not (seq.keys or seq.turn_ends or fast):
-            return False
-        # (a fast request never waits on a record job: jobs run for exact requests or idle)
-        for p in [*self.prefilling, *([self.job] if self.job and not fast else [])]:
-            if not _same_namespace(seq, p):
-                continue  # its records are never restored for seq: never wait on them
-            if fast and p.reuse == "fast" and not p.is_record_job:
-                # p's prompt cache, once prefilled, serves seq (live.py): worth waiting for
-                # when p has little left beyond what they share (branches of one prompt);
-                # otherwise wait only for the records, as an exact request does.
-                ahead = shared_prefix(seq.tokens[:-1], p.tokens)
-                if ahead >= _LIVE_WAIT_MIN and p.prompt_len - p.pos <= ahead + _LIVE_WAIT_MIN:
-                    return True
-            shared = shared_prefix(seq.keys, p.keys)
-            if shared and p.pos < shared * self.block_size:
-                return True
-            # turn ends of seq past p's position, in or right after the blocks they share
-            ahead = [e for e in seq.turn_ends if e > p.pos and e // self.block_size <= shared]
-            if ahead and any(e <= shared_prefix(seq.tokens[:ahead[-1]], p.tokens)
-                             for e in ahead):
-                return True
-        return False
 
     def _prefill(self, report: StepReport) -> None:
         spent = 0
@@ -227,7 +167,7 @@ class Scheduler:
             n = seq.next_chunk(self.block_size)
             if spent and spent + n > self.max_prefill_tokens:
                 break
-            logits = seq.prefill_chunk(seq.model or self.runner.engine.lm.model, self.block_size)
+            logits = seq.prefill_chunk(seq.model, self.block_size)
             spent += n
             report.prefilled[seq.id] = report.prefilled.get(seq.id, 0) + n
             self.prefilling.popleft()
@@ -236,73 +176,11 @@ class Scheduler:
             else:
                 self._start_decoding(seq, logits, report)
 
-    # -- deferred decode records ---------------------------------------------------------------
-    def _record_job(self, report: StepReport) -> None:
-        """One chunk of a record job, when the engine has nothing else to do or a waiting
-        request starts with blocks the job records (a started job otherwise pauses)."""
-        idle = not (self.waiting or self.prefilling or self.rows)
-        while self.job is None and self.jobs:
-            self.job = self.jobs.popleft() if idle else self._needed_job()
-            if self.job is None:
-                return
-            if self.runner.recorded(self.job):
-                self.job = None
-            else:
-                self.runner.prepare(self.job)  # restores what is recorded already
-        job = self.job
-        if job is None or not (idle or self._needed(job)):
-            return
-        if job.is_prefilling:
-            n = job.next_chunk(self.block_size)
-            job.prefill_chunk(job.model or self.runner.engine.lm.model, self.block_size)
-            report.recomputed += n
-        if not job.is_prefilling:
-            job.cache, self.job = None, None
-
-    def _needed(self, job: Sequence) -> bool:
-        # (fast requests continue live caches rather than wait for records)
-        return any(shared_prefix(seq.keys, job.keys) > job.first_block for seq in self.waiting
-                   if seq.reuse != "fast")
-
-    def _clone(self, cache: list) -> list:
-        return clone(cache, self.runner.engine.lm.make_cache)
-
-    def _needed_job(self) -> Sequence | None:
-        """A queued job whose blocks some waiting request starts with."""
-        job = next((j for j in self.jobs if self._needed(j)), None)
-        if job is not None:
-            self.jobs.remove(job)
-        return job
-
-    def drop_jobs(self, keys: frozenset) -> None:
-        """Forget the record jobs that would write a checkpoint under any of `keys`
-        (released)."""
-        ck = self.runner.engine.checkpointer
-
-        def writes(job):
-            return ck.checkpoint_keys(job.tokens, job.keyer)
-
-        for job in [j for j in self.jobs if not keys.isdisjoint(writes(j))]:
-            self.jobs.remove(job)
-        if self.job is not None and not keys.isdisjoint(writes(self.job)):
-            self.job.cache, self.job = None, None
-
-    def _defer(self, seq: Sequence) -> None:
-        """Queue the record job of a finished row that crossed boundaries while decoding
-        (`deferred_to` is only ever set when this scheduler makes jobs)."""
-        if seq.deferred_to:
-            self.jobs.append(self.make_job(seq.tokens[:seq.deferred_to],
-                                           seq.prompt_len // self.block_size, seq.keyer))
-
     def _start_decoding(self, seq: Sequence, logits, report: StepReport) -> None:
         """Sample the first token from the prefill logits; join the batch unless done."""
-        keep = getattr(self.runner, "keep_live", None)
-        if keep is not None and seq.reuse == "fast" and not seq.is_record_job:
-            # The prompt's cache, for later forks of it (its sliding-window rings still hold
-            # the last chunk: more room to cut back than after decoding). The batch merges
-            # copies of it, so only an unmerged row (used in place) needs its own.
-            cache = seq.cache if self.batch.mergeable else self._clone(seq.cache)
-            keep(seq, cache, seq.prompt_len)
+        # The prompt's cache, for later forks of it (its sliding-window rings still hold the
+        # last chunk: more room to cut back than after decoding).
+        self.prefix.commit(seq, lambda: seq.cache)
         if seq.params.max_tokens == 0:
             report.events.append((seq, seq.finish("length")))
             return
@@ -335,26 +213,19 @@ class Scheduler:
         swapped: dict[int, list] = {}
         for i, seq in enumerate(rows):
             seq.pos = len(seq.tokens)
-            if seq.hook is not None and seq.pos % B == 0:
-                if self.make_job is not None:
-                    seq.deferred_to = seq.pos
-                    continue
-                row = self.batch.extract(i)
-                if seq.hook(seq.pos, seq.tokens, row, True):
-                    swapped[i] = row
-                    report.recomputed += B
+            row = self.prefix.decoded(seq, lambda i=i: self.batch.extract(i))
+            if row is not None:
+                swapped[i] = row
+                report.recomputed += B
 
         done = []
-        keep = getattr(self.runner, "keep_live", None)
         for i, seq in enumerate(rows):
             event = seq.accept(tokens[i], picked[i], tops[i])
             report.events.append((seq, event))
             if event.finish_reason is not None:
                 done.append(i)
-                self._defer(seq)
-                if keep is not None and seq.reuse == "fast" and i not in swapped:
-                    # Everything the row was fed (the last sampled token never was).
-                    keep(seq, self.batch.extract(i), seq.pos)
+                # everything the row was fed (the last sampled token never was)
+                self.prefix.commit(seq, lambda i=i: swapped.get(i) or self.batch.extract(i))
         self._reshape(done, swapped)
 
     def _reshape(self, done: list[int], swapped: dict[int, list]) -> None:
@@ -372,12 +243,6 @@ class Scheduler:
             self.batch.add(swapped[i])
         self.rows = [s for i, s in enumerate(self.rows) if i not in gone] + [
             self.rows[i] for i in moved]
-
-
-def _same_namespace(a: Sequence, b: Sequence) -> bool:
-    ka, kb = a.keyer, b.keyer
-    return ka is kb or (ka is not None and kb is not None and ka.tag == kb.tag)
-
 
 
 def _top(logprobs, k: int) -> dict | None:

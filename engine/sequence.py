@@ -18,7 +18,6 @@ import logging
 
 from .events import GenerationEvent, Timings
 from .generate import BoundaryHook, chunk_ends, run_chunk
-from .live import rings
 from .sampling import Sampler, SamplingParams
 from .textstream import TextStream
 
@@ -39,22 +38,13 @@ class Sequence:
     pos: int = 0  # tokens the cache holds
     hook: BoundaryHook | None = None
     finish_reason: str | None = None
-    # Vision requests: the rendered prompt, and its own model callable once admitted
-    # (image features and M-RoPE positions; see vision.py).
-    request: object = None
+    request: object = None  # vision requests: the rendered prompt (images.VisionPrompt)
+    # what its prefill runs through once admitted (the prefix cache's match: cuts at turn
+    # ends, image features and M-RoPE positions, ...)
     model: object = None
-    keys: list = field(default_factory=list)  # block keys of the prompt (text requests)
-    keyer: object = None  # the request's namespace (a BlockKeyer; None: the engine's own)
     progress: object = None  # progress(computed, total, restored) after each prefill chunk
-    deferred_to: int = 0  # the last block boundary crossed while decoding, not yet recorded
-    is_record_job: bool = False  # a prefill-only job that records decoded blocks
-    first_block: int = 0  # record jobs: the first block they exist to record
-    turn_ends: list = field(default_factory=list)  # restorable turn ends of the prompt
-    reuse: str = "exact"  # "fast": may continue a live cache (live.py)
-    live_from: int = 0  # tokens taken from a live cache (0: restored from records, or none)
-    recorded_to: int = 0  # tokens the records restored when it was admitted
-    # fast requests: (start, window rings) from before the last prefill chunk (live.widen)
-    rings_before: tuple | None = None
+    plan: object = None  # what the prefix cache planned and matched for it (prefix_cache.Plan)
+    chunk_base: int = 0  # prefill chunks end at chunk_base + k * block_size (0: canonical cuts)
     # the prompt's last logits when it was restored whole (a turn end at its end): no prefill
     last_logits: object = None
 
@@ -64,18 +54,14 @@ class Sequence:
 
     def next_chunk(self, block_size: int) -> int:
         """Tokens in the next prefill chunk (chunks end on block boundaries; a run from a
-        live cache records nothing, so its chunks only keep to the block size)."""
-        if self.live_from:
-            return min(self.prompt_len - self.pos, block_size)
-        return chunk_ends(self.pos, self.prompt_len, block_size)[0] - self.pos
+        live cache records nothing, so its chunks only keep to the block size from there)."""
+        base = self.chunk_base
+        return chunk_ends(self.pos - base, self.prompt_len - base, block_size)[0] + base - self.pos
 
     def prefill_chunk(self, model, block_size: int):
         """Run the next prefill chunk; the last chunk returns the last-token logits."""
         t0 = time.perf_counter()
         end = self.pos + self.next_chunk(block_size)
-        if (self.reuse == "fast" and not self.is_record_job and end == self.prompt_len
-                and self.pos):
-            self.rings_before = (self.pos, rings(self.cache))
         # (while prefilling, `tokens` is the prompt: nothing has been sampled yet)
         last = run_chunk(model, self.cache, self.tokens, self.pos, end)
         self.pos = end

@@ -11,13 +11,13 @@ from __future__ import annotations
 def engine_stats(engine) -> dict:
     sched = engine.scheduler
     queue = {"waiting": len(sched.waiting), "prefilling": len(sched.prefilling),
-             "running": len(sched.rows), "record_jobs": len(sched.jobs) + (sched.job is not None)}
+             "running": len(sched.rows), "record_jobs": len(engine.prefix.jobs)}
     out: dict = {"queue": queue, "steps": sched.totals.as_dict()}
     ck = engine.checkpointer
     if ck is None:
         return {"checkpoints": False, **out}
     out = {"checkpoints": ck.enabled, **ck.stats.as_dict(), **out}
-    live = getattr(engine, "live", None)
+    live = engine.prefix.live
     if live is not None:
         out["live"] = {**live.stats.as_dict(), "entries": len(live.entries), "bytes": live.nbytes,
                        "budget_bytes": live.budget_bytes}

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator, Sequence
 from . import partial
 from .blocks import tokens_bytes
 from .cuts import TURN_END, cut_key
+from .generate import run_pieces
 from .layout import CacheKind
 from .lasthead import last_position_only
 
@@ -79,28 +80,29 @@ class TurnModel:
         self.model = model
         self.ends = list(ends)
         self.on_end = on_end
+        self._head = False  # whether the last piece ran the head on its last position only
 
     def __call__(self, inputs, cache):
+        return run_pieces(inputs, cache, self.ends, self._forward,
+                          self._at_end if self.on_end is not None else None)
+
+    def _forward(self, ids, cache: list, a: int, b: int):
+        # At a turn end to be recorded the head runs on the last position only, as in the
+        # last chunk of a fresh run of the tokens up to there: those logits, recorded, serve a
+        # prompt that ends right there (a fork, a repeat) bit for bit. (Only then: a head row
+        # costs ~0.1 s on a 262K vocabulary.)
+        head = self.on_end is not None and b in self.ends and self.on_end.wants(b)
+        with last_position_only(self.model) if head else contextlib.nullcontext():
+            logits = self.model(ids, cache=cache)
+        self._head = head
+        return logits
+
+    def _at_end(self, b: int, cache: list, logits) -> None:
         import mlx.core as mx
 
-        first = next(c.offset for c in cache if hasattr(c, "offset"))
-        last = first + inputs.shape[1]
-        logits, a = None, first
-        for b in [e for e in self.ends if first < e < last] + [last]:
-            at_end = self.on_end is not None and b in self.ends
-            # At a turn end to be recorded the head runs on the last position only, as in the
-            # last chunk of a fresh run of the tokens up to there: those logits, recorded,
-            # serve a prompt that ends right there (a fork, a repeat) bit for bit. (Only
-            # then: a head row costs ~0.1 s on a 262K vocabulary.)
-            head = at_end and self.on_end.wants(b)
-            with last_position_only(self.model) if head else contextlib.nullcontext():
-                logits = self.model(inputs[:, a - first:b - first], cache=cache)
-            if at_end:
-                end_logits = logits[0, -1] if head else None
-                mx.eval([c.state for c in cache], *([end_logits] if head else []))
-                self.on_end(b, cache, end_logits)
-            a = b
-        return logits
+        end_logits = logits[0, -1] if self._head else None
+        mx.eval([c.state for c in cache], *([end_logits] if self._head else []))
+        self.on_end(b, cache, end_logits)
 
 
 class TurnRecorder:
@@ -229,15 +231,8 @@ class Turns:
         if tried is not None and n // B == tried:
             return n
         keyer = restored.keyer or ck.keyer
-        for end, key, needs in self.restorable(
-                tokens, lambda e: turn_key(keyer, restored.keys, tokens, e)):
-            if end <= n:
-                break
-            if end // B * B != n:
-                continue  # its block's start is not restored
-            arrays = ck.cuts.move(TURN_END, restored, key, tokens, end, count=count,
-                                  needs=needs)
-            if arrays is not None:
-                restored.logits = arrays.get(LOGITS) if needs else None
-                return end
-        return n
+        candidates = self.restorable(tokens, lambda e: turn_key(keyer, restored.keys, tokens, e))
+        arrays = ck.cuts.advance(TURN_END, restored, tokens, candidates, count=count)
+        if arrays is not None:
+            restored.logits = arrays.get(LOGITS) if restored.position == len(tokens) else None
+        return restored.position

@@ -1,8 +1,9 @@
 """Vision requests on the engine: render images into the prompt, run the tower once per image,
 and drive the language model with image features and the family's positions.
 
-`VisionSupport` (one per engine, on vision models only) renders prompts, owns the feature cache
-and implements the three calls the scheduler makes (`render`, `prepare`, `decode_rows`).
+`VisionSupport` (one per engine, on vision models only) renders prompts, owns the feature cache,
+makes each request's model callable (`sequence`; the prefix cache restores it) and decodes
+rows (`decode_rows`).
 `VisionSequence` is the model callable for one request: given any range of the sequence (a
 prefill chunk, a recomputed decoded block) it fetches the features of the images the range
 overlaps and has the model family (vision_family.py: Gemma, Qwen) run the language model on
@@ -22,6 +23,7 @@ import numpy as np
 
 from .errors import GenerationError
 from .features import DEFAULT_FEATURE_BYTES, FeatureCache
+from .generate import run_pieces
 from .images import ImageInput, ImageSlot, VisionPrompt, render_prompt
 
 
@@ -39,7 +41,7 @@ class VisionStats:
 class VisionSupport:
     """Image rendering, the vision tower and the feature cache for one vision model."""
 
-    def __init__(self, lm, checkpointer=None, feature_bytes: int = DEFAULT_FEATURE_BYTES):
+    def __init__(self, lm, feature_bytes: int = DEFAULT_FEATURE_BYTES):
         if not getattr(lm, "is_vision", False):
             raise GenerationError(
                 f"Model {lm.name!r} is text-only and cannot take images; load a vision model "
@@ -48,7 +50,6 @@ class VisionSupport:
 
         self.lm = lm
         self.family = family_for(lm)
-        self.checkpointer = checkpointer
         self.features = FeatureCache(feature_bytes)
         self.stats = VisionStats()
         self._wrap = self.family.wrap(lm.tokenizer)
@@ -69,23 +70,11 @@ class VisionSupport:
         self.stats.images += len(request.images)
         return request
 
-    def prepare(self, request: VisionPrompt, timings, keyer=None):
-        """(model callable, cache, tokens already in it, boundary hook) for one request, in
-        `keyer`'s namespace."""
-        from . import vision_ckpt
-
-        ck = self.checkpointer
-        if ck is None or not ck.enabled:
-            return VisionSequence(self, request, 0, 0), self.lm.make_cache(), 0, None
-        t0 = time.perf_counter()
-        cache, start, keys, state = vision_ckpt.restore(ck, request, self.stats, keyer)
-        timings.restore_s = time.perf_counter() - t0
-        timings.reused_tokens = start
-        # A restore right after an image ends mid-block; a decode boundary later recomputes
-        # that whole block, so the sequence must know positions from the block's start.
-        seq = VisionSequence(self, request, start, state, lo=start // ck.block_size
-                             * ck.block_size)
-        return seq, cache, start, vision_ckpt.VisionRecorder(ck, keys, request, seq, keyer)
+    def sequence(self, request: VisionPrompt, start: int = 0, state: int = 0,
+                 lo: int | None = None) -> VisionSequence:
+        """The model callable of `request` from `start` tokens at position state `state` (see
+        `VisionSequence`)."""
+        return VisionSequence(self, request, start, state, lo)
 
     def decode_rows(self, seqs: list[VisionSequence], offsets: list[int], inputs, caches):
         """One batched decode step: row i feeds `inputs[i]`, a generated token at index
@@ -137,22 +126,20 @@ class VisionSequence:
         self._features: dict[int, object] = {}  # image start -> its features, once fetched
 
     def __call__(self, inputs, cache):
+        # (an image end at the chunk's own end is a block boundary or the prompt's end)
+        return run_pieces(inputs, cache, self.ends, self._forward,
+                          self._at_end if self.on_image_end is not None else None,
+                          at_last=False)
+
+    def _forward(self, ids, cache: list, a: int, b: int):
+        return self.support.family.forward(ids, cache, self._spans(a, b),
+                                           self.positions.ids(a, b - a))
+
+    def _at_end(self, b: int, cache: list, logits) -> None:
         import mlx.core as mx
 
-        # The first cache that counts tokens (a gated-delta layer's state does not).
-        first = next(c.offset for c in cache if hasattr(c, "offset"))
-        last = first + inputs.shape[1]
-        cuts = [e for e in self.ends if first < e < last]
-        logits, a = None, first
-        for b in cuts + [last]:
-            ids = inputs[:, a - first:b - first]
-            logits = self.support.family.forward(ids, cache, self._spans(a, b),
-                                                 self.positions.ids(a, b - a))
-            if b in cuts and self.on_image_end is not None:
-                mx.eval([c.state for c in cache])
-                self.on_image_end(b, cache)
-            a = b
-        return logits
+        mx.eval([c.state for c in cache])
+        self.on_image_end(b, cache)
 
     def _spans(self, first: int, last: int) -> list:
         """(a, b, features) of the image tokens in [first, last), chunk-relative."""

@@ -89,16 +89,14 @@ def restore(ck, request: VisionPrompt, stats, keyer=None) -> tuple[list, int, li
     r = ck.restore(tokens, request.extras(B), keyer=keyer)
     n, state = r.position, _state(r.extra, r.position)
     if partial.supports_partial(ck):
-        for end in sorted({s.end for s in request.images}, reverse=True):
-            if end <= n:
-                break
-            if end // B * B != n or end >= len(tokens):
-                continue  # the block before the image end is not restored, or nothing left
-            key = image_end_key(r.keyer, r.keys, request, end)
-            got = ck.cuts.move(IMAGE_END, r, key, tokens, end, {"next_pos"})
-            if got is not None:
-                stats.tail_restores += 1
-                return r.cache, end, r.keys, _state(got, end)
+        # image ends past the restored boundary with something left to compute after them
+        candidates = ((e, image_end_key(r.keyer, r.keys, request, e), frozenset())
+                      for e in sorted({s.end for s in request.images}, reverse=True)
+                      if e < len(tokens))
+        got = ck.cuts.advance(IMAGE_END, r, tokens, candidates, {"next_pos"})
+        if got is not None:
+            stats.tail_restores += 1
+            return r.cache, r.position, r.keys, _state(got, r.position)
     return r.cache, n, r.keys, state
 
 

@@ -172,8 +172,8 @@ def test_cancel_frees_the_row_without_disturbing_others():
     assert cancelled.finish_reason == "cancelled" and 0 < len(cancelled.token_ids) < 24
     for i in (0, 2):
         _assert_same(handles[i].result(), _single(lm, prompts[i], max_tokens=24))
-    # A request cancelled before it starts never runs (the earlier rows' record jobs wait
-    # for the engine to stay idle a moment: let them finish first).
+    # A request cancelled before it starts never runs (the earlier rows' record jobs run
+    # once the batch is empty: let them finish first).
     engine.drain(timeout=60)
     with engine.paused():
         queued = engine.submit(prompts[0], max_tokens=5)
@@ -483,3 +483,21 @@ def test_a_first_token_reaches_its_client_before_the_step_decodes():
         assert order == [("deliver", 1), "decode"]
         assert not handle.done and handle.finish_reason is None
     engine.close()
+
+
+def test_a_finished_rows_record_job_is_work_at_once_and_its_result_carries_the_keys():
+    """A record job is scheduled work, due as soon as the batch is empty (no idle timer),
+    and a result carries the block keys the engine planned for its prompt."""
+    lm = load_tiny("gemma3")
+    engine = _engine(lm)
+    prompt = random_tokens(300, seed=74)
+    no_eos = {t: -1e9 for t in lm.eos_token_ids}
+    with engine.paused():
+        handle = engine.submit(prompt, max_tokens=230, logit_bias=no_eos)  # decodes to 529
+        while not handle.done:
+            engine.step_once()
+        assert _queue(engine)["record_jobs"] == 1 and engine.scheduler.has_work
+        assert engine.step_once().recomputed == B  # one chunk of the job, in the next step
+    assert handle.result().block_keys == engine.block_keys(prompt) != []
+    engine.drain()
+    assert not engine.scheduler.has_work

@@ -143,7 +143,7 @@ def test_release_drops_the_live_caches_that_hold_the_tokens():
 def test_what_a_fast_request_computed_is_recorded_canonically_when_it_leaves():
     lm = load_tiny("qwen3")
     fast = _engine(lm, reuse="fast")
-    fast.live.max_entries = 2  # so the next request's caches push these out
+    fast.prefix.live.max_entries = 2  # so the next request's caches push these out
     a = random_tokens(600, seed=12)
     try:
         b = _after_answer(fast, a, 150, 13)
@@ -177,7 +177,7 @@ def test_a_fast_request_that_would_cross_block_boundaries_runs_from_the_records(
 def test_a_fast_request_crosses_one_block_boundary_and_its_job_records_it():
     lm = load_tiny("qwen3")
     fast = _engine(lm, reuse="fast")
-    fast.live.max_entries = 2
+    fast.prefix.live.max_entries = 2
     a = random_tokens(400, seed=22)
     try:
         b = _after_answer(fast, a, 200, 23)  # 405 live tokens, then past boundary 512

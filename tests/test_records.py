@@ -68,3 +68,58 @@ def test_record_kinds_per_layout():
     assert all(a.shape[2] == lm.layout.max_window - 1 for a in w.arrays.values())
     g = records[(0, CacheKind.GLOBAL)]
     assert all(a.shape[2] == 256 for a in g.arrays.values())
+
+
+def _caches():
+    """One of each cache class the kinds serve, as mlx-lm makes them."""
+    from mlx_lm.models.cache import ArraysCache, CacheList, ChunkedKVCache, KVCache, RotatingKVCache
+
+    return [KVCache(), RotatingKVCache(8), ArraysCache(2), ChunkedKVCache(8),
+            CacheList(KVCache(), ArraysCache(1))]
+
+
+def _feed(cache, n: int, seed: int):
+    """Run `n` tokens of random K/V (and recurrent state) through `cache`; what it returns."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import ArraysCache, CacheList
+
+    mx.random.seed(seed)
+    if isinstance(cache, CacheList):
+        return [_feed(c, n, seed + j) for j, c in enumerate(cache.caches)]
+    if isinstance(cache, ArraysCache):
+        for j in range(len(cache.cache)):
+            old = cache.cache[j] if cache.cache[j] is not None else 0
+            cache.cache[j] = old + mx.random.normal((1, 2, 3))
+        return list(cache.cache)
+    kv = mx.random.normal((1, 2, n, 4)), mx.random.normal((1, 2, n, 4))
+    if hasattr(cache, "maybe_trim_front"):
+        cache.maybe_trim_front()  # (what a chunked layer does before each pass)
+    return list(cache.update_and_fetch(*kv))
+
+
+def _flat(x) -> list:
+    """The arrays in `x` (nested lists and tuples), in order."""
+    import mlx.core as mx
+
+    return [a for y in x for a in (_flat(y) if isinstance(y, (list, tuple)) else [y])
+            if isinstance(a, mx.array)]
+
+
+def test_a_whole_copy_is_the_same_cache_and_shares_nothing():
+    """save_whole / load_whole (checkpoints inside a block, live-cache copies) give a cache
+    that computes what the original does, for every cache class, composites too, and that
+    runs on without touching the original."""
+    import mlx.core as mx
+    from forkv.engine import kinds
+
+    for cache, fresh in zip(_caches(), _caches()):
+        _feed(cache, 11, seed=1)  # past the ring and the chunk: wrapped, trimmed
+        kind = kinds.kind_of(cache)
+        copy = kind.load_whole(fresh, kind.save_whole(cache))
+        before = [mx.array(a) for a in _flat(cache.state)]
+        got = _feed(copy, 3, seed=2)
+        after = _flat(cache.state)
+        assert all(mx.array_equal(a, b).item() for a, b in zip(after, before, strict=True))
+        want = _feed(cache, 3, seed=2)
+        assert all(mx.array_equal(a, b).item()
+                   for a, b in zip(_flat(got), _flat(want), strict=True)), type(cache)

@@ -12,7 +12,6 @@ pytest.importorskip("mlx_vlm", reason="mlx-vlm is not installed (pip install 'fo
 
 from conftest import load_tiny
 from forkv.engine import Engine, GenerationError, load_model
-from forkv.engine.events import Timings
 from forkv.engine.features import FeatureCache
 from forkv.engine.generate import prefill
 from forkv.engine.recordstore import RecordStore
@@ -56,7 +55,7 @@ def logits_after(eng, prompt, images, block_size=B):
         import mlx.core as mx
 
         request = eng.vision.render(prompt, images)
-        seq, cache, start, hook = eng.vision.prepare(request, Timings())
+        seq, cache, start, hook = eng.prefix.restore_vision(request)
         logits = prefill(seq, cache, request.tokens, start, block_size, hook)
         return np.array(logits.astype(mx.float32)), start, request  # bf16 -> f32 is exact
 

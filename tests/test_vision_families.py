@@ -13,7 +13,6 @@ pytest.importorskip("mlx_vlm", reason="mlx-vlm is not installed (pip install 'fo
 
 from forkv.engine import Engine, load_model
 from forkv.engine.arrays import materialize
-from forkv.engine.events import Timings
 from forkv.engine.generate import prefill
 from forkv.engine.recordstore import RecordStore
 
@@ -58,7 +57,7 @@ def logits_after(eng, prompt, images=None):
         import mlx.core as mx
 
         request = eng.vision.render(prompt, images)
-        seq, cache, start, hook = eng.vision.prepare(request, Timings())
+        seq, cache, start, hook = eng.prefix.restore_vision(request)
         logits = prefill(seq, cache, request.tokens, start, B, hook)
         return np.array(logits.astype(mx.float32)), start, request  # bf16 -> f32 is exact
 

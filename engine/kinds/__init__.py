@@ -18,6 +18,7 @@ from .base import (
     record_names,
     register,
     stays_hot,
+    sub_arrays,
     whole_prefix,
 )
 
@@ -25,4 +26,4 @@ for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")  # each registers its kinds
 
 __all__ = ["EXTRA", "RecordKind", "evict_rank", "kind_of", "named", "record_names", "register",
-           "stays_hot", "whole_prefix"]
+           "stays_hot", "sub_arrays", "whole_prefix"]

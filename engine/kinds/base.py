@@ -3,7 +3,10 @@
 A kind is one class per mlx-lm cache class. It knows how to copy one cache's state at a block
 boundary into named arrays (`snapshot`), which blocks' records a restore at boundary n reads
 (`blocks`), how to fill a fresh cache from them (`rebuild`), how its records rank for eviction
-and which tier they go to, and whether mlx-lm can merge its caches into a batch. Kinds are
+and which tier they go to, and whether mlx-lm can merge its caches into a batch. It also holds
+the cache surgery of checkpoints inside a block and of live caches: a whole copy in and out
+(`save_whole` / `load_whole`), how far back a cache can be cut (`can_cut`, `cut`), and, for
+sliding windows, the ring a cache holds and how to widen it (`ring`, `widen`). Kinds are
 looked up by the exact class of a cache (a subclass may store tokens differently, and a wrong
 guess would give wrong logits). Knows nothing about keys, stores or models.
 """
@@ -36,6 +39,18 @@ def copy_array(x):
     import mlx.core as mx
 
     return mx.array(x)  # a real copy: a slice or the array itself would share the buffer
+
+
+def number(x) -> object:
+    """A number as a 0-d array (records hold arrays only)."""
+    import mlx.core as mx
+
+    return mx.array(x)
+
+
+def sub_arrays(arrays: dict, prefix: str) -> dict:
+    """The arrays named `prefix` + name, by name."""
+    return {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
 
 
 class RecordKind:
@@ -89,6 +104,39 @@ class RecordKind:
     def can_merge(cls, cache) -> bool:
         """Whether mlx-lm merges these caches into a batch exactly (left padding, masks)."""
         return False
+
+    @classmethod
+    def save_whole(cls, cache) -> dict:
+        """Copies of everything `cache` holds, laid out exactly as it is (a checkpoint inside
+        a block, a copy of a live cache), by name as in `snapshot`."""
+        raise NotImplementedError
+
+    @classmethod
+    def load_whole(cls, cache, arrays: dict):
+        """Fill `cache` (fresh from make_cache) from `save_whole`'s arrays; return it. A
+        KeyError, ValueError or TypeError when they do not fit."""
+        raise NotImplementedError
+
+    @classmethod
+    def can_cut(cls, cache, n_tokens: int, u: int) -> bool:
+        """Whether `cache`, holding `n_tokens` tokens, can be cut back to its first `u` (a
+        state that absorbed its tokens only where it stands)."""
+        return u == n_tokens
+
+    @classmethod
+    def cut(cls, cache, fresh, n_tokens: int, u: int):
+        """`fresh` (from make_cache) holding the first `u` tokens of `cache` (`can_cut`)."""
+        assert u == n_tokens, "this cache cannot be cut back"
+        return cls.load_whole(fresh, cls.save_whole(cache))
+
+    @classmethod
+    def ring(cls, cache):
+        """(keys, values) of a sliding window in time order; None for other caches."""
+
+    @classmethod
+    def widen(cls, cache, fresh, ring, n_new: int):
+        """A cache like `cache` whose ring also holds `ring` (its ring before the last `n_new`
+        tokens), built in `fresh`; None when it gains nothing."""
 
 
 def register(kind: type[RecordKind]) -> type[RecordKind]:

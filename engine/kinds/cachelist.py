@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from .base import RecordKind, kind_of, register
+from .base import RecordKind, kind_of, register, sub_arrays
 
 
 @register
@@ -26,3 +26,15 @@ class CacheListKind(RecordKind):
     @classmethod
     def can_merge(cls, cache) -> bool:
         return all(kind_of(c).can_merge(c) for c in cache.caches)  # CacheList.merge composes
+
+    # A copy of each child, by its index.
+    @classmethod
+    def save_whole(cls, cache) -> dict:
+        return {f"{j}.{name}": a for j, c in enumerate(cache.caches)
+                for name, a in kind_of(c).save_whole(c).items()}
+
+    @classmethod
+    def load_whole(cls, cache, arrays: dict):
+        for j, c in enumerate(cache.caches):
+            kind_of(c).load_whole(c, sub_arrays(arrays, f"{j}."))
+        return cache

@@ -3,7 +3,7 @@ and a restore at block n concatenates the records of blocks 0..n-1."""
 
 from __future__ import annotations
 
-from .base import RecordKind, copy_array, from_mlx_lm, register
+from .base import RecordKind, copy_array, from_mlx_lm, number, register
 
 
 @register
@@ -40,3 +40,28 @@ class GlobalKind(RecordKind):
     @classmethod
     def can_merge(cls, cache) -> bool:
         return from_mlx_lm(cache)  # BatchKVCache
+
+    @classmethod
+    def save_whole(cls, cache) -> dict:
+        if cache.keys is None:
+            return {}
+        n = cache.offset
+        return {"k": copy_array(cache.keys[..., :n, :]), "v": copy_array(cache.values[..., :n, :]),
+                "offset": number(n)}
+
+    @classmethod
+    def load_whole(cls, cache, arrays: dict):
+        if arrays:
+            cache.keys, cache.values = arrays["k"], arrays["v"]
+            cache.offset = int(arrays["offset"].item())
+        return cache
+
+    @classmethod
+    def can_cut(cls, cache, n_tokens: int, u: int) -> bool:
+        return True
+
+    @classmethod
+    def cut(cls, cache, fresh, n_tokens: int, u: int):
+        fresh.keys, fresh.values = cache.keys[..., :u, :], cache.values[..., :u, :]
+        fresh.offset = u
+        return fresh
