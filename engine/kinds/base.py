@@ -48,6 +48,26 @@ def number(x) -> object:
     return mx.array(x)
 
 
+def save_kv(cache, n: int | None = None, **ints: str) -> dict:
+    """`save_whole` of a K/V cache: copies of its keys and values (their first `n` positions,
+    else all of them) and its integer attributes, `ints` mapping record name -> attribute."""
+    if cache.keys is None:
+        return {}
+    keys, values = (cache.keys, cache.values) if n is None else \
+        (cache.keys[..., :n, :], cache.values[..., :n, :])
+    return {"k": copy_array(keys), "v": copy_array(values),
+            **{name: number(getattr(cache, attr)) for name, attr in ints.items()}}
+
+
+def load_kv(cache, arrays: dict, **ints: str):
+    """`load_whole` of a K/V cache from `save_kv`'s arrays (the same `ints`); returns it."""
+    if arrays:
+        cache.keys, cache.values = arrays["k"], arrays["v"]
+        for name, attr in ints.items():
+            setattr(cache, attr, int(arrays[name].item()))
+    return cache
+
+
 def sub_arrays(arrays: dict, prefix: str) -> dict:
     """The arrays named `prefix` + name, by name."""
     return {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}

@@ -6,7 +6,7 @@ block's K/V, and a restore at n reads the blocks covering [s, n)."""
 
 from __future__ import annotations
 
-from .base import RecordKind, copy_array, number, register
+from .base import RecordKind, copy_array, load_kv, register, save_kv
 
 
 def chunk_start(chunk: int, n: int, block_size: int) -> int:
@@ -52,15 +52,8 @@ class ChunkedKind(RecordKind):
 
     @classmethod
     def save_whole(cls, cache) -> dict:
-        if cache.keys is None:
-            return {}
-        return {"k": copy_array(cache.keys), "v": copy_array(cache.values),
-                "offset": number(cache.offset), "start": number(cache.start_position)}
+        return save_kv(cache, offset="offset", start="start_position")
 
     @classmethod
     def load_whole(cls, cache, arrays: dict):
-        if arrays:
-            cache.keys, cache.values = arrays["k"], arrays["v"]
-            cache.offset = int(arrays["offset"].item())
-            cache.start_position = int(arrays["start"].item())
-        return cache
+        return load_kv(cache, arrays, offset="offset", start="start_position")

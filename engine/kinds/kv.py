@@ -3,7 +3,7 @@ and a restore at block n concatenates the records of blocks 0..n-1."""
 
 from __future__ import annotations
 
-from .base import RecordKind, copy_array, from_mlx_lm, number, register
+from .base import RecordKind, copy_array, from_mlx_lm, load_kv, register, save_kv
 
 
 @register
@@ -43,18 +43,11 @@ class GlobalKind(RecordKind):
 
     @classmethod
     def save_whole(cls, cache) -> dict:
-        if cache.keys is None:
-            return {}
-        n = cache.offset
-        return {"k": copy_array(cache.keys[..., :n, :]), "v": copy_array(cache.values[..., :n, :]),
-                "offset": number(n)}
+        return save_kv(cache, cache.offset, offset="offset")  # its buffer runs past offset
 
     @classmethod
     def load_whole(cls, cache, arrays: dict):
-        if arrays:
-            cache.keys, cache.values = arrays["k"], arrays["v"]
-            cache.offset = int(arrays["offset"].item())
-        return cache
+        return load_kv(cache, arrays, offset="offset")
 
     @classmethod
     def can_cut(cls, cache, n_tokens: int, u: int) -> bool:

@@ -9,7 +9,7 @@ with the one from before its last chunk holds both."""
 
 from __future__ import annotations
 
-from .base import RecordKind, copy_array, from_mlx_lm, number, register
+from .base import RecordKind, copy_array, from_mlx_lm, load_kv, register, save_kv
 
 
 def window_tail(window: int, block_size: int) -> int:
@@ -84,17 +84,11 @@ class WindowKind(RecordKind):
 
     @classmethod
     def save_whole(cls, cache) -> dict:
-        if cache.keys is None:
-            return {}
-        return {"k": copy_array(cache.keys), "v": copy_array(cache.values),
-                "offset": number(cache.offset), "idx": number(cache._idx)}
+        return save_kv(cache, offset="offset", idx="_idx")
 
     @classmethod
     def load_whole(cls, cache, arrays: dict):
-        if arrays:
-            cache.keys, cache.values = arrays["k"], arrays["v"]
-            cache.offset, cache._idx = int(arrays["offset"].item()), int(arrays["idx"].item())
-        return cache
+        return load_kv(cache, arrays, offset="offset", idx="_idx")
 
     @classmethod
     def can_cut(cls, cache, n_tokens: int, u: int) -> bool:
