@@ -56,7 +56,8 @@ def apply_quantized(model, config: dict, mode: str, dtype: str,
                              f"{', '.join(MODES)}.")
     what = describe_quantization(config)
     if what is None or not _quantized_modules(model):
-        return QuantChoice("none", "the weights are not quantized", False)
+        return _float_kernels(model, QuantChoice("none", "the weights are not quantized",
+                                                 False), dtype)
     need = dequantized_bytes(model, getattr(mx, dtype).size)
     if mode != "dequantize" and mx.default_device() == mx.cpu:
         choice, why_not = _try_native(model, what, kernel_groups)
@@ -85,7 +86,38 @@ def apply_quantized(model, config: dict, mode: str, dtype: str,
     dequantize_model(model)
     model.set_dtype(getattr(mx, dtype))
     mx.eval(model.parameters())  # now, so the packed weights are freed before any request
-    return QuantChoice(f"{what} dequantized to {dtype}", reason, True)
+    return _float_kernels(model, QuantChoice(f"{what} dequantized to {dtype}", reason, True),
+                          dtype)
+
+
+def _float_kernels(model, choice: QuantChoice, dtype: str) -> QuantChoice:
+    """A float32 model on the CPU: attention, norms, RoPE and MLP activations on forkv's
+    kernels (its matmuls stay on BLAS). mlx's CPU attention is unfused: one 89-token chunk
+    over 6K keys costs ~46 ms a layer on a 4-head model, against ~2 ms on the kernel. The
+    choice says `native`, so the fingerprint names the kernels; without them it is unchanged."""
+    import mlx.core as mx
+
+    if dtype != "float32" or mx.default_device() != mx.cpu:
+        return choice
+    from . import native
+
+    lib = native.load()
+    if lib is None:
+        return choice
+    from .native.activations import use_native_activations
+    from .native.attention import use_native_attention
+    from .native.rowwise import use_native_rowwise
+
+    attention = use_native_attention(model, lib)
+    norms, ropes = use_native_rowwise(model, lib)
+    mlps = use_native_activations(model, lib)
+    if not (attention or norms or ropes or mlps):
+        return choice
+    info = native.status()
+    return QuantChoice(choice.label, f"{choice.reason}; {attention} attention layers, {norms} "
+                       f"norms, {ropes} ropes and {mlps} MLP activations on forkv's CPU "
+                       f"kernels ({info.isa}, {info.num_threads} threads)", choice.dequantized,
+                       native=True)
 
 
 def _try_native(model, what: str, kernel_groups=None) -> tuple[QuantChoice | None, str]:

@@ -59,6 +59,16 @@ def load_tiny(arch: str, dtype: str = "float32"):
     return _loaded[key]
 
 
+def mlx_lm_model(name: str):
+    """A demo model as mlx-lm's own `load` gives it (float32 as saved), before forkv's loader
+    moves a float32 model's attention, norms and activations onto its kernels."""
+    from mlx_lm import load
+
+    from forkv.engine.loader import resolve_model_path
+
+    return load(str(resolve_model_path(name)))[0]
+
+
 @pytest.fixture(params=ARCHS)
 def arch(request):
     return request.param

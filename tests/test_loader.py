@@ -121,13 +121,25 @@ def test_quantized_auto_keeps_what_would_not_fit(q4_folder, monkeypatch, no_nati
     assert lm.quantization == "4-bit kept" and "would not fit" in lm.quantization_reason
 
 
-def test_unquantized_models_say_none_and_keep_their_fingerprint():
+def test_unquantized_models_say_none_and_name_their_kernels():
+    """A float32 model on the CPU runs attention, norms, RoPE and activations on forkv's
+    kernels when they are built: its fingerprint names them (records made under mlx's own
+    kernels miss), and a bfloat16 load, which the kernels do not run, does not."""
+    from forkv.engine import blas, native
+
     lm = load_tiny("qwen3")
     assert lm.quantization == "none" and "demo model qwen3:tiny" in lm.source
-    from forkv.engine import blas
-
-    assert fingerprint(lm.path, lm.config, "float32", "none", blas.kernel_label()) == (
-        lm.fingerprint)
+    kernels = "+".join(p for p in (blas.kernel_label(), native.kernel_label()) if p)
+    assert fingerprint(lm.path, lm.config, "float32", "none", kernels) == lm.fingerprint
+    assert (lm.kernels is not None) == native.status().available
+    if native.status().available:
+        assert "attention layers" in lm.quantization_reason
+        assert fingerprint(lm.path, lm.config, "float32", "none",
+                           blas.kernel_label()) != lm.fingerprint
+    half = load_tiny("qwen3", "bfloat16")
+    assert half.kernels is None
+    assert fingerprint(half.path, half.config, "bfloat16", "none",
+                       blas.kernel_label()) == half.fingerprint
 
 
 def test_the_blas_thread_policy_is_part_of_the_fingerprint():

@@ -11,6 +11,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
+from conftest import mlx_lm_model
 from forkv.engine import native
 
 ISAS = ("avx512vnni", "avx2", "scalar")
@@ -397,28 +398,28 @@ class _Counting:
 def test_attention_runs_only_for_the_models_on_the_kernels(lib):
     from mlx_lm.models.cache import make_prompt_cache
 
-    from forkv.engine import load_model
     from forkv.engine.native.attention import use_native_attention
 
-    plain, marked = load_model("demo:qwen3:tiny"), load_model("demo:qwen3:tiny")
+    # mlx-lm's own loads: forkv's loader puts every float32 model's attention on the kernels
+    plain, marked = mlx_lm_model("demo:qwen3:tiny"), mlx_lm_model("demo:qwen3:tiny")
 
     def decode(model):
         cache = make_prompt_cache(model)
         prefill = model(mx.array([[5, 9, 2, 7, 4, 3]]), cache=cache)
         return prefill, model(mx.array([[8]]), cache=cache)
 
-    before = decode(plain.model)
+    before = decode(plain)
     counting = _Counting(lib)
-    layers = len(marked.model.layers)
-    assert use_native_attention(marked.model, counting) == layers
-    after = decode(plain.model)  # the same architecture, not on the kernels: untouched
+    layers = len(marked.layers)
+    assert use_native_attention(marked, counting) == layers
+    after = decode(plain)  # the same architecture, not on the kernels: untouched
     assert all(mx.array_equal(a, b).item() for a, b in zip(before, after))
     assert counting.rows == []
-    prefill, step = decode(marked.model)
+    prefill, step = decode(marked)
     assert counting.rows == [6] * layers + [1] * layers  # the prefill, then the decode step
     assert mx.allclose(prefill, before[0], atol=1e-4).item()
     assert mx.allclose(step, before[1], atol=1e-4).item()
-    assert use_native_attention(marked.model, counting) == layers  # idempotent
+    assert use_native_attention(marked, counting) == layers  # idempotent
 
 
 # ---------------------------------------------------------------- norms and ropes
@@ -488,12 +489,14 @@ def test_norms_and_ropes_move_onto_the_kernels_per_model(lib):
         use_native_rowwise(norm, lib)
         assert type(norm).__name__ == cls_name and isinstance(norm, cls)
         assert mx.allclose(norm(x), want, atol=1e-5).item(), name
-    plain, moved = load_model("demo:gemma3:tiny", dtype="float32"), \
-        load_model("demo:gemma3:tiny", dtype="float32")
-    layers = len(moved.model.layers)
-    norms, ropes = use_native_rowwise(moved.model, lib)
+    # mlx-lm's own loads: forkv's loader puts every float32 model's norms on the kernels
+    plain, moved = mlx_lm_model("demo:gemma3:tiny"), mlx_lm_model("demo:gemma3:tiny")
+    layers = len(moved.layers)
+    norms, ropes = use_native_rowwise(moved, lib)
     assert ropes == layers and norms >= 6 * layers  # four around each block, q_norm, k_norm
     ids = mx.array([[3, 1, 4, 1, 5, 9, 2, 6]])
-    assert mx.allclose(moved.model(ids), plain.model(ids), atol=1e-4).item()
-    assert type(plain.model.layers[0].input_layernorm) is not \
-        type(moved.model.layers[0].input_layernorm)  # the other model is untouched
+    assert mx.allclose(moved(ids), plain(ids), atol=1e-4).item()
+    assert type(plain.layers[0].input_layernorm) is not \
+        type(moved.layers[0].input_layernorm)  # the other model is untouched
+    assert type(load_model("demo:gemma3:tiny").model.layers[0].input_layernorm) is \
+        type(moved.layers[0].input_layernorm)  # forkv's float32 load: on the kernels

@@ -9,6 +9,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
+from conftest import mlx_lm_model
 from test_native import _isas, lib  # noqa: F401  (the module-scoped kernels fixture)
 
 
@@ -71,16 +72,17 @@ def test_mlp_activations_move_onto_the_kernels_per_model(lib, name):  # noqa: F8
     from forkv.engine import load_model
     from forkv.engine.native.activations import use_native_activations
 
-    plain, moved = load_model(name, dtype="float32"), load_model(name, dtype="float32")
+    # mlx-lm's own loads: forkv's loader puts every float32 model's activations on the kernels
+    plain, moved = mlx_lm_model(name), mlx_lm_model(name)
     x = mx.array([[5, 9, 2, 7, 4, 3]])
-    before = plain.model(x)
+    before = plain(x)
     counting = _Counting(lib)
-    layers = len(moved.model.layers)
-    assert use_native_activations(moved.model, counting) == layers
-    assert all(type(layer.mlp).__name__ == "MLP" for layer in moved.model.layers)
-    assert mx.array_equal(plain.model(x), before).item()  # the same architecture: untouched
+    layers = len(moved.layers)
+    assert use_native_activations(moved, counting) == layers
+    assert all(type(layer.mlp).__name__ == "MLP" for layer in moved.layers)
+    assert mx.array_equal(plain(x), before).item()  # the same architecture: untouched
     assert counting.calls == 0
-    after = moved.model(x)
+    after = moved(x)
     assert counting.calls == layers
     assert mx.allclose(after, before, atol=1e-4).item()
     bf16 = load_model(name, dtype="bfloat16")
