@@ -2,8 +2,9 @@
 
 `Engine.submit(prompt, params)` renders a prompt (text, token ids or chat messages, with
 images on vision models), checks it, and returns a `RequestHandle` at once; the request joins
-the continuous batch on the engine thread (`worker.py`): restored from checkpoints, prefilled
-in block-aligned chunks, decoded with the other rows (`scheduler.py`), its events streamed
+the continuous batch on the engine thread (`request/worker.py`): restored from checkpoints,
+prefilled in block-aligned chunks, decoded with the other rows (`request/scheduler.py`), its
+events streamed
 back through the handle. `stream()` and `generate()` are a batch of one on that path.
 `block_keys`, `release` and `stats` are the surface the SDK and the server use; nothing
 outside the engine needs its internals. Knows nothing about conversation trees.
@@ -22,24 +23,24 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .arrays import materialize
-from .batchcache import merge_blocker
-from .chat_template import require_chat_template, use_chat_template
-from .checkpoint import Checkpointer
+from .cache.checkpoint import Checkpointer
+from .cache.live import REUSE_MODES
+from .cache.prefix_cache import PrefixCache
+from .cache.recordstore import RecordStore
 from .config import EngineConfig
 from .errors import ForkvWarning, GenerationError, check_context
 from .events import GenerationEvent, GenerationResult
 from .handle import RequestHandle
-from .live import REUSE_MODES
-from .loader import LoadedModel, load_model
-from .prefix_cache import PrefixCache
-from .recordstore import RecordStore
-from .runner import make_runner
-from .sampling import SamplingParams, vocab_limit
-from .scheduler import Scheduler, StepReport
-from .sequence import make_sequence
-from .special_tokens import encode_text
-from .textstream import byte_token_ids
-from .worker import EngineThread
+from .models.chat_template import require_chat_template, use_chat_template
+from .models.loader import LoadedModel, load_model
+from .models.special_tokens import encode_text
+from .request.batchcache import merge_blocker
+from .request.runner import make_runner
+from .request.sampling import SamplingParams, vocab_limit
+from .request.scheduler import Scheduler, StepReport
+from .request.sequence import make_sequence
+from .request.textstream import byte_token_ids
+from .request.worker import EngineThread
 
 DEFAULT_BLOCK_SIZE = 256
 _log = logging.getLogger(__name__)
@@ -294,7 +295,7 @@ class Engine:
         """Image support of a vision model: rendering, the vision tower, the feature cache
         (`vision.features`). A `GenerationError` on text-only models."""
         if self._vision is None:
-            from .vision import VisionSupport
+            from .vision.support import VisionSupport
 
             self._vision = VisionSupport(self.lm)
         return self._vision

@@ -15,7 +15,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 
 from .events import GenerationEvent, GenerationResult
-from .sampling import SamplingParams
+from .request.sampling import SamplingParams
 
 
 class RequestHandle:

@@ -93,8 +93,8 @@ def build(arch: str, quantize: bool = False):
     import importlib
 
     import mlx.core as mx
-    from forkv.engine.layout import cache_layout
-    from forkv.engine.loader import LoadedModel
+    from forkv.engine.cache.layout import cache_layout
+    from forkv.engine.models.loader import LoadedModel
     from mlx import nn
     from mlx.utils import tree_map
     from mlx_lm.models.cache import make_prompt_cache
@@ -166,8 +166,8 @@ def _record_history(lm, ck, prompt: list[int]) -> list[int]:
 def check(arch: str, quantize: bool = False) -> ArchResult:
     """Build `arch` tiny and check reuse and exactness (see the module docstring)."""
     import mlx.core as mx
-    from forkv.engine.checkpoint import Checkpointer
-    from forkv.engine.recordstore import RecordStore
+    from forkv.engine.cache.checkpoint import Checkpointer
+    from forkv.engine.cache.recordstore import RecordStore
 
     t0 = time.perf_counter()
     result = ArchResult(arch, "failed", quantized=quantize)

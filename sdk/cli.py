@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from forkv import interrupts
-from forkv.engine import blas
+from forkv.engine.models import blas
 
 # command -> "module:function" taking the parsed args and returning an exit status
 _COMMANDS = {
@@ -234,7 +234,7 @@ def _doctor(args) -> int:
 
 
 def _pull(args) -> int:
-    from forkv.engine.sources import resolve_source
+    from forkv.engine.models.sources import resolve_source
 
     source = resolve_source(args.model, download=True)
     print(source.description)

@@ -1,8 +1,8 @@
 """`forkv convert SRC OUT [--q-bits N] [--dtype D]`: write an MLX folder from any model name.
 
 SRC is anything `forkv.load` takes (a folder, a `.gguf` file, `org/name[@rev]`, LM Studio's
-models, `gemma3-270m`, a `demo:` name), resolved by `forkv.engine.sources`; OUT becomes a plain
-MLX folder (config.json, safetensors, tokenizer files) that mlx-lm and other tools load. With
+models, `gemma3-270m`, a `demo:` name), resolved by `forkv.engine.models.sources`; OUT becomes a
+plain MLX folder (config.json, safetensors, tokenizer files) that mlx-lm and other tools load. With
 neither option the resolved folder is copied as is (a GGUF arrives converted); `--dtype`
 casts the float weights and `--q-bits` quantizes with mlx-lm's own `quantize_model` (a
 quantized source is dequantized first). The folder is written next to OUT and renamed into
@@ -51,8 +51,8 @@ def run_convert(args) -> int:
 def convert_model(src: str, out: str | Path, *, q_bits: int | None = None,
                   dtype: str | None = None, q_group_size: int = 64) -> tuple[Path, str]:
     """Write the MLX folder `out` from model name `src`; returns (out, what was done)."""
+    from forkv.engine.models.sources import resolve_source
     from forkv.engine.paths import staged_folder
-    from forkv.engine.sources import resolve_source
 
     out = Path(out).expanduser()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -76,14 +76,14 @@ def convert_model(src: str, out: str | Path, *, q_bits: int | None = None,
 def _rewrite(path: Path, target: Path, q_bits: int | None, dtype: str | None,
              q_group_size: int) -> str:
     """Load with mlx-lm, dequantize if needed, cast, quantize, save with mlx-lm."""
-    from forkv.engine import blas
+    from forkv.engine.models import blas
 
     blas.activate()  # before mlx is imported
     import mlx.core as mx
     from mlx_lm.utils import dequantize_model, load_model, load_tokenizer, quantize_model, save
 
-    from forkv.engine.quantized import describe_quantization
-    from forkv.engine.vision_loader import is_vision_folder
+    from forkv.engine.models.quantized import describe_quantization
+    from forkv.engine.vision.loader import is_vision_folder
 
     if is_vision_folder(path):
         raise ConvertRefused(f"{str(path)!r} is a vision model; forkv convert only copies those "

@@ -17,13 +17,13 @@ def _version(pkg: str) -> str:
 
 
 def report(model: str | None = None) -> dict:
-    from forkv.engine import blas
+    from forkv.engine.models import blas
 
     info = blas.activate()
     import mlx.core as mx
 
     from forkv.engine import EngineConfig
-    from forkv.engine.loader import pick_dtype
+    from forkv.engine.models.loader import pick_dtype
 
     config = EngineConfig.from_env()  # FORKV_DTYPE, FORKV_QUANTIZED, as an engine reads them
 
@@ -70,7 +70,7 @@ def kernels_line(is_cpu: bool) -> str:
 
 def _quantized_policy(mode: str, is_cpu: bool) -> str:
     from forkv.engine import native
-    from forkv.engine.quantized import available_memory
+    from forkv.engine.models.quantized import available_memory
 
     if mode != "auto":
         return f"{mode} (FORKV_QUANTIZED)"

@@ -91,7 +91,7 @@ def finish(code: int) -> int:
 def _close_everything() -> None:
     """Engine threads first (their steps may still use a store), then the stores; each only
     if it was imported, so an interrupt during start-up imports nothing more."""
-    worker = sys.modules.get("forkv.engine.worker")
+    worker = sys.modules.get("forkv.engine.request.worker")
     if worker is not None:
         worker.close_all()
     lifecycle = sys.modules.get("forkv.security.lifecycle")

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from forkv.engine import Engine
-from forkv.engine.chat_template import require_chat_template
 from forkv.engine.errors import ContextTooLong, check_context
+from forkv.engine.models.chat_template import require_chat_template
 from forkv.graph import (
     ContextOverflow,
     ImageNotSupported,

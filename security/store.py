@@ -39,7 +39,7 @@ class BlobStore(FaultPolicy, lifecycle.ProcessHooks):
     Ephemeral by default (random key in memory, nameless file in a private 0700 folder);
     persistent when ``settings.persist_path`` is set; every call is a cheap no-op miss when
     the disk tier is off. Thread-safe. Use as a context manager or call ``close()``.
-    Implements the engine's ``Tier`` protocol (forkv.engine.tiers) as a tier of bytes.
+    Implements the engine's ``Tier`` protocol (forkv.engine.cache.tiers) as a tier of bytes.
     """
 
     holds_arrays = False  # Tier protocol: records arrive serialised, leave as a Blob

@@ -41,7 +41,7 @@ def _share_pulled_files() -> None:
 
 _share_pulled_files()
 
-from forkv.engine import blas  # noqa: E402
+from forkv.engine.models import blas  # noqa: E402
 
 blas.activate()  # before any test imports mlx, as an application would
 
@@ -64,7 +64,7 @@ def mlx_lm_model(name: str):
     moves a float32 model's attention, norms and activations onto its kernels."""
     from mlx_lm import load
 
-    from forkv.engine.loader import resolve_model_path
+    from forkv.engine.models.loader import resolve_model_path
 
     return load(str(resolve_model_path(name)))[0]
 

@@ -1,7 +1,7 @@
 """Test helpers: tiny random mlx-lm models written as GGUF files the way llama.cpp's
 convert_hf_to_gguf.py writes them (its tensor names, Gemma's `1 + w` norms, llama's q/k row
 permutation, 1-D tensors kept F32), plus tiny tokenizer vocabularies. Independent of
-forkv.engine.gguf on purpose: the converter is checked against this, not against itself.
+forkv.engine.models.gguf on purpose: the converter is checked against this, not against itself.
 """
 
 from __future__ import annotations

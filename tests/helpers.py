@@ -4,7 +4,7 @@ import hashlib
 import random
 from types import SimpleNamespace
 
-from forkv.engine.generate import prefill
+from forkv.engine.request.generate import prefill
 
 
 class MemoryDisk:

@@ -80,7 +80,7 @@ def test_cache_list_rows_merge_into_a_batch():
     import mlx.core as mx
 
     from forkv.check_archs import build
-    from forkv.engine.batchcache import BatchCache, merge_blocker
+    from forkv.engine.request.batchcache import BatchCache, merge_blocker
 
     lm = build("falcon_h1")  # CacheList(ArraysCache, KVCache) layers
     assert merge_blocker(lm.make_cache()) is None

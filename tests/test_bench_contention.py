@@ -15,7 +15,7 @@ def test_fair_share_targets_on_two_cores():
 
 
 def test_blas_shim_builds_with_the_thread_policy():
-    from forkv.engine import blas, blas_threads
+    from forkv.engine.models import blas, blas_threads
 
     src = blas._shim_source(ilp64=False)
     assert "forkv_one_thread(m, n, k)" in src and "forkv_threads_init(lib)" in src

@@ -115,7 +115,7 @@ def test_llama_server_reports_computed_and_reused_prompt_tokens():
 
     import openai
     from forkv.bench.serve_procs import timed_chat
-    from forkv.engine.named import GEMMA_TURN_TEMPLATE
+    from forkv.engine.models.named import GEMMA_TURN_TEMPLATE
 
     server = llamacpp.start_llama_server(binary, gguf, chat_template=GEMMA_TURN_TEMPLATE)
     try:

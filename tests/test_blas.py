@@ -1,4 +1,4 @@
-"""Tests for forkv.engine.blas.
+"""Tests for forkv.engine.models.blas.
 
 Interposition only works before mlx is first imported, so every check runs in a fresh
 interpreter; the shim is built into a per-test cache folder. Correctness only, never speed.
@@ -16,14 +16,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from forkv.engine import blas
+from forkv.engine.models import blas
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="BLAS interposition is Linux-only")
 
 # Activates `argv[1]` (or FORKV_BLAS), then checks a float32 matmul and a LAPACK call vs numpy.
 _CHECK = """
 import json, sys, numpy as np
-from forkv.engine import blas
+from forkv.engine.models import blas
 info = blas.activate(sys.argv[1] if len(sys.argv) > 1 else None)
 import mlx.core as mx
 rng = np.random.default_rng(0)
@@ -99,7 +99,8 @@ def test_library_without_cblas_falls_back_to_stock(tmp_path):
 
 
 def test_activation_after_mlx_import_warns(tmp_path):
-    code = "import mlx.core; from forkv.engine import blas; print(blas.activate('auto').name)"
+    code = ("import mlx.core; from forkv.engine.models import blas; "
+            "print(blas.activate('auto').name)")
     env = os.environ | {"FORKV_CACHE_DIR": str(tmp_path)}
     cmd = [sys.executable, "-W", "always", "-c", code]
     run = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
@@ -151,7 +152,7 @@ def test_a_shim_another_user_could_plant_is_never_loaded(tmp_path, what):
 _SAME_UNDER_THREADS = """
 import sys, threading
 import numpy as np
-from forkv.engine import blas
+from forkv.engine.models import blas
 assert blas.activate().name != "stock", blas.status()
 import mlx.core as mx
 rng = np.random.default_rng(0)

@@ -1,4 +1,4 @@
-from forkv.engine.blocks import BlockKeyer, tokens_bytes
+from forkv.engine.cache.blocks import BlockKeyer, tokens_bytes
 
 FP = b"\x01" * 32
 

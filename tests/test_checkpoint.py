@@ -2,9 +2,9 @@ import numpy as np
 import pytest
 
 from conftest import load_tiny, scoped_engine
-from forkv.engine.generate import prefill
-from forkv.engine.layout import CacheKind
-from forkv.engine.recordstore import RecordStore
+from forkv.engine.request.generate import prefill
+from forkv.engine.cache.layout import CacheKind
+from forkv.engine.cache.recordstore import RecordStore
 from helpers import MemoryDisk, fresh_logits, fresh_run, random_tokens
 
 
@@ -137,7 +137,7 @@ def test_eviction_leaves_a_restorable_prefix():
 def test_model_without_known_caches_runs_without_checkpoints(monkeypatch):
     import warnings
 
-    from forkv.engine.layout import CacheLayout, LayerCache
+    from forkv.engine.cache.layout import CacheLayout, LayerCache
 
     lm = load_tiny("qwen3")
     layout = CacheLayout((LayerCache((0,), CacheKind.UNKNOWN, "Mystery"),))

@@ -63,7 +63,7 @@ def test_engine_names_a_bad_setting_and_a_corrupt_image_path(tmp_path):
             list(engine.stream("hi", temperature="hot"))
     finally:
         engine.close()
-    from forkv.engine.images import ImageInput
+    from forkv.engine.vision.images import ImageInput
 
     bad = tmp_path / "cat.png"
     bad.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 20)  # a PNG signature, then nothing valid

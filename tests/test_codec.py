@@ -8,9 +8,9 @@ import struct
 import mlx.core as mx
 import numpy as np
 import pytest
-from forkv.engine import codec
-from forkv.engine.layout import CacheKind
-from forkv.engine.records import RECORD_VERSION, Record
+from forkv.engine.cache import codec
+from forkv.engine.cache.layout import CacheKind
+from forkv.engine.cache.records import RECORD_VERSION, Record
 
 B = 4
 

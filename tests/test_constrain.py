@@ -6,9 +6,9 @@ import re
 import jsonschema
 import pytest
 from forkv.engine import GenerationError, SamplingParams
-from forkv.engine.constrain import Constraint, RowMatcher, as_constraint
-from forkv.engine.demo import ensure_demo_model
-from forkv.engine.sampling import Sampler
+from forkv.engine.demo.models import ensure_demo_model
+from forkv.engine.request.constrain import Constraint, RowMatcher, as_constraint
+from forkv.engine.request.sampling import Sampler
 
 SCHEMA = {
     "type": "object",

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from forkv.engine.demo import ARCHS, demo_config, ensure_demo_model
+from forkv.engine.demo.models import ARCHS, demo_config, ensure_demo_model
 from forkv.engine.errors import UnknownDemoModel
 
 

@@ -7,8 +7,8 @@ import shutil
 import struct
 
 import pytest
-from forkv.engine import fingerprint as fp
-from forkv.engine.loader import fingerprint
+from forkv.engine.models import fingerprint as fp
+from forkv.engine.models.loader import fingerprint
 
 CONFIG = {"model_type": "qwen3", "hidden_size": 8}
 MIB = 1 << 20
@@ -87,7 +87,7 @@ def test_unusable_cache_folder_still_fingerprints(tmp_path, private_cache):
 def test_persistent_store_refuses_another_model(tmp_path, monkeypatch):
     """End to end: the engine binds its persistent disk tier to the model it serves."""
     from forkv.engine import Engine
-    from forkv.engine.demo import ensure_demo_model
+    from forkv.engine.demo.models import ensure_demo_model
     from forkv.security import ModelMismatchError, StoreSettings
 
     monkeypatch.delenv("FORKV_CACHE_DIR")  # the demo models live in the shared test cache

@@ -1,7 +1,7 @@
 import pytest
 
 from conftest import load_tiny
-from forkv.engine.generate import chunk_ends, prefill
+from forkv.engine.request.generate import chunk_ends, prefill
 
 
 def test_chunk_ends_are_block_aligned():

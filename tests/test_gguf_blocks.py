@@ -12,12 +12,12 @@ import gguf
 import mlx.core as mx
 import numpy as np
 import pytest
-from forkv.engine.gguf import blocks as blocks_module
-from forkv.engine.gguf import convert_gguf, read_gguf_header
-from forkv.engine.gguf.archs import unpermute
-from forkv.engine.gguf.blocks import AFFINE_BITS, KERNEL_ONLY, pack, to_affine
-from forkv.engine.gguf.header import GGML_TYPES, TensorInfo
-from forkv.engine.loader import read_kernel_groups
+from forkv.engine.models.gguf import blocks as blocks_module
+from forkv.engine.models.gguf import convert_gguf, read_gguf_header
+from forkv.engine.models.gguf.archs import unpermute
+from forkv.engine.models.gguf.blocks import AFFINE_BITS, KERNEL_ONLY, pack, to_affine
+from forkv.engine.models.gguf.header import GGML_TYPES, TensorInfo
+from forkv.engine.models.loader import read_kernel_groups
 from gguf.quants import dequantize as gguf_dequantize
 from gguf_files import (
     CONFIGS,
@@ -262,7 +262,7 @@ def test_float_conversion_is_unchanged_by_the_mode(tmp_path, wide_configs):
 
 def test_converted_folder_caches_quantized_conversions_apart(tmp_path, monkeypatch,
                                                              wide_configs):
-    from forkv.engine.gguf_cache import converted_folder
+    from forkv.engine.models.gguf_cache import converted_folder
 
     monkeypatch.setenv("FORKV_CACHE_DIR", str(tmp_path / "cache"))
     src = tmp_path / "llama.gguf"
@@ -276,7 +276,7 @@ def test_converted_folder_caches_quantized_conversions_apart(tmp_path, monkeypat
 
 
 def _real_files():
-    from forkv.engine.named import NAMED_MODELS
+    from forkv.engine.models.named import NAMED_MODELS
 
     for name in ("gemma3-270m", "smollm2-135m"):
         try:
@@ -311,7 +311,7 @@ def test_real_files_quantized_equal_their_float_conversion(tmp_path, name, path)
 
 @pytest.mark.slow
 def test_real_gemma3_quantized_keeps_the_float_greedy_continuation(tmp_path):
-    from forkv.engine.named import NAMED_MODELS
+    from forkv.engine.models.named import NAMED_MODELS
     from mlx_lm import load
     from mlx_lm.models.cache import make_prompt_cache
     from test_gguf_real import HAND_GREEDY, HAND_IDS

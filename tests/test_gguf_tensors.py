@@ -4,8 +4,8 @@ does (and close to the original where gguf-py can quantize); bfloat16 storage ro
 import mlx.core as mx
 import numpy as np
 import pytest
-from forkv.engine.gguf import GGUFError, read_gguf_header
-from forkv.engine.gguf.tensors import SUPPORTED_TYPES, dequantize, to_storage
+from forkv.engine.models.gguf import GGUFError, read_gguf_header
+from forkv.engine.models.gguf.tensors import SUPPORTED_TYPES, dequantize, to_storage
 
 QUANTIZABLE = {"F32": 0, "F16": 1e-3, "BF16": 1e-2, "Q8_0": 1e-2, "Q5_0": 0.07, "Q5_1": 0.07,
                "Q4_0": 0.15, "Q4_1": 0.15}
@@ -59,7 +59,7 @@ def test_every_supported_type_matches_the_reference(tmp_path):
 
 def test_chunked_dequantization_matches_one_shot(tmp_path, monkeypatch):
     import gguf
-    from forkv.engine.gguf import tensors
+    from forkv.engine.models.gguf import tensors
 
     monkeypatch.setattr(tensors, "_CHUNK_ELEMENTS", 256 * 3)  # several uneven chunks
     rng = np.random.default_rng(1)

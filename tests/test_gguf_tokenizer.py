@@ -4,8 +4,8 @@ round-trip through the converted tokenizer files; a hostile chat template stays 
 import json
 
 import pytest
-from forkv.engine.gguf import GGUFError, read_gguf_header
-from forkv.engine.gguf.tokenizer import save_tokenizer
+from forkv.engine.models.gguf import GGUFError, read_gguf_header
+from forkv.engine.models.gguf.tokenizer import save_tokenizer
 from gguf_files import bpe_vocab, sentencepiece_vocab, write_gguf
 
 TEXTS = ["hello world", "the  world\n\nhello", "  a b", "caf\u00e9 \U0001f999", "x\ty\r\n"]

@@ -1,6 +1,6 @@
 """Ctrl-C and exit never abort or crash: `forkv generate` and `forkv serve` interrupted at
 random points while busy processes load the cores, and programs that run mlx on the main
-thread or a thread of their own beside the engine (sdk/interrupts.py, engine/worker.py)."""
+thread or a thread of their own beside the engine (sdk/interrupts.py, engine/request/worker.py)."""
 
 import os
 import random

@@ -3,7 +3,7 @@ import warnings
 import pytest
 from conftest import load_tiny
 from forkv.engine import CacheKind, ForkvWarning
-from forkv.engine.layout import cache_layout, classify_cache
+from forkv.engine.cache.layout import cache_layout, classify_cache
 
 EXPECTED = {
     "qwen3": {CacheKind.GLOBAL},
@@ -69,7 +69,7 @@ def test_other_non_trimmable_caches_are_state():
 
     assert classify_cache(Opaque()) == "state"
     assert classify_cache(Trimmable()) is CacheKind.UNKNOWN
-    from forkv.engine.kinds import kind_of
+    from forkv.engine.cache.kinds import kind_of
 
     live = Opaque()
     live.window, live.offset, live.parts = mx.arange(6.0), 6, [mx.ones(2), None]

@@ -1,4 +1,4 @@
-"""Fast reuse (engine/live.py, issue 25 item 1): a request continues a recently finished
+"""Fast reuse (engine/cache/live.py, issue 25 item 1): a request continues a recently finished
 request's cache at any token it shares — global layers sliced, sliding-window rings cut back
 as far as they hold the window, recurrent state only where it stands — in its own namespace
 only; what it computes reaches the records through a record job, canonically; exact requests
@@ -10,8 +10,8 @@ import pytest
 
 from conftest import load_tiny
 from forkv.engine import Engine, EngineConfigError, GenerationError, SamplingParams
-from forkv.engine.live import cut, cut_limit
-from forkv.engine.recordstore import RecordStore
+from forkv.engine.cache.live import cut, cut_limit
+from forkv.engine.cache.recordstore import RecordStore
 from helpers import fresh_run, random_tokens
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0)

@@ -2,7 +2,7 @@ import pytest
 
 from conftest import load_tiny
 from forkv.engine import ModelLoadError, UnknownDemoModel, load_model
-from forkv.engine.loader import fingerprint, resolve_model_path
+from forkv.engine.models.loader import fingerprint, resolve_model_path
 
 
 @pytest.mark.parametrize("name", ["demo:nope", "demo:qwen3:huge", "demo:", "demo:qwen3:tiny:x"])
@@ -114,7 +114,7 @@ def test_quantized_keep_computes_the_same_but_keys_differ(q4_folder, no_native):
 
 
 def test_quantized_auto_keeps_what_would_not_fit(q4_folder, monkeypatch, no_native):
-    from forkv.engine import quantized
+    from forkv.engine.models import quantized
 
     monkeypatch.setattr(quantized, "available_memory", lambda: 1024)
     lm = load_model(str(q4_folder))
@@ -125,7 +125,8 @@ def test_unquantized_models_say_none_and_name_their_kernels():
     """A float32 model on the CPU runs attention, norms, RoPE and activations on forkv's
     kernels when they are built: its fingerprint names them (records made under mlx's own
     kernels miss), and a bfloat16 load, which the kernels do not run, does not."""
-    from forkv.engine import blas, native
+    from forkv.engine import native
+    from forkv.engine.models import blas
 
     lm = load_tiny("qwen3")
     assert lm.quantization == "none" and "demo model qwen3:tiny" in lm.source
@@ -145,7 +146,7 @@ def test_unquantized_models_say_none_and_name_their_kernels():
 def test_the_blas_thread_policy_is_part_of_the_fingerprint():
     """OpenBLAS's result for a shape can depend on its thread count: records made under one
     one-thread threshold never restore under another."""
-    from forkv.engine import blas, blas_threads
+    from forkv.engine.models import blas, blas_threads
 
     lm = load_tiny("qwen3")
     if not blas.kernel_label():

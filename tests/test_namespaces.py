@@ -9,7 +9,7 @@ import pytest
 import forkv
 from conftest import load_tiny, scoped_engine
 from forkv.engine import Engine, SamplingParams
-from forkv.engine.recordstore import RecordStore
+from forkv.engine.cache.recordstore import RecordStore
 from helpers import MemoryDisk, fresh_run, random_tokens
 
 ONE = SamplingParams(max_tokens=1)
@@ -123,8 +123,8 @@ def test_sessions_in_namespaces_share_one_engine():
 def test_a_tenant_ram_budget_evicts_only_that_tenants_records():
     import mlx.core as mx
 
-    from forkv.engine.records import Record
-    from forkv.engine.tiers import RamTier
+    from forkv.engine.cache.records import Record
+    from forkv.engine.cache.tiers import RamTier
     from forkv.security import StoreSettings
 
     spilled = []

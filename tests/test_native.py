@@ -63,7 +63,7 @@ def _quantize16(w, bits):
     scale = ((hi - lo) / ((1 << bits) - 1)).astype(np.float32)
     q = np.rint((groups - lo[..., None]) / scale[..., None]).astype(np.uint8).reshape(
         w.shape[0], -1)
-    from forkv.engine.gguf.blocks import pack
+    from forkv.engine.models.gguf.blocks import pack
 
     return mx.array(pack(q, bits)), mx.array(scale), mx.array(lo)
 
@@ -176,7 +176,7 @@ def _quantized_demo(name: str, folder, group_size: int, bits: int):
     from mlx_lm.utils import save_model
 
     from forkv.engine import load_model
-    from forkv.engine.sources import resolve_source
+    from forkv.engine.models.sources import resolve_source
 
     src = resolve_source(name).path
     shutil.copytree(src, folder)
@@ -238,7 +238,7 @@ def test_a_ggufs_q6_k_layers_run_on_the_kernels_in_their_exact_groups(lib, tmp_p
     from test_gguf_blocks import WIDE, write_mixed_gguf
 
     from forkv.engine import load_model
-    from forkv.engine.gguf import convert_gguf
+    from forkv.engine.models.gguf import convert_gguf
     from forkv.engine.native.layers import NativeQuantizedLinear
 
     monkeypatch.setitem(CONFIGS, "llama", dict(CONFIGS["llama"], **WIDE))

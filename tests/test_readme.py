@@ -31,7 +31,7 @@ def _real_model(code: str) -> str | None:
     pytest.param(p, c, marks=pytest.mark.slow) if c == SDK_FIRST or _real_model(c) else (p, c)
     for p, c in BLOCKS], ids=[f"{p.stem}{i}" for i, (p, _) in enumerate(BLOCKS)])
 def test_readme_example_runs(page, code, tmp_path, monkeypatch, capsys):
-    from forkv.engine.named import NAMED_MODELS
+    from forkv.engine.models.named import NAMED_MODELS
 
     real = _real_model(code)
     if real and not NAMED_MODELS[real].is_local():

@@ -10,7 +10,7 @@ import math
 import pytest
 
 from forkv.engine import Engine
-from forkv.engine.recordstore import RecordStore
+from forkv.engine.cache.recordstore import RecordStore
 from helpers import MemoryDisk, fresh_logits
 from test_turns import _fresh
 
@@ -127,7 +127,7 @@ def test_generate_writes_coherent_text():
 
 
 def _restore_logits(engine, tokens):
-    from forkv.engine.generate import prefill
+    from forkv.engine.request.generate import prefill
 
     engine.drain()
     r = engine.checkpointer.restore(tokens)
@@ -162,7 +162,7 @@ def test_restores_are_bit_exact_on_the_real_model(dtype, block, prompt_tokens):
 def test_the_next_chat_turn_restores_the_turn_end_exactly():
     import mlx.core as mx
 
-    from forkv.engine.generate import prefill
+    from forkv.engine.request.generate import prefill
 
     lm = real_gemma()
     assert lm.tokenizer.chat_template  # forkv supplies a Gemma turn template for the base model

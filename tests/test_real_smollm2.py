@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from forkv.engine.named import NAMED_MODELS
+from forkv.engine.models.named import NAMED_MODELS
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     not NAMED_MODELS["smollm2-135m"].is_local(),
@@ -104,7 +104,7 @@ def test_restores_are_bit_exact_on_smollm2():
     import mlx.core as mx
 
     from forkv.engine import Engine, load_model
-    from forkv.engine.recordstore import RecordStore
+    from forkv.engine.cache.recordstore import RecordStore
     from helpers import MemoryDisk, fresh_logits
     from test_real_gemma import _long_text, _restore_logits
 

@@ -14,11 +14,11 @@ import shutil
 import pytest
 from conftest import load_tiny
 from forkv.engine import Engine, GenerationError, ModelLoadError, SamplingParams, load_model
-from forkv.engine.chat_template import read_chat_template
-from forkv.engine.demo_tokenizer import CHAT_TEMPLATE, special_token_id
+from forkv.engine.demo.tokenizer import CHAT_TEMPLATE, special_token_id
 from forkv.engine.errors import NoChatTemplate
-from forkv.engine.special_tokens import bos_prefix, encode_text, eos_token_ids
-from forkv.engine.textstream import TextStream, byte_token_ids
+from forkv.engine.models.chat_template import read_chat_template
+from forkv.engine.models.special_tokens import bos_prefix, encode_text, eos_token_ids
+from forkv.engine.request.textstream import TextStream, byte_token_ids
 from helpers import real_model_path
 
 BOS = special_token_id("<|endoftext|>")
@@ -297,7 +297,7 @@ def test_real_gemma_greedy_plain_text_matches_mlx_lm(real_engine):
 
 @pytest.mark.slow
 def test_real_gemma_chat_with_a_given_template_matches_mlx_lm(real_engine):
-    from forkv.engine.named import GEMMA_TURN_TEMPLATE as template
+    from forkv.engine.models.named import GEMMA_TURN_TEMPLATE as template
 
     assert not real_engine.lm.tokenizer.chat_template  # the GGUF has none
     with Engine(real_engine.lm, checkpoints=True, chat_template=template) as engine:

@@ -1,8 +1,8 @@
 import pytest
 from conftest import load_tiny
-from forkv.engine.generate import prefill
-from forkv.engine.layout import CacheKind, cache_layout
-from forkv.engine.records import rebuild, snapshot, window_blocks, window_tail
+from forkv.engine.cache.layout import CacheKind, cache_layout
+from forkv.engine.cache.records import rebuild, snapshot, window_blocks, window_tail
+from forkv.engine.request.generate import prefill
 from helpers import fresh_logits, random_tokens
 
 
@@ -110,7 +110,7 @@ def test_a_whole_copy_is_the_same_cache_and_shares_nothing():
     that computes what the original does, for every cache class, composites too, and that
     runs on without touching the original."""
     import mlx.core as mx
-    from forkv.engine import kinds
+    from forkv.engine.cache import kinds
 
     for cache, fresh in zip(_caches(), _caches()):
         _feed(cache, 11, seed=1)  # past the ring and the chunk: wrapped, trimmed

@@ -1,6 +1,6 @@
-from forkv.engine.layout import CacheKind
-from forkv.engine.records import Record
-from forkv.engine.recordstore import RecordStore
+from forkv.engine.cache.layout import CacheKind
+from forkv.engine.cache.records import Record
+from forkv.engine.cache.recordstore import RecordStore
 from helpers import MemoryDisk
 
 
@@ -99,7 +99,7 @@ def test_disk_reads_go_through_get_into_and_the_scratch_is_reused():
 
 def test_every_tier_implements_the_protocol():
     from forkv.bench.store import _PlainFileDisk
-    from forkv.engine.tiers import RamTier, Tier
+    from forkv.engine.cache.tiers import RamTier, Tier
     from forkv.security import BlobStore, StoreSettings
 
     plain = _PlainFileDisk()

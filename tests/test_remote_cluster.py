@@ -101,7 +101,7 @@ def test_killing_the_replica_mid_workflow_keeps_the_outputs(replicas):
 
 
 def test_mlx_lm_server_runs_the_same_graph():
-    from forkv.engine.loader import resolve_model_path
+    from forkv.engine.models.loader import resolve_model_path
 
     peer = start_peer(str(resolve_model_path(MODEL)), "float32")
     try:

@@ -8,7 +8,7 @@ import dataclasses
 from types import SimpleNamespace
 
 from forkv.engine import SamplingParams
-from forkv.engine.demo_tokenizer import chat_template
+from forkv.engine.demo.tokenizer import chat_template
 from forkv.graph import ReasoningFormat, Tree
 from forkv.runner import gen_settings, reasoning_format, sampling_params
 from forkv.tools import attach_tool_calls, call_content

@@ -1,6 +1,6 @@
 import pytest
 from forkv.engine import GenerationError, SamplingParams
-from forkv.engine.sampling import Sampler
+from forkv.engine.request.sampling import Sampler
 
 
 def _logits():
@@ -84,7 +84,7 @@ def test_penalties_look_back_over_recent_tokens():
 
 
 def test_top_logprobs_lists_the_most_likely_ids_in_order():
-    from forkv.engine.sampling import top_logprobs
+    from forkv.engine.request.sampling import top_logprobs
 
     _, logprobs = Sampler(SamplingParams())(_logits())
     top = top_logprobs(logprobs, 3)

@@ -7,8 +7,8 @@ import struct
 from dataclasses import replace
 
 import pytest
-from forkv.engine import codec
-from forkv.engine.records import Record
+from forkv.engine.cache import codec
+from forkv.engine.cache.records import Record
 from forkv.security import BlobStore, CorruptStoreError, StoreSettings, WrongKeyError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

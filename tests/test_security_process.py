@@ -32,7 +32,7 @@ COMPILE = (
     "f = mx.compile(lambda x: mx.exp(x) * 2 + 1)\n"
     "mx.eval(f(mx.ones(10, stream=mx.cpu)))\n"
 )
-FORKV_FIRST = "from forkv.engine import blas\nblas.activate()\n"  # what forkv processes do
+FORKV_FIRST = "from forkv.engine.models import blas\nblas.activate()\n"  # what forkv processes do
 
 
 def run_python(code: str, **env) -> None:

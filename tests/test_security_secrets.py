@@ -26,7 +26,7 @@ def test_queued_record_repr_holds_no_plaintext(tmp_path):
 
 
 def test_checkpoint_record_repr_holds_no_tokens_or_arrays():
-    from forkv.engine.records import Record
+    from forkv.engine.cache.records import Record
 
     record = Record("state", 3, PLAINTEXT, {"0.k": PLAINTEXT})
     assert PLAINTEXT.decode() not in repr(record) and "block=3" in repr(record)
@@ -54,7 +54,7 @@ def test_scrypt_minimum_is_raised():
 CHILD = textwrap.dedent(
     """
     import json, os, subprocess, sys
-    from forkv.engine import blas
+    from forkv.engine.models import blas
     from forkv.engine.config import EngineConfig
     from forkv.security import StoreSettings
     blas.activate()  # what every forkv command does first; the BLAS shim may run `cc`

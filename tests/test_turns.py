@@ -7,11 +7,11 @@ import pytest
 
 from conftest import load_tiny, scoped_engine
 from forkv.engine import Engine
-from forkv.engine.blocks import BlockKeyer
-from forkv.engine.generate import prefill
-from forkv.engine.layout import CacheKind
-from forkv.engine.recordstore import RecordStore
-from forkv.engine.turns import TurnModel, turn_ends, turn_key, turn_marker
+from forkv.engine.cache.blocks import BlockKeyer
+from forkv.engine.request.generate import prefill
+from forkv.engine.cache.layout import CacheKind
+from forkv.engine.cache.recordstore import RecordStore
+from forkv.engine.cache.turns import TurnModel, turn_ends, turn_key, turn_marker
 from helpers import MemoryDisk
 
 _WORDS = "river stone lamp orbit cedar quartz meadow signal harbor copper".split()
@@ -179,7 +179,7 @@ def test_models_without_a_chat_template_keep_block_chunks(monkeypatch):
 
 
 def test_a_turn_end_recorded_for_other_tokens_is_rejected_and_dropped(engine):
-    from forkv.engine.records import Record
+    from forkv.engine.cache.records import Record
 
     ck = engine.checkpointer
     first, key = _first_turn(engine)
@@ -263,7 +263,7 @@ def test_forks_of_a_final_prompt_restore_it_whole_and_sample_what_a_fresh_run_do
 def test_a_turn_end_record_without_logits_serves_longer_prompts_only(engine):
     """A record made before turn ends held their logits (a persistent store) is no miss for a
     longer prompt and is kept; the prompt it ends computes its last chunk."""
-    from forkv.engine.records import Record
+    from forkv.engine.cache.records import Record
 
     ck = engine.checkpointer
     first, key = _first_turn(engine)

@@ -98,7 +98,7 @@ def test_06_tool_agent_forks_calls_tools_and_keeps_one_plan():
 @pytest.mark.slow
 def test_the_tutorials_on_the_real_chat_model():
     """01 and 03 on `smollm2-135m` (`forkv pull smollm2-135m`): the same reuse, real text."""
-    from forkv.engine.named import NAMED_MODELS
+    from forkv.engine.models.named import NAMED_MODELS
 
     if not NAMED_MODELS["smollm2-135m"].is_local():
         pytest.skip("smollm2-135m is not on this machine (forkv pull smollm2-135m)")

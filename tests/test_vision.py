@@ -12,9 +12,9 @@ pytest.importorskip("mlx_vlm", reason="mlx-vlm is not installed (pip install 'fo
 
 from conftest import load_tiny
 from forkv.engine import Engine, GenerationError, load_model
-from forkv.engine.features import FeatureCache
-from forkv.engine.generate import prefill
-from forkv.engine.recordstore import RecordStore
+from forkv.engine.cache.recordstore import RecordStore
+from forkv.engine.request.generate import prefill
+from forkv.engine.vision.features import FeatureCache
 from helpers import MemoryDisk
 
 B = 32
@@ -88,7 +88,7 @@ def test_missing_mlx_vlm_names_the_extra(monkeypatch):
 
 def test_mrope_positions_match_mlx_vlm_from_any_boundary():
     import mlx.core as mx
-    from forkv.engine.vision_qwen import mrope_positions, rewind_state
+    from forkv.engine.vision.qwen import mrope_positions, rewind_state
 
     lm = vlm()
     with engine(checkpoints=False, store=None) as eng:
@@ -172,7 +172,7 @@ def test_repeated_image_hits_feature_cache_and_checkpoints():
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_restore_after_image_is_exact_and_needs_position_state(dtype, monkeypatch):
-    from forkv.engine import vision_ckpt
+    from forkv.engine.vision import ckpt as vision_ckpt
 
     lm = vlm(dtype)
     after = "Here is a long description of the question. " * 2
@@ -203,8 +203,8 @@ def test_restore_inside_an_image_is_exact():
     """Without its image-end record, a new question restores at the last block boundary inside
     the image (with the image's base position as state) and computes the image's rest from
     cached features."""
-    from forkv.engine import vision_ckpt
-    from forkv.engine.layout import CacheKind
+    from forkv.engine.cache.layout import CacheKind
+    from forkv.engine.vision import ckpt as vision_ckpt
 
     with engine() as eng:
         eng.generate(ask("Anything?"), images=[image(9)], max_tokens=1)
@@ -305,7 +305,7 @@ def test_gemma4_with_bidirectional_image_attention_is_refused():
     from types import SimpleNamespace
 
     from forkv.engine import ModelLoadError
-    from forkv.engine.vision_gemma import Gemma4Family
+    from forkv.engine.vision.gemma import Gemma4Family
 
     config = {"model_type": "gemma4", "image_token_id": 9,
               "text_config": {"use_bidirectional_attention": "vision"}}

@@ -13,8 +13,8 @@ pytest.importorskip("mlx_vlm", reason="mlx-vlm is not installed (pip install 'fo
 
 from forkv.engine import Engine, load_model
 from forkv.engine.arrays import materialize
-from forkv.engine.generate import prefill
-from forkv.engine.recordstore import RecordStore
+from forkv.engine.cache.recordstore import RecordStore
+from forkv.engine.request.generate import prefill
 
 B = 32
 FAMILIES = ("qwen2_vl", "qwen3_5_vl", "gemma3_vl", "gemma4_vl")  # demo names
@@ -125,7 +125,7 @@ def test_logits_match_mlx_vlm(arch):
 
 
 def _load(data):
-    from forkv.engine.images import ImageInput
+    from forkv.engine.vision.images import ImageInput
 
     return ImageInput.of(data).load()
 
@@ -223,7 +223,7 @@ def test_image_and_text_requests_share_a_batch(arch):
         singles = [eng.generate(p, images=i, max_tokens=12) for p, i in prompts]
     with engine(lm) as eng:
         if not eng.is_batched:
-            pytest.skip(f"{arch}'s caches cannot be merged yet (see vision_loader)")
+            pytest.skip(f"{arch}'s caches cannot be merged yet (see engine/vision/loader.py)")
         with eng.paused():
             handles = [eng.submit(p, images=i, max_tokens=12) for p, i in prompts]
             widest = 0

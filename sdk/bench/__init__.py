@@ -80,7 +80,7 @@ def run_benchmark(name: str, models: list[str] | None = None, quick: bool = Fals
 
 
 def _has_named(model: str) -> bool:
-    from forkv.engine.named import NAMED_MODELS
+    from forkv.engine.models.named import NAMED_MODELS
 
     return NAMED_MODELS[model].is_local()
 

@@ -15,7 +15,7 @@ from .common import result, summary
 
 _CHILD = r"""
 import json, sys, time
-from forkv.engine import blas
+from forkv.engine.models import blas
 info = blas.activate()
 from forkv.engine import Engine, load_model
 from forkv.bench.common import random_tokens

@@ -153,7 +153,7 @@ def run_cluster_bench(model: str = "demo:qwen3:tiny", quick: bool = False,
                       reps: int | None = None, trees: int = 0, vllm: str = "auto") -> dict:
     """`vllm`: "auto" runs the vLLM replicas when vLLM's environment exists and the run is not
     --quick (they take minutes to start), "on" always, "off" never."""
-    from forkv.engine.loader import resolve_model_path
+    from forkv.engine.models.loader import resolve_model_path
 
     if vllm not in ("auto", "on", "off"):
         raise ValueError(f"vllm must be auto, on or off, got {vllm!r}.")

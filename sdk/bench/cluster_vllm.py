@@ -41,10 +41,10 @@ def vllm_model_folder() -> Path:
     """A tiny random Qwen3 that vLLM's CPU build serves (built once, like the demo models)."""
     import json
 
-    from forkv.engine import blas
+    from forkv.engine.models import blas
 
     blas.activate()  # before _build imports mlx
-    from forkv.engine.demo import _build, build_atomically, demo_config
+    from forkv.engine.demo.models import _build, build_atomically, demo_config
     from forkv.engine.paths import cache_root
 
     config = dict(demo_config("qwen3", "tiny"), head_dim=64, num_attention_heads=2,

@@ -41,7 +41,7 @@ def _ram_gib() -> float:
 
 
 def machine_info(dtype: str | None = None) -> dict:
-    from forkv.engine import blas
+    from forkv.engine.models import blas
 
     info = blas.status()
     import mlx.core as mx
@@ -108,6 +108,6 @@ def ascii_only(lm, model: str) -> dict[int, float]:
     model's text round-trips."""
     if not model.startswith("demo:"):
         return {}
-    from forkv.engine.sampling import vocab_limit
+    from forkv.engine.request.sampling import vocab_limit
 
     return {i: -1e9 for i in range(128, vocab_limit(lm) or 128)}

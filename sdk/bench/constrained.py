@@ -42,8 +42,9 @@ def _free_tps(results, rows) -> float:
 def run_constrained_bench(model: str = "demo:gemma3:small", quick: bool = False, reps: int = 3,
                           batch: int = 8, constrained: int = 1,
                           max_tokens: int | None = None) -> dict:
-    from forkv.engine import Engine, SamplingParams, blas, load_model
-    from forkv.engine.constrain import Constraint, RowMatcher
+    from forkv.engine import Engine, SamplingParams, load_model
+    from forkv.engine.models import blas
+    from forkv.engine.request.constrain import Constraint, RowMatcher
 
     blas.activate()  # before mlx is imported
     import mlx.core as mx

@@ -191,7 +191,7 @@ def gguf_of(model: str) -> tuple[str, str | None] | None:
     """The GGUF llama-server runs for forkv's model name `model` and the chat template forkv
     uses with it (None: the GGUF's own); None where the model is no GGUF (demo models,
     folders)."""
-    from forkv.engine.named import NAMED_MODELS
+    from forkv.engine.models.named import NAMED_MODELS
 
     if model in NAMED_MODELS:
         named = NAMED_MODELS[model]

@@ -28,12 +28,12 @@ from .common import result
 
 _CHILD = r"""
 import json, sys, threading, time
-from forkv.engine import blas
+from forkv.engine.models import blas
 blas.activate()
 import mlx.core as mx
 from forkv.engine import Engine, load_model
-from forkv.engine.generate import prefill
-from forkv.engine.recordstore import RecordStore
+from forkv.engine.request.generate import prefill
+from forkv.engine.cache.recordstore import RecordStore
 from forkv.engine.engine import make_record_store
 from forkv.security import StoreSettings
 from forkv.bench.common import random_tokens

@@ -116,7 +116,8 @@ def stacked_prefill_is_exact(lm, rows: int, length: int, block_size: int) -> boo
 def run_parallel_bench(model: str = "demo:gemma3:small", quick: bool = False, reps: int = 3,
                        max_tokens: int | None = None,
                        concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)) -> dict:
-    from forkv.engine import Engine, blas, load_model
+    from forkv.engine import Engine, load_model
+    from forkv.engine.models import blas
 
     blas.activate()  # before mlx is imported
     import mlx.core as mx
@@ -157,7 +158,7 @@ def run_parallel_bench(model: str = "demo:gemma3:small", quick: bool = False, re
     machine = measure_machine()
     mid = base + spread // 2 + max_tokens // 2  # the context rows decode at, on average
     row = lm.make_cache()
-    from forkv.engine.generate import prefill
+    from forkv.engine.request.generate import prefill
 
     prefill(lm.model, row, random_tokens(mid, seed=4242), 0, engine.block_size)
     costs = model_costs(lm, row)

@@ -30,7 +30,7 @@ def run_restore_bench(model: str = "demo:gemma3:small", quick: bool = False, rep
     """The split of a `tokens`-token restore on `model`, medians over `reps` restores, for
     each of `block_sizes` (the exact mode's grain: what finer records cost to make and to
     read back)."""
-    from forkv.engine import blas
+    from forkv.engine.models import blas
 
     blas.activate()
     from forkv.engine import load_model
@@ -64,7 +64,7 @@ def _one_grain(lm, tokens: int, reps: int, block_size: int, notes: list) -> dict
     import mlx.core as mx
 
     from forkv.engine import Engine
-    from forkv.engine import partial as partial_mod
+    from forkv.engine.cache import partial as partial_mod
 
     engine = Engine(lm, block_size=block_size)
     try:

@@ -1,6 +1,6 @@
 """How far fast reuse's logits are from exact reuse's, on the model itself (no server).
 
-Fast reuse (engine/live.py) continues a finished request's cache cut back to the prefix a new
+Fast reuse (engine/cache/live.py) continues a finished request's cache cut back to the prefix a new
 prompt shares, and prefills the rest in chunks that begin at the cut; exact reuse restores
 records at canonical cuts only, so its logits are a fresh run's bit for bit. For each case a
 first prompt A is prefilled canonically and answered greedily (the live cache a server would
@@ -74,8 +74,8 @@ def measure_drift(model: str = "gemma3-270m", doc_tokens: int = 1500, answer_tok
     import mlx.core as mx
 
     from forkv.engine import Engine, load_model
-    from forkv.engine.generate import prefill
-    from forkv.engine.live import cut, cut_limit, shared_prefix
+    from forkv.engine.request.generate import prefill
+    from forkv.engine.cache.live import cut, cut_limit, shared_prefix
 
     lm = lm or load_model(model)
     engine = Engine(lm, checkpoints=True, disk=False)
@@ -130,7 +130,7 @@ if __name__ == "__main__":
     import json
     import sys
 
-    from forkv.engine import blas
+    from forkv.engine.models import blas
 
     blas.activate()
     print(json.dumps(measure_drift(*(sys.argv[1:2] or ["gemma3-270m"])), indent=1))

@@ -123,7 +123,7 @@ def _exactness(engine, lm, history, n) -> tuple[dict, dict]:
     """Greedy tokens after a restore vs a fresh block-aligned run; and the time to read the
     restored records' bytes (through the tiers, decrypting) without rebuilding caches."""
     from forkv.engine import Engine
-    from forkv.engine.layout import CacheKind
+    from forkv.engine.cache.layout import CacheKind
 
     prompt = history[:n] + random_tokens(MESSAGE, seed=7)
     restored = engine.generate(prompt, max_tokens=8)

@@ -74,10 +74,10 @@ def run_serve_bench(model: str = "gemma3-270m", quick: bool = False, reps: int =
     ("auto": unless --quick) measures fast reuse's logits
     against exact reuse's in this process (reuse_drift.py); `size` overrides fields of `sizes`
     (doc_tokens=2048, ...)."""
-    from forkv.engine import blas
+    from forkv.engine.models import blas
 
     blas.activate()
-    from forkv.engine.loader import pick_dtype, resolve_model_path
+    from forkv.engine.models.loader import pick_dtype, resolve_model_path
     from mlx_lm.tokenizer_utils import load as load_tokenizer
 
     for name, value in (("vllm", vllm), ("llamacpp", llamacpp)):

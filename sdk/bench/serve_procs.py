@@ -25,7 +25,7 @@ from pathlib import Path
 
 _PEER = """
 import sys
-from forkv.engine import blas
+from forkv.engine.models import blas
 blas.activate()  # before mlx is imported: the same BLAS as forkv
 import mlx.core as mx
 import mlx_lm.server as server

@@ -29,16 +29,17 @@ def _time(fn: Callable[[], object], reps: int) -> tuple[float, float]:
 
 def measure_setup_costs(model: str, reps: int = 7) -> dict[str, tuple[float, float]]:
     """{case: (median ms, first-call ms)} on `model` (a model name)."""
-    from forkv.engine import SamplingParams, blas, load_model
+    from forkv.engine import SamplingParams, load_model
+    from forkv.engine.models import blas
 
     blas.activate()  # before mlx is imported
     import mlx.core as mx
-    from forkv.engine.blocks import BlockKeyer
-    from forkv.engine.constrain import Constraint, RowMatcher, ll_tokenizer
-    from forkv.engine.sampling import Sampler, top_logprobs, vocab_limit
-    from forkv.engine.sequence import make_sequence
-    from forkv.engine.special_tokens import encode_text
-    from forkv.engine.textstream import TextStream
+    from forkv.engine.cache.blocks import BlockKeyer
+    from forkv.engine.models.special_tokens import encode_text
+    from forkv.engine.request.constrain import Constraint, RowMatcher, ll_tokenizer
+    from forkv.engine.request.sampling import Sampler, top_logprobs, vocab_limit
+    from forkv.engine.request.sequence import make_sequence
+    from forkv.engine.request.textstream import TextStream
 
     lm = load_model(model)
     tok = lm.tokenizer

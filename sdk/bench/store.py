@@ -98,7 +98,7 @@ class _PlainFilesStore:
         self.block_size, self.files = block_size, {}
 
     def put(self, key, record):
-        from forkv.engine import codec
+        from forkv.engine.cache import codec
 
         data = codec.encode(record, self.block_size)
         fd = _memfd("forkv-bench-record")
@@ -111,7 +111,7 @@ class _PlainFilesStore:
 
         import mlx.core as mx
         import numpy as np
-        from forkv.engine.records import Record
+        from forkv.engine.cache.records import Record
 
         fd, data = self.files[(key, kind)]
         src = io.BytesIO(data) if fd is None else f"/proc/self/fd/{fd}"
@@ -138,7 +138,7 @@ def run_store_bench(model: str = "demo:gemma3:small", quick: bool = False, reps:
     over `processes` fresh processes (1 with `quick`): one process's allocator and page-cache
     state moves it by several percent, more than the figure's margin to its target."""
     from forkv.engine import Engine, load_model
-    from forkv.engine.recordstore import RecordStore
+    from forkv.engine.cache.recordstore import RecordStore
     from forkv.security import BlobStore, StoreSettings
     from forkv.security.bench import measure_aead
 

@@ -238,7 +238,7 @@ def _resolve(model: str, quick: bool) -> tuple[str, list[str]]:
         return "demo:gemma3:tiny", [f"--quick ran demo:gemma3:tiny in place of {model}; for "
                                     f"{model} at small sizes, --set prompt_tokens=64 ..."]
     from forkv.engine import ModelLoadError
-    from forkv.engine.sources import resolve_source
+    from forkv.engine.models.sources import resolve_source
 
     try:
         resolve_source(model, download=False)
@@ -258,7 +258,7 @@ def run_weights_bench(model: str = DEFAULT_MODEL, quick: bool = False, reps: int
     """Prefill and decode tok/s of each weight variant in forkv and in mlx-lm, medians over
     `reps` interleaved runs; `variants` picks some of float32, bfloat16, q4_kept,
     q4_dequantized."""
-    from forkv.engine import blas
+    from forkv.engine.models import blas
 
     blas.activate()  # before mlx is imported, for forkv and mlx-lm alike
     unknown = [v for v in variants if v not in _SPECS]
@@ -269,9 +269,9 @@ def run_weights_bench(model: str = DEFAULT_MODEL, quick: bool = False, reps: int
         reps, prompt_tokens, gen_tokens = 1, 64, 8
     model, notes = _resolve(model, quick)
     load_before = [round(x, 2) for x in os.getloadavg()]  # is the machine quiet? (1/5/15 min)
-    from forkv.engine.fingerprint import fingerprint
-    from forkv.engine.loader import read_config
-    from forkv.engine.sources import resolve_source
+    from forkv.engine.models.fingerprint import fingerprint
+    from forkv.engine.models.loader import read_config
+    from forkv.engine.models.sources import resolve_source
 
     t0 = time.perf_counter()
     src = resolve_source(model).path

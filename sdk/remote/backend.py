@@ -26,8 +26,8 @@ from typing import Any
 import httpx
 from forkv.engine.events import GenerationEvent, Timings
 from forkv.engine.handle import RequestHandle
-from forkv.engine.sampling import SamplingParams
-from forkv.engine.special_tokens import encode_text
+from forkv.engine.models.special_tokens import encode_text
+from forkv.engine.request.sampling import SamplingParams
 from forkv.errors import ForkvError
 from forkv.graph import ReasoningFormat
 

@@ -39,7 +39,7 @@ class RemoteModel:
 
 
 def _folder(spec: str) -> Path:
-    from forkv.engine.sources import resolve_source  # builds a demo model if asked for one
+    from forkv.engine.models.sources import resolve_source  # builds a demo model if asked for one
 
     try:
         return resolve_source(spec, download=False).path
@@ -50,7 +50,7 @@ def _folder(spec: str) -> Path:
 
 
 def _load_tokenizer(path: Path, config: dict) -> Any:
-    from forkv.engine import blas
+    from forkv.engine.models import blas
 
     blas.activate()  # before mlx (which mlx-lm imports) is loaded
     from mlx_lm.utils import load_tokenizer

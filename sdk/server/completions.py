@@ -23,7 +23,7 @@ from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from forkv.engine.sampling import vocab_limit
+from forkv.engine.request.sampling import vocab_limit
 
 from .auth import namespace_of
 from .errors import APIError

@@ -209,7 +209,7 @@ class ModelPool:
                     seen.add(mid)
                     out.append(model_card(self.server, mid, m))
         if self.on_demand:
-            from forkv.engine.sources import local_models
+            from forkv.engine.models.sources import local_models
 
             for name, kind in local_models():
                 if name not in seen:

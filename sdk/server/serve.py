@@ -43,7 +43,7 @@ def serve(config) -> None:
     import uvicorn
 
     from forkv.engine import EngineConfig, load_model
-    from forkv.engine.chat_template import require_chat_template, use_chat_template
+    from forkv.engine.models.chat_template import require_chat_template, use_chat_template
 
     from . import logs
     from .app import ServerState, make_app

@@ -1,0 +1,258 @@
+"""Turn a model's files into a `LoadedModel`: the mlx-lm (or mlx-vlm) model and tokenizer, the
+compute dtype, what was done with quantized weights, the cache layout and a fingerprint that
+identifies (config, weights, dtype, quantization choice) for block keys.
+
+Which folder a name means (a folder, a GGUF, a demo, a named model, LM Studio, the Hugging
+Face hub) is sources.py's business; keeping or dequantizing quantized weights is
+quantized.py's. This module knows how a folder becomes a model, not where folders come from.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..cache.layout import CacheLayout, cache_layout
+from ..errors import ModelLoadError
+from . import blas
+from .fingerprint import fingerprint  # whole-content hash, cached by (dev, inode, size, mtime)
+from .quantized import QuantChoice, apply_quantized
+from .sources import resolve_source
+from .special_tokens import eos_token_ids
+
+_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    name: str
+    path: Path
+    model: object
+    tokenizer: object
+    config: dict
+    dtype: str
+    layout: CacheLayout
+    fingerprint: bytes
+    context_length: int
+    eos_token_ids: frozenset[int] = field(default_factory=frozenset)
+    # Vision models (loaded through mlx-vlm by vision/loader.py): `model` is the whole VLM, its
+    # caches are the language model's; `processor` prepares images.
+    is_vision: bool = False
+    processor: object = None
+    image_token_id: int | None = None
+    # What quantized weights became ("none", "4-bit kept", "4-bit dequantized to float32"),
+    # why, and where the name led (sources.ModelSource.description).
+    quantization: str = "none"
+    quantization_reason: str = ""
+    source: str = ""
+    kernels: object = None  # forkv's kernels (engine/native) when the model runs on them
+
+    def make_cache(self) -> list:
+        from mlx_lm.models.cache import make_prompt_cache
+
+        return make_prompt_cache(self.model.language_model if self.is_vision else self.model)
+
+    @property
+    def model_type(self) -> str:
+        return self.config.get("model_type", "?")
+
+
+def resolve_model_path(name: str) -> Path:
+    """The local MLX folder of a model name (see sources.py), building or converting it if
+    needed; may download from the Hugging Face hub unless HF_HUB_OFFLINE is set."""
+    return resolve_source(name).path
+
+
+def pick_dtype(requested: str, native: str) -> str:
+    """On the CPU float32 is at least as fast as bfloat16 (which never uses BLAS) and exact."""
+    import mlx.core as mx
+
+    if requested not in _DTYPES:
+        raise ModelLoadError(f"Unknown dtype {requested!r}; choose one of {', '.join(_DTYPES)}.")
+    if requested != "auto":
+        return requested
+    if mx.default_device() == mx.cpu:
+        return "float32"
+    return native
+
+
+def load_model(name: str, dtype: str = "auto", quantized: str = "auto", *,
+               download: bool = True) -> LoadedModel:
+    """Load any model name (sources.py) for the engine. `dtype`: auto, float32, bfloat16,
+    float16; `quantized`: auto, keep, dequantize (quantized.py). `download=False` takes Hugging
+    Face ids from the local cache only (a server loading what a request names)."""
+    blas.activate()  # must precede the first mlx import to take effect
+    from mlx_lm.utils import load as mlx_lm_load
+
+    pick_dtype(dtype, "float32")  # a bad dtype fails before any folder is built or converted
+    source = resolve_source(name, download=download,
+                            quantized_gguf=wants_quantized_gguf(quantized))
+    path = source.path
+    from ..vision.loader import is_vision_folder
+
+    read_config(path)  # a broken or incomplete config.json is named before mlx-lm reads it
+    if is_vision_folder(path):
+        return _load_vision_model(name, path, dtype, quantized, source.description)
+    try:
+        model, tokenizer, config = mlx_lm_load(str(path), return_config=True)
+    except TypeError as e:  # ModelArgs(**config) missing a field its architecture needs
+        raise ModelLoadError(_missing_fields(path, e)) from None
+    except KeyError as e:
+        raise ModelLoadError(f"{str(path / 'config.json')!r} lacks field {e.args[0]!r}, which "
+                             "mlx-lm needs to load this model; add it from the model's "
+                             "original config.json.") from None
+    except (ValueError, FileNotFoundError, OSError) as e:
+        raise ModelLoadError(f"Could not load model from {str(path)!r}: {e}") from e
+    chosen, quant = _set_weights(model, config, dtype, quantized, path)
+    eos = eos_token_ids(path, config, tokenizer)  # configs, tokenizer, template's turn end
+    return LoadedModel(
+        name=name, path=path, model=model, tokenizer=tokenizer, config=config, dtype=chosen,
+        layout=cache_layout(_make_cache(model)),
+        fingerprint=fingerprint(path, config, chosen, quant.label, _kernels(quant)),
+        context_length=_context_length(config), eos_token_ids=frozenset(eos or ()),
+        quantization=quant.label, quantization_reason=quant.reason, source=source.description,
+        kernels=_kernel_module(quant),
+    )
+
+
+def _set_weights(model, config: dict, dtype: str, quantized: str,
+                 path: Path) -> tuple[str, QuantChoice]:
+    """Keep or dequantize quantized layers, then cast the float weights to the chosen dtype
+    (not the scales and biases forkv's kernels read: they stay float32, as the file has them)."""
+    import mlx.core as mx
+
+    native = _native_dtype(model)
+    chosen = pick_dtype(dtype, native)
+    quant = apply_quantized(model, config, quantized, chosen,
+                            lambda: read_kernel_groups(path))
+    if chosen != native and not quant.dequantized:  # dequantizing already cast them
+        target = getattr(mx, chosen)
+        if quant.native:
+            from mlx.nn import Module
+
+            from ..native.layers import kernel_keys
+
+            def keep(module, key, value):
+                return (Module.valid_parameter_filter(module, key, value)
+                        and key not in kernel_keys(module))
+
+            model.apply(lambda x: x.astype(target) if mx.issubdtype(x.dtype, mx.floating)
+                        else x, keep)
+        else:
+            model.set_dtype(target)
+    return chosen, quant
+
+
+def read_kernel_groups(folder: Path) -> dict:
+    """A GGUF conversion's exact groups for forkv's kernels only (gguf/convert.py), by module
+    path: {path: (weight, scales, biases, bits, group size)}; {} when the folder has none."""
+    import mlx.core as mx
+
+    from .gguf import KERNEL_GROUPS_FILE
+
+    file = folder / KERNEL_GROUPS_FILE
+    if not file.is_file():
+        return {}
+    arrays = mx.load(str(file))
+    out = {}
+    for key in arrays:
+        if key.endswith(".bits_group"):
+            module = key.removesuffix(".bits_group")
+            bits, group = (int(v) for v in arrays[key].tolist())
+            out[module] = (arrays[f"{module}.weight"], arrays[f"{module}.scales"],
+                           arrays[f"{module}.biases"], bits, group)
+    return out
+
+
+def wants_quantized_gguf(quantized: str) -> bool:
+    """Whether a GGUF should keep its quantized blocks: on the CPU with forkv's kernels."""
+    if quantized == "dequantize":
+        return False
+    import mlx.core as mx
+
+    from .. import native
+
+    return mx.default_device() == mx.cpu and native.load() is not None
+
+
+def _kernel_module(quant: QuantChoice):
+    from .. import native
+
+    return native.load(build=False) if quant.native else None
+
+
+def _kernels(quant: QuantChoice) -> str:
+    """The kernel paths that change this model's results, for the fingerprint."""
+    from .. import native
+
+    parts = [blas.kernel_label(), native.kernel_label() if quant.native else ""]
+    return "+".join(p for p in parts if p)
+
+
+def _load_vision_model(name: str, path: Path, dtype: str, quantized: str,
+                       source: str) -> LoadedModel:
+    """A vision-language model: mlx-vlm loads it (vision/loader.py, which never imports this
+    module), the rest is as for text; the fingerprint also covers the image preprocessing."""
+    import hashlib
+
+    from ..vision.loader import load_vision_parts
+
+    parts = load_vision_parts(path)
+    chosen, quant = _set_weights(parts.model, parts.config, dtype, quantized, path)
+    return LoadedModel(
+        name=name, path=path, model=parts.model, tokenizer=parts.tokenizer, config=parts.config,
+        dtype=chosen, layout=cache_layout(_make_cache(parts.model.language_model)),
+        fingerprint=hashlib.sha256(fingerprint(path, parts.config, chosen, quant.label,
+                                               _kernels(quant))
+                                   + parts.processor_digest).digest(),
+        context_length=_context_length(parts.config), eos_token_ids=parts.eos_token_ids,
+        is_vision=True, processor=parts.processor, image_token_id=parts.image_token_id,
+        quantization=quant.label, quantization_reason=quant.reason, source=source,
+        kernels=_kernel_module(quant))
+
+
+def read_config(path: Path) -> dict:
+    """The folder's config.json as a dict; errors name the file, where it breaks and the fix."""
+    file = path / "config.json"
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{str(file)!r} is not valid JSON ({e.msg} at line {e.lineno}, "
+                             f"column {e.colno}); fix or replace the file.") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"Cannot read {str(file)!r} ({e}); check the file.") from None
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        raise ModelLoadError(f"{str(file)!r} has no \"model_type\"; it is not a model config "
+                             "(use the model's original config.json).")
+    return config
+
+
+def _missing_fields(path: Path, e: TypeError) -> str:
+    import re
+
+    found = re.search(r"missing \d+ required (?:positional |keyword-only )?arguments?: (.+)$",
+                      str(e))
+    what = f"field(s) {found.group(1)}" if found else f"a field ({e})"
+    return (f"{str(path / 'config.json')!r} lacks {what}, which its model_type needs; add "
+            "them from the model's original config.json.")
+
+
+def _make_cache(model) -> list:
+    from mlx_lm.models.cache import make_prompt_cache
+
+    return make_prompt_cache(model)
+
+
+def _native_dtype(model) -> str:
+    from mlx.utils import tree_flatten
+
+    for _, v in tree_flatten(model.parameters()):
+        if "float" in str(v.dtype):
+            return str(v.dtype).rsplit(".", 1)[-1]
+    return "float32"
+
+
+def _context_length(config: dict) -> int:
+    text = config.get("text_config", config)
+    return int(text.get("max_position_embeddings") or config.get("max_position_embeddings") or 8192)

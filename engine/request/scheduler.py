@@ -1,0 +1,249 @@
+"""Continuous batching: which sequences prefill, which decode, and what one step does.
+
+A sequence waits until a slot is free (`max_seqs` caps prefilling + decoding sequences), is
+given its cache by the prefix cache (`match`: restored from records or continued from a live
+cache), prefills on it in chunks, then joins the batch of decoding rows. Each `step()`:
+
+1. runs one chunk of a record job (prefix_cache.py) if the engine has nothing else to do or a
+   waiting request needs that job's blocks;
+2. admits waiting sequences into free slots (FIFO), except one whose prefix another sequence
+   is computing right now (the prefix cache's `waits`: forks and `n > 1` compute a shared
+   prefix once);
+3. prefills whole chunks, round-robin over the prefilling sequences, until the step has spent
+   `max_prefill_tokens` (at least one chunk, so prefill always progresses); a chunk is never
+   split, since other chunk edges would change the arithmetic and make records non-canonical
+   (a sequence restored whole — its prompt ends at a recorded turn end, whose record holds
+   the last logits — goes straight to decoding);
+4. runs one decode step for every row together, so a long prompt arriving never stalls the
+   others for more than one step's prefill budget.
+
+The prefix cache hears of each sequence when its prompt is prefilled and when it finishes
+(`commit`), and of each row that decodes onto a block boundary (`decoded`: a vision row's
+recomputed canonical state then replaces it in the batch). Knows nothing about threads,
+handles, reuse, or what kind of model runs the rows (the runner does).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from ..events import GenerationEvent
+from .batchcache import BatchCache
+from .sampling import top_logprobs
+from .sequence import Sequence
+
+
+@dataclass(slots=True)
+class StepReport:
+    """What one step did: tokens prefilled per sequence id, rows decoded, events produced."""
+
+    prefilled: dict[int, int] = field(default_factory=dict)
+    recomputed: int = 0  # decoded tokens recomputed as chunks to record them
+    decoded: int = 0  # rows that decoded one token
+    events: list[tuple[Sequence, GenerationEvent]] = field(default_factory=list)
+    delivered: int = 0  # events already handed to `Scheduler.deliver` during the step
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(self.prefilled.values())
+
+
+@dataclass(slots=True)
+class StepTotals:
+    """Running totals over every step: where the engine's time went (for stats and benches)."""
+
+    steps: int = 0
+    prefill_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_steps: int = 0
+    decoded_tokens: int = 0
+    decode_s: float = 0.0  # batched decode steps (with any in-step boundary recompute)
+    recomputed_tokens: int = 0
+    record_jobs_s: float = 0.0  # deferred decode records (prefill-only jobs)
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+class Scheduler:
+    def __init__(self, runner, prefix, block_size: int, max_seqs: int, max_prefill_tokens: int,
+                 mergeable: bool = True, deliver=None):
+        assert max_seqs >= 1 and max_prefill_tokens >= 1
+        self.runner = runner
+        self.prefix = prefix  # the prefix cache: match, commit, record jobs
+        self.block_size = block_size
+        self.max_seqs = max_seqs if mergeable else 1
+        self.max_prefill_tokens = max_prefill_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.prefilling: deque[Sequence] = deque()  # round-robin order
+        self.rows: list[Sequence] = []  # in the batch's row order
+        self.batch = BatchCache(mergeable)
+        self.totals = StepTotals()
+        # deliver(events): hands the first tokens sampled from prefill to their clients
+        # before the step's decode (one decode step of TTFT: ~150-300 ms on a real model)
+        self.deliver = deliver
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.prefilling or self.rows)
+
+    @property
+    def has_work(self) -> bool:
+        return self.busy or bool(self.prefix.jobs)
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def clear(self) -> None:
+        """Forget every sequence (after a failed step)."""
+        self.waiting.clear()
+        self.prefilling.clear()
+        self.rows = []
+        self.batch = BatchCache(self.batch.mergeable)
+        self.prefix.reset()
+
+    def cancel(self, seq: Sequence) -> GenerationEvent | None:
+        """Drop `seq` wherever it is, leaving the other rows as they are; None if done."""
+        if seq.finish_reason is not None:
+            return None
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        elif seq in self.prefilling:
+            self.prefilling.remove(seq)
+        elif seq in self.rows:
+            i = self.rows.index(seq)
+            self.batch.remove([i])
+            del self.rows[i]
+        return seq.finish("cancelled")
+
+    def step(self) -> StepReport:
+        report, totals = StepReport(), self.totals
+        t = time.perf_counter()
+        report.recomputed += self.prefix.work(self.waiting, idle=not self.busy)
+        t0 = time.perf_counter()
+        totals.record_jobs_s += t0 - t
+        self._admit()
+        self._prefill(report)
+        t1 = time.perf_counter()
+        if self.deliver is not None and self.rows and report.events:
+            self.deliver(report.events)
+            report.delivered = len(report.events)
+        if self.rows:
+            self._decode(report)
+            totals.decode_steps += 1
+            totals.decoded_tokens += report.decoded
+            totals.decode_s += time.perf_counter() - t1
+        totals.steps += 1
+        totals.prefill_tokens += report.prefill_tokens
+        totals.prefill_s += t1 - t0
+        totals.recomputed_tokens += report.recomputed
+        return report
+
+    # -- the phases ---------------------------------------------------------------------------
+    def _admit(self) -> None:
+        held = []
+        while self.waiting and len(self.prefilling) + len(self.rows) < self.max_seqs:
+            seq = self.waiting.popleft()
+            if self.prefix.waits(seq, self.prefilling):
+                held.append(seq)
+                continue
+            self.prefix.match(seq)
+            self.prefilling.append(seq)
+        self.waiting.extendleft(reversed(held))
+
+    def _prefill(self, report: StepReport) -> None:
+        spent = 0
+        while self.prefilling:
+            seq = self.prefilling[0]
+            if not seq.is_prefilling:  # restored whole, with its last logits (a turn end)
+                self.prefilling.popleft()
+                logits, seq.last_logits = seq.last_logits, None
+                assert logits is not None, "a sequence restored whole needs its last logits"
+                seq.report_progress()
+                self._start_decoding(seq, logits, report)
+                continue
+            n = seq.next_chunk(self.block_size)
+            if spent and spent + n > self.max_prefill_tokens:
+                break
+            logits = seq.prefill_chunk(seq.model, self.block_size)
+            spent += n
+            report.prefilled[seq.id] = report.prefilled.get(seq.id, 0) + n
+            self.prefilling.popleft()
+            if seq.is_prefilling:
+                self.prefilling.append(seq)
+            else:
+                self._start_decoding(seq, logits, report)
+
+    def _start_decoding(self, seq: Sequence, logits, report: StepReport) -> None:
+        """Sample the first token from the prefill logits; join the batch unless done."""
+        # The prompt's cache, for later forks of it (its sliding-window rings still hold the
+        # last chunk: more room to cut back than after decoding).
+        self.prefix.commit(seq, lambda: seq.cache)
+        if seq.params.max_tokens == 0:
+            report.events.append((seq, seq.finish("length")))
+            return
+        token, logprobs = seq.sampler(logits, seq.tokens)
+        tok = int(token.item())
+        event = seq.accept(tok, float(logprobs[tok].item()),
+                           _top(logprobs, seq.params.top_logprobs))
+        report.events.append((seq, event))
+        if event.finish_reason is None:
+            self.batch.add(seq.cache)
+            seq.cache = None
+            self.rows.append(seq)
+
+    def _decode(self, report: StepReport) -> None:
+        import mlx.core as mx
+
+        rows, B = self.rows, self.block_size
+        inputs = mx.array([[seq.tokens[-1]] for seq in rows])
+        logits = self.runner.decode(rows, inputs, self.batch.caches)
+        sampled = [seq.sampler(logits[i, -1], seq.tokens) for i, seq in enumerate(rows)]
+        tokens = mx.stack([t for t, _ in sampled])
+        picked = mx.stack([lp[t] for t, lp in sampled])
+        mx.eval(tokens, picked, self.batch.state())
+        tokens, picked = tokens.tolist(), picked.tolist()
+        tops = [_top(lp, seq.params.top_logprobs) for (_, lp), seq in zip(sampled, rows)]
+        report.decoded = len(rows)
+
+        # Every row now holds all its tokens; record (and recompute) those on a boundary before
+        # the batch changes shape.
+        swapped: dict[int, list] = {}
+        for i, seq in enumerate(rows):
+            seq.pos = len(seq.tokens)
+            row = self.prefix.decoded(seq, lambda i=i: self.batch.extract(i))
+            if row is not None:
+                swapped[i] = row
+                report.recomputed += B
+
+        done = []
+        for i, seq in enumerate(rows):
+            event = seq.accept(tokens[i], picked[i], tops[i])
+            report.events.append((seq, event))
+            if event.finish_reason is not None:
+                done.append(i)
+                # everything the row was fed (the last sampled token never was)
+                self.prefix.commit(seq, lambda i=i: swapped.get(i) or self.batch.extract(i))
+        self._reshape(done, swapped)
+
+    def _reshape(self, done: list[int], swapped: dict[int, list]) -> None:
+        """Drop finished rows; move recomputed rows to the end with their canonical state."""
+        if not self.batch.mergeable:
+            if done:
+                self.batch.remove([0])
+                self.rows = []
+            return  # the one row's cache list was recomputed in place
+        moved = [i for i in swapped if i not in done]
+        gone = set(done) | set(moved)
+        if gone:
+            self.batch.remove(sorted(gone))
+        for i in moved:
+            self.batch.add(swapped[i])
+        self.rows = [s for i, s in enumerate(self.rows) if i not in gone] + [
+            self.rows[i] for i in moved]
+
+
+def _top(logprobs, k: int) -> dict | None:
+    return top_logprobs(logprobs, k) if k else None
