@@ -5,8 +5,8 @@ import pytest
 from conftest import ARCHS, load_tiny, scoped_engine
 from forkv.engine import Engine, ForkvWarning, SamplingParams
 from forkv.engine import generate_batch
-from forkv.engine.request.generate import prefill
 from forkv.engine.cache.recordstore import RecordStore
+from forkv.engine.request.generate import prefill
 from helpers import fresh_logits, fresh_run, random_tokens
 
 B = 64  # small blocks: decode crosses several boundaries (and gemma's window of 128 spans two)

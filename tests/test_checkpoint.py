@@ -2,9 +2,9 @@ import numpy as np
 import pytest
 
 from conftest import load_tiny, scoped_engine
-from forkv.engine.request.generate import prefill
 from forkv.engine.cache.layout import CacheKind
 from forkv.engine.cache.recordstore import RecordStore
+from forkv.engine.request.generate import prefill
 from helpers import MemoryDisk, fresh_logits, fresh_run, random_tokens
 
 

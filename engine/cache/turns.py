@@ -25,12 +25,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 
+from ..request.generate import run_pieces
+from ..request.lasthead import last_position_only
 from . import partial
 from .blocks import tokens_bytes
 from .cuts import TURN_END, cut_key
-from ..request.generate import run_pieces
 from .layout import CacheKind
-from ..request.lasthead import last_position_only
 
 TURN_END_TAG = b"forkv-turn-end-v1"
 LOGITS = "logits"  # a turn end's record: the logits of its last position

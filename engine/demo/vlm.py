@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 from .tokenizer import (EOS_TOKEN, PAD_TOKEN, SPECIAL_TOKENS, TOOL_FORMATS,
-                             chat_template as text_template, special_token_id)
+                        chat_template as text_template, special_token_id)
 from .vlm_specs import FAMILIES, MODEL_TYPES, SPECS
 from .weights import save_random_model
 

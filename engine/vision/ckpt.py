@@ -21,12 +21,12 @@ same tokens holds there, and restoring them is exact against it.
 
 from __future__ import annotations
 
+from ..cache import partial
 from ..cache.blocks import tokens_bytes
 from ..cache.cuts import IMAGE_END, cut_key
-from .images import VisionPrompt
 from ..cache.layout import CacheKind
-from ..cache import partial
 from ..cache.records import Record
+from .images import VisionPrompt
 
 IMAGE_END_TAG = b"forkv-image-end-v2"
 # Tests switch this off to show what restoring without the position state costs.
