@@ -8,10 +8,10 @@ import pytest
 from conftest import load_tiny, scoped_engine
 from forkv.engine import Engine
 from forkv.engine.cache.blocks import BlockKeyer
-from forkv.engine.request.generate import prefill
 from forkv.engine.cache.layout import CacheKind
 from forkv.engine.cache.recordstore import RecordStore
 from forkv.engine.cache.turns import TurnModel, turn_ends, turn_key, turn_marker
+from forkv.engine.request.generate import prefill
 from helpers import MemoryDisk
 
 _WORDS = "river stone lamp orbit cedar quartz meadow signal harbor copper".split()
@@ -113,6 +113,18 @@ def test_next_turn_restores_the_last_prompt_end_exactly(arch):
     assert plain.generate(_chat(3), max_tokens=4).token_ids == out.token_ids
     plain.close()
     engine.close()
+
+
+def test_timed_restores_report_read_and_build_seconds(engine):
+    """`Checkpointer.timed` (forkv bench restore's hook) sees a turn-end restore's record reads
+    and its cache build, and times nothing outside its block."""
+    first, _ = _first_turn(engine)
+    ck = engine.checkpointer
+    assert ck.timings is None
+    with ck.timed() as spent:
+        r = ck.restore_run(engine.encode(_chat(3)), count=False)
+    assert r.position == len(first)
+    assert spent["read"] > 0 and spent["build"] > 0 and ck.timings is None
 
 
 def test_rewind_restores_an_earlier_turn_end():

@@ -15,20 +15,20 @@ namespace.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+from ..request.generate import BoundaryHook
 from . import kinds as _kinds
 from .blocks import BlockKeyer, tokens_bytes
 from .cuts import CUT_NAMES, Cuts
-from ..request.generate import BoundaryHook
 from .layout import CacheKind
 from .recorder import SequenceRecorder
 from .records import Record, rebuild
 from .recordstore import RecordStore
 from .turns import Turns
-
 
 _STAT_KINDS = sorted(_kinds.record_names() | set(CUT_NAMES))
 _MAX_KEYERS = 4096  # namespaces whose key builders are kept
@@ -81,6 +81,8 @@ class Checkpointer:
             # boundary is restorable only with its EXTRA record (see vision/ckpt.py).
             self.kinds.add(CacheKind.EXTRA)
         self.stats = CheckpointStats()
+        # Restore timing hook (benchmarks; see `timed`): None times nothing.
+        self.timings: dict[str, float] | None = None
         self.cuts = Cuts(self)  # checkpoints off the block boundaries (turn and image ends)
         # Chunk edges and checkpoints after each generation prompt (None: blocks only).
         self.turns = Turns.for_checkpointer(self)
@@ -100,6 +102,30 @@ class Checkpointer:
                 self.lm.fingerprint, self.block_size, namespace,
                 self.turns.seed_part if self.turns else b"")
         return keyer
+
+    @contextlib.contextmanager
+    def timed(self) -> Iterator[dict[str, float]]:
+        """Time the restores run inside the block (forkv bench restore): the dict it yields
+        gets the seconds spent reading records (`read`) and building turn-end caches from them
+        (`build`). One timer at a time; restores on other threads meanwhile count too."""
+        self.timings = spent = {"read": 0.0, "build": 0.0}
+        try:
+            yield spent
+        finally:
+            self.timings = None
+
+    def add_time(self, part: str, since: float) -> None:
+        """Add the seconds since `since` (a perf_counter) to `timings[part]`, when timed."""
+        if self.timings is not None:
+            self.timings[part] += time.perf_counter() - since
+
+    def read_record(self, key: bytes, kind: str) -> Record | None:
+        """The store's record under (`key`, `kind`), unverified; timed as `read`."""
+        t = time.perf_counter()
+        try:
+            return self.store.get(key, kind)
+        finally:
+            self.add_time("read", t)
 
     # -- restore -----------------------------------------------------------------------------
     def restore(self, tokens: Sequence[int], extras: dict | None = None,
@@ -177,7 +203,7 @@ class Checkpointer:
         return out
 
     def _load(self, key: bytes, kind: str, expect: bytes, tag: bytes) -> Record | None:
-        record = self.store.get(key, kind)
+        record = self.read_record(key, kind)
         if record is None:
             self.stats.misses[kind] += 1
             return None

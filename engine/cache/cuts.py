@@ -15,6 +15,7 @@ misses under its own name in the checkpointer's stats.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Iterable, Sequence
 
 from . import partial
@@ -78,7 +79,7 @@ class Cuts:
         it must hold (the global layers' K/V and `names`); one that is not is dropped. One
         without `needs` (what this restore needs beyond those) is a miss, and kept."""
         ck = self.ck
-        record = ck.store.get(key, CacheKind.EXTRA)
+        record = ck.read_record(key, CacheKind.EXTRA)
         if record is None:
             return None
         lo = end // ck.block_size * ck.block_size
@@ -138,7 +139,9 @@ class Cuts:
             ck.stats.misses[name] += 1
             return None, None
         blocks = ck.load_global_run(keys, tokens, end // B, keyer.tag)
+        t = time.perf_counter()
         cache = partial.build(ck, blocks, record.arrays, end) if blocks is not None else None
+        ck.add_time("build", t)
         if cache is None:
             ck.stats.rejected += 1
             return None, record.arrays

@@ -64,7 +64,6 @@ def _one_grain(lm, tokens: int, reps: int, block_size: int, notes: list) -> dict
     import mlx.core as mx
 
     from forkv.engine import Engine
-    from forkv.engine.cache import partial as partial_mod
 
     engine = Engine(lm, block_size=block_size)
     try:
@@ -79,41 +78,20 @@ def _one_grain(lm, tokens: int, reps: int, block_size: int, notes: list) -> dict
         ck = engine.checkpointer
         prompt = engine.encode(first + [{"role": "assistant", "content": "ok"},
                                         {"role": "user", "content": "next question"}])
-        spent = {"read": 0.0, "build": 0.0}
-        store_get, build = ck.store.get, partial_mod.build
-
-        def timed_get(key, kind):
-            t = time.perf_counter()
-            try:
-                return store_get(key, kind)
-            finally:
-                spent["read"] += time.perf_counter() - t
-
-        def timed_build(*a, **k):
-            t = time.perf_counter()
-            try:
-                return build(*a, **k)
-            finally:
-                spent["build"] += time.perf_counter() - t
-
         runs = []
-        ck.store.get, partial_mod.build = timed_get, timed_build
-        try:
-            for _ in range(reps):
-                spent.update(read=0.0, build=0.0)
+        for _ in range(reps):
+            with ck.timed() as spent:  # the checkpointer's read and build seconds
                 t0 = time.perf_counter()
                 r = ck.restore_run(prompt, count=False)
                 mx.eval([c.state for c in r.cache])
                 total = time.perf_counter() - t0
-                t1 = time.perf_counter()
-                mx.eval(lm.model(mx.array(prompt[r.position:])[None], cache=r.cache))
-                runs.append({"restored_tokens": r.position, "restore_ms": total * 1e3,
-                             "read_ms": spent["read"] * 1e3, "build_ms": spent["build"] * 1e3,
-                             "other_ms": (total - spent["read"] - spent["build"]) * 1e3,
-                             "new_tokens": len(prompt) - r.position,
-                             "prefill_after_ms": (time.perf_counter() - t1) * 1e3})
-        finally:
-            ck.store.get, partial_mod.build = store_get, build
+            t1 = time.perf_counter()
+            mx.eval(lm.model(mx.array(prompt[r.position:])[None], cache=r.cache))
+            runs.append({"restored_tokens": r.position, "restore_ms": total * 1e3,
+                         "read_ms": spent["read"] * 1e3, "build_ms": spent["build"] * 1e3,
+                         "other_ms": (total - spent["read"] - spent["build"]) * 1e3,
+                         "new_tokens": len(prompt) - r.position,
+                         "prefill_after_ms": (time.perf_counter() - t1) * 1e3})
         med = {k: round(statistics.median(r[k] for r in runs), 2) for k in runs[0]}
         stats = engine.stats()
         disk = stats.get("disk", {})
