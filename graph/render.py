@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict
 
 from .errors import NodeStateError
+from .gen_prompt import generation_suffix
 from .render_cache import (
     NodeEnd,
     PathState,
@@ -166,12 +167,24 @@ class _Renderer:
         if tools:  # only then: templates without tool support keep working
             self.kw = {**kw, "tools": tools}
         self.calls = detect_format(getattr(tokenizer, "chat_template", None))
+        self._prompted: tuple[tuple[str, ...], str] | None = None  # the last prompt render
 
     def template(self, nodes: Sequence[Node], gen_prompt: bool) -> str:
-        return self.tok.apply_chat_template(
+        ids = tuple(n.id for n in nodes)
+        if not gen_prompt and self._prompted is not None and self._prompted[0] == ids:
+            # The same chat rendered with the generation prompt: where the template shows
+            # the prompt is a fixed suffix (gen_prompt.py), this render is that one less it.
+            suffix = generation_suffix(self.tok, self.kw)
+            text = self._prompted[1]
+            if suffix is not None and text.endswith(suffix):
+                return text[: len(text) - len(suffix)]
+        text = self.tok.apply_chat_template(
             _messages(nodes, self.calls), tokenize=False, add_generation_prompt=gen_prompt,
             **self.kw
         )
+        if gen_prompt:
+            self._prompted = (ids, text)
+        return text
 
     def path_text(self, nodes: Sequence[Node]) -> str:
         """Text of done `nodes`; a trailing reasoning node is written as its final's prompt."""
