@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict
 
 from .errors import NodeStateError
+from .gen_prompt import generation_suffix
 from .render_cache import (
     NodeEnd,
     PathState,
@@ -37,6 +38,7 @@ from .render_cache import (
     signature,
     token_array,
 )
+from .token_extend import extend_encoding
 from .toolformat import ToolFormat, detect_format
 from .tools import visible_tools
 
@@ -165,12 +167,24 @@ class _Renderer:
         if tools:  # only then: templates without tool support keep working
             self.kw = {**kw, "tools": tools}
         self.calls = detect_format(getattr(tokenizer, "chat_template", None))
+        self._prompted: tuple[tuple[str, ...], str] | None = None  # the last prompt render
 
     def template(self, nodes: Sequence[Node], gen_prompt: bool) -> str:
-        return self.tok.apply_chat_template(
+        ids = tuple(n.id for n in nodes)
+        if not gen_prompt and self._prompted is not None and self._prompted[0] == ids:
+            # The same chat rendered with the generation prompt: where the template shows
+            # the prompt is a fixed suffix (gen_prompt.py), this render is that one less it.
+            suffix = generation_suffix(self.tok, self.kw)
+            text = self._prompted[1]
+            if suffix is not None and text.endswith(suffix):
+                return text[: len(text) - len(suffix)]
+        text = self.tok.apply_chat_template(
             _messages(nodes, self.calls), tokenize=False, add_generation_prompt=gen_prompt,
             **self.kw
         )
+        if gen_prompt:
+            self._prompted = (ids, text)
+        return text
 
     def path_text(self, nodes: Sequence[Node]) -> str:
         """Text of done `nodes`; a trailing reasoning node is written as its final's prompt."""
@@ -189,6 +203,11 @@ class _Renderer:
 
     def encode(self, text: str) -> list[int]:
         return list(self.tok.encode(text, add_special_tokens=False))
+
+    def encode_from(self, text: str, old_text: str, old_tokens: Sequence[int]) -> list[int]:
+        """encode(`text`), reusing `old_tokens` (old_text's) up to their shared special token."""
+        tokens = extend_encoding(self.tok, self.encode, text, old_text, old_tokens)
+        return self.encode(text) if tokens is None else tokens
 
 
 def _char_end(prefix: str, content: str, full: str, start: int) -> int | None:
@@ -221,11 +240,11 @@ def _node_end(r: _Renderer, done: Sequence[Node], i: int, text: str, tokens: lis
     content = n.text or ""
     char_end = _char_end(prefix, content, text, prev_char)
     if char_end is not None:
-        enc = r.encode(text[:char_end])
+        enc = r.encode_from(text[:char_end], text, tokens)
         how = "prefix" if text.startswith(prefix) else "found"
         raw = common_prefix(enc, tokens)
         return NodeEnd(max(prev, raw), how, char_end, raw, len(enc), len(prefix))
-    enc = r.encode(prefix)
+    enc = r.encode_from(prefix, text, tokens)
     raw = common_prefix(enc, tokens)
     k = prefix.rfind(content) if content else -1
     return NodeEnd(max(prev, raw), "lost", None, raw, len(enc), len(prefix),
@@ -245,8 +264,9 @@ def render(
     Every node above a pending target must be done. `template_kwargs` go to
     `apply_chat_template` (e.g. `enable_thinking`). Spans are found by re-tokenizing prefixes
     (see the module docstring); a render extends the tree's cached render of the path's
-    deepest ancestor (render_cache.py), so it costs one template call and one encode of the
-    whole path plus one of each per node the cached render did not cover.
+    deepest ancestor (render_cache.py), so it costs one template call of the whole path plus
+    one per node the cached render did not cover; encodes reuse the cached tokens up to the
+    last special token the texts share (token_extend.py).
     """
     fmt = reasoning or ReasoningFormat()
     path = tree.path(node)
@@ -263,10 +283,11 @@ def render(
     tools = [t.to_openai() for t in visible_tools(path)]
     r = _Renderer(tokenizer, fmt, dict(template_kwargs or {}), tools)
     text = r.prompt_text(done, target) if is_prompt else r.path_text(done)
-    tokens = r.encode(text)
     cache = render_cache(tree)
     settings = (fmt, r.kw)
     base = cache.base_for(tokenizer, settings, done, target)
+    tokens = (r.encode_from(text, base.text, base.tokens) if base is not None
+              else r.encode(text))
     kept = token_array(tokens)  # the cache's own copy: callers may change `tokens`
     ends = reusable_ends(base, text, kept) if base is not None else None
     ends = ends or []

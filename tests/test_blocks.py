@@ -45,3 +45,20 @@ def test_extras_change_only_their_block_onwards():
 
 def test_tokens_bytes_is_int32_le():
     assert tokens_bytes([1, 256]) == b"\x01\x00\x00\x00\x00\x01\x00\x00"
+
+
+def test_keys_reuse_the_last_run_only_where_its_blocks_are_the_same():
+    """A keyer keys only the blocks a run does not share with the last one it keyed; every
+    answer equals a chain from scratch (a fresh keyer), whatever order runs come in."""
+    import random
+
+    rng = random.Random(4)
+    k = BlockKeyer(b"fp", 4)
+    base = [rng.randrange(50) for _ in range(40)]
+    runs = [base, base + [1, 2, 3, 4, 5], base[:13], base[:21] + [9] + base[22:], base, [],
+            base[:3], base[:8] + [7] * 30, base + base]
+    for tokens in runs * 2:
+        assert k.keys(tokens) == BlockKeyer(b"fp", 4).keys(tokens), tokens
+    got = k.keys(base)
+    got.append(b"x")  # a caller's list is its own
+    assert k.keys(base) == BlockKeyer(b"fp", 4).keys(base)

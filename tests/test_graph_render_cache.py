@@ -235,3 +235,52 @@ def test_a_copied_tree_renders_with_a_cache_of_its_own():
     for other in (copy.deepcopy(tree), pickle.loads(pickle.dumps(tree))):
         assert len(render_cache(other)) == 0
         assert same(render(other, node.id, tok), render(tree, node, tok))
+
+
+def test_the_prompt_and_the_path_to_it_share_one_template_call_where_the_template_shows_it():
+    """A turn renders its chat with the generation prompt and without: where the template's
+    last block is `if add_generation_prompt` over constants, the second is the first less
+    that text (graph/gen_prompt.py) - one call fewer per turn, the same render."""
+    from conftest import load_tiny
+    from forkv.graph.gen_prompt import _flag_block_is_fixed, generation_suffix
+
+    tok = load_tiny("qwen3").tokenizer
+    assert generation_suffix(tok, {}) == "<|im_start|>assistant\n"
+    calls = []
+    real = tok.apply_chat_template
+
+    def counting(*a, **k):
+        calls.append(k.get("add_generation_prompt"))
+        return real(*a, **k)
+
+    tree = Tree()
+    node = tree.system("S")
+    tok.apply_chat_template = counting
+    try:
+        for turn in range(6):
+            answer = node.user(f"question {turn}").final()
+            calls.clear()
+            got = render(tree, answer, tok)
+            # the user node's end came from the prompt render (at turn 0 the system's path
+            # renders alone too)
+            assert calls == ([True] if turn else [True, False])
+            tok.apply_chat_template = real
+            assert same(got, full_render(tree, answer, tok))
+            tok.apply_chat_template = counting
+            tree.attach(answer, f"answer {turn}")
+            render(tree, answer, tok)  # the whole path, as the runner records it
+            node = answer
+    finally:
+        tok.apply_chat_template = real
+    fixed = "{% for m in messages %}{{ m.content }}{% endfor %}{% if add_generation_prompt %}"
+    assert _flag_block_is_fixed(fixed + "{{ 'A:' }}{% endif %}")
+    assert _flag_block_is_fixed(fixed + "{{ 'A:' }}{% if think is defined %}x{% endif %}"
+                                "{% endif %}")  # an argument of the render: still fixed
+    assert not _flag_block_is_fixed(fixed + "{{ messages[0].role }}{% endif %}")
+    assert not _flag_block_is_fixed(fixed + "A{% else %}B{% endif %}")
+    assert not _flag_block_is_fixed(fixed + "{{ 'A' | upper }}{% endif %}")  # a filter
+    assert not _flag_block_is_fixed(fixed + "A{% endif %}tail")  # not the last block
+    assert not _flag_block_is_fixed("{% set x = add_generation_prompt %}" + fixed
+                                    + "A{% endif %}")  # read elsewhere too
+    assert not _flag_block_is_fixed("{% set r = 1 %}" + fixed + "{{ r }}{% endif %}")
+    assert not _flag_block_is_fixed("{% generation %}x{% endgeneration %}")  # not parsed

@@ -73,6 +73,25 @@ def test_turn_ends_follow_each_marker_but_not_block_boundaries():
     assert turn_ends(tokens, marker, 256) == [3, 6, 10]
     assert turn_ends(tokens, marker, 3) == [10]  # 3 and 6 are block boundaries
     assert turn_ends(tokens, (), 256) == []
+    # Searched as bytes: a match across token boundaries is no turn end
+    assert turn_ends([256, 0, 1, 0], (1, 0), 256) == [4]
+    assert turn_ends([7, 7, 7], (7, 7), 256) == [2, 3]  # overlapping ends, as token by token
+
+
+def test_turn_ends_equal_a_token_by_token_search():
+    import random
+
+    def naive(tokens, marker, B):
+        m = len(marker)
+        return [i + m for i in range(len(tokens)) if (i + m) % B and i + m <= len(tokens)
+                and list(tokens[i:i + m]) == list(marker)]
+
+    rng = random.Random(0)
+    for _ in range(200):
+        tokens = [rng.choice([0, 1, 2, 256, 65536, 2**31 - 1]) for _ in range(rng.randrange(30))]
+        marker = tuple(rng.choice([0, 1, 256]) for _ in range(rng.randrange(1, 3)))
+        B = rng.choice([3, 4, 256])
+        assert turn_ends(tokens, marker, B) == naive(tokens, marker, B), (tokens, marker, B)
 
 
 def test_turn_ends_change_the_key_seed():
@@ -289,3 +308,26 @@ def test_a_turn_end_record_without_logits_serves_longer_prompts_only(engine):
     assert r.logits is None and ck.store.contains(key, CacheKind.EXTRA)
     assert ck.restore_run(engine.encode(_chat(3))).position == len(first)
     assert ck.stats.rejected == 0
+
+
+def test_turn_keys_of_a_longer_run_equal_keys_from_scratch():
+    """Turns.keys reuses the keys of ends inside the tokens the last call shared: every answer
+    equals one computed alone, in any order of runs and namespaces."""
+    import random
+
+    from forkv.engine.cache.blocks import BlockKeyer
+    from forkv.engine.cache.turns import Turns, turn_key
+
+    class Ck:
+        block_size = 4
+        keyer = BlockKeyer(b"fp", 4)
+
+    turns, other = Turns(Ck(), (9, 8)), BlockKeyer(b"fp", 4, "tenant")
+    rng = random.Random(2)
+    base = [rng.choice([1, 9, 8]) for _ in range(60)]
+    runs = [base[:20], base, base[:33], base[:10] + [9, 8] + base[12:], base, base + [9, 8]]
+    for tokens in runs * 2:
+        for keyer in (Ck.keyer, other):
+            keys = keyer.keys(tokens)
+            want = {e: turn_key(keyer, keys, tokens, e) for e in turns.ends(tokens)}
+            assert turns.keys(tokens, keys, keyer) == want

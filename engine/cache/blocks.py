@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from array import array
 from collections.abc import Sequence
 
 KEY_VERSION = b"forkv-block-v1"
@@ -28,6 +29,23 @@ def tokens_bytes(tokens: Sequence[int]) -> bytes:
     return struct.pack(f"<{len(tokens)}i", *tokens)
 
 
+def shared_prefix(a: array, b: array) -> int:
+    """Length of the longest common prefix of two int arrays (slices compare in C)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 64:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    while lo < hi and a[lo] == b[lo]:
+        lo += 1
+    return lo
+
+
 class BlockKeyer:
     def __init__(self, fingerprint: bytes, block_size: int = 256, namespace: str | bytes = b"",
                  chunking: bytes = b""):
@@ -42,11 +60,31 @@ class BlockKeyer:
         if chunking:  # (absent for block-aligned chunks only, so those keys stay as they were)
             h.update(b"chunking" + len(chunking).to_bytes(8, "little") + chunking)
         self.seed = h.digest()
+        # The last text-only run keyed whole: (its full blocks' tokens, their keys). A turn's
+        # render, its prompt and its run share all but their last blocks, so each keys only
+        # its new blocks. Replaced whole (one assignment): safe to read from any thread.
+        self._last: tuple[array, list[bytes]] = (array("i"), [])
 
     def keys(self, tokens: Sequence[int], extras: dict[int, Sequence[bytes]] | None = None,
              start: int = 0, prev: bytes | None = None) -> list[bytes]:
         """Keys of the full blocks of `tokens` from block `start` on (`prev` = key of block
         start-1). `extras[i]` are content hashes (e.g. images) that overlap block i."""
+        if start == 0 and not extras:
+            return self._keys_from_last(tokens)
+        return self._chain(tokens, extras, start, prev)
+
+    def _keys_from_last(self, tokens: Sequence[int]) -> list[bytes]:
+        B = self.block_size
+        full = array("i", tokens[: len(tokens) // B * B])
+        last_tokens, last_keys = self._last
+        same = shared_prefix(full, last_tokens) // B
+        keys = last_keys[:same] + self._chain(full, None, same, last_keys[same - 1]
+                                              if same else None)
+        self._last = (full, keys)
+        return list(keys)
+
+    def _chain(self, tokens: Sequence[int], extras: dict[int, Sequence[bytes]] | None,
+               start: int, prev: bytes | None) -> list[bytes]:
         B = self.block_size
         prev = self.seed if start == 0 else prev
         assert prev is not None, "continuing a chain needs the previous key"

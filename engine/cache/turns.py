@@ -23,12 +23,13 @@ model callable of prefill chunks (decode steps are single tokens and never cut).
 from __future__ import annotations
 
 import contextlib
+from array import array
 from collections.abc import Callable, Iterator, Sequence
 
 from ..request.generate import run_pieces
 from ..request.lasthead import last_position_only
 from . import partial
-from .blocks import tokens_bytes
+from .blocks import shared_prefix, tokens_bytes
 from .cuts import TURN_END, cut_key
 from .layout import CacheKind
 
@@ -60,9 +61,19 @@ def turn_ends(tokens: Sequence[int], marker: Sequence[int], block_size: int) -> 
     m = len(marker)
     if not m:
         return []
-    first, marker = marker[0], list(marker)
-    return [i + m for i, t in enumerate(tokens) if t == first and (i + m) % block_size
-            and i + m <= len(tokens) and list(tokens[i:i + m]) == marker]
+    # Searched as packed int32 bytes (in C: a turn's tokens cost microseconds, not a Python
+    # loop over the whole path); a hit counts only at a token boundary.
+    data, pattern = tokens_bytes(tokens), tokens_bytes(marker)
+    out, at = [], data.find(pattern)
+    while at >= 0:
+        if at % 4 == 0:
+            end = at // 4 + m
+            if end % block_size:
+                out.append(end)
+            at = data.find(pattern, at + 4)
+        else:
+            at = data.find(pattern, at + 1)
+    return out
 
 
 def turn_key(keyer, keys: Sequence[bytes], tokens: Sequence[int], end: int) -> bytes:
@@ -134,6 +145,9 @@ class Turns:
     def __init__(self, ck, marker: Sequence[int]):
         self.ck = ck
         self.marker = tuple(marker)
+        # The last `keys` answer: (keyer, tokens, {end: key}). A turn end's key reads only
+        # the tokens before it, so ends inside the tokens a later call shares keep theirs.
+        self._last: tuple[object, array, dict[int, bytes]] = (None, array("i"), {})
 
     @classmethod
     def for_checkpointer(cls, ck) -> Turns | None:
@@ -171,7 +185,13 @@ class Turns:
         """Keys of the turn-end checkpoints a run of `tokens` records, by position (for
         releasing them)."""
         keyer = keyer or self.ck.keyer
-        return {e: turn_key(keyer, block_keys, tokens, e) for e in self.ends(tokens)}
+        now = array("i", tokens)
+        last_keyer, last_tokens, last = self._last
+        same = shared_prefix(now, last_tokens) if last_keyer is keyer else -1
+        out = {e: last[e] if e <= same and e in last else turn_key(keyer, block_keys, tokens, e)
+               for e in self.ends(tokens)}
+        self._last = (keyer, now, out)
+        return dict(out)
 
     def is_recorded_end(self, tokens: Sequence[int], keyer) -> bool:
         """Whether `tokens` ends at a turn end recorded in `keyer`'s namespace (a restore of

@@ -77,13 +77,25 @@ async def start(state, prompt, params: SamplingParams, namespace: str, images=No
     handles = []
     try:
         for i in range(n):
-            handles.append(await asyncio.to_thread(submit, i, tokens))
+            # Shielded: a client that goes away mid-submit cancels this await, not the submit,
+            # whose handle is then cancelled when it lands (else it would generate for nobody).
+            task = asyncio.ensure_future(asyncio.to_thread(submit, i, tokens))
+            try:
+                handles.append(await asyncio.shield(task))
+            except asyncio.CancelledError:
+                task.add_done_callback(_cancel_landed)
+                raise
     except BaseException:
         cancel(handles)
         raise
     if not follow_up:
         logs.note_prompt(handles)
     return handles
+
+
+def _cancel_landed(task) -> None:
+    if not task.cancelled() and task.exception() is None:
+        cancel([task.result()])
 
 
 def cancel(handles) -> None:

@@ -159,6 +159,36 @@ FORKV_INLINE void by_group(int G, F&& f) {  // f(g0, count), count a compile-tim
   }
 }
 
+// max over x[lo, hi): 16 running maxima, then across them (max is exact: any order gives
+// the same value, up to the sign of a zero, which no later result sees).
+FORKV_INLINE float row_max(const float* x, int lo, int hi) {
+  vf16 mv;
+  for (int t = 0; t < 16; ++t) mv[t] = kNegInf;
+  int jj = lo;
+  for (; jj + 16 <= hi; jj += 16) {
+    const vf16 v = vload(x + jj);
+    mv = mv < v ? v : mv;
+  }
+  float m = kNegInf;
+  for (int t = 0; t < 16; ++t) m = std::max(m, mv[t]);
+  for (; jj < hi; ++jj) m = std::max(m, x[jj]);
+  return m;
+}
+
+// lanes[(lane0 + j) % kLanes] += x[j] for j in [lo, hi), in order of j: each lane gets its
+// keys in the same order as one at a time, so the same bits; 16 keys a step once aligned.
+FORKV_INLINE void lane_sums(const float* x, int lo, int hi, int lane0, float* lanes) {
+  int jj = lo;
+  for (; jj < hi && ((lane0 + jj) & (kLanes - 1)); ++jj)
+    lanes[(lane0 + jj) & (kLanes - 1)] += x[jj];
+  if (jj + 16 <= hi) {
+    vf16 acc = vload(lanes);
+    for (; jj + 16 <= hi; jj += 16) acc += vload(x + jj);
+    std::memcpy(lanes, &acc, sizeof acc);
+  }
+  for (; jj < hi; ++jj) lanes[(lane0 + jj) & (kLanes - 1)] += x[jj];
+}
+
 // The partial softmax of the G query heads of (b, h) at row i over the visible keys of the
 // block from j0 (n of them): per head its max, its sum of exp(score - max) and the weighted
 // sum of V rows (`part`, G x (2 + D)). Masked keys score -inf and weigh exactly 0, so leaving
@@ -193,7 +223,22 @@ FORKV_INLINE void block(const Args& a, int b, int h, int i, int j0, int n, float
       for (int t = 0; t < 16; ++t) rows[t] = krows[std::min(c + t, hi - 1)];
       float sv[16];
       const vf16 s = dots16(q, rows, D) * a.scale;
+      if (!a.mask_kind && c + 16 <= hi) {  // no mask: the scores as they are
+        std::memcpy(sg + c, &s, sizeof s);
+        continue;
+      }
       std::memcpy(sv, &s, sizeof sv);
+      if (a.mask_kind && c + 16 <= hi && !a.rot && a.m3 == 1) {  // 16 mask entries in a row
+        const int64_t at = b * a.m0 + hq * a.m1 + i * a.m2 + int64_t(j0 + c);
+        if (a.mask_kind == 1) {
+          const bool* mk = static_cast<const bool*>(a.mask) + at;
+          for (int t = 0; t < 16; ++t) sg[c + t] = mk[t] ? sv[t] : kNegInf;
+        } else {
+          const float* mf = static_cast<const float*>(a.mask) + at;
+          for (int t = 0; t < 16; ++t) sg[c + t] = sv[t] + mf[t];
+        }
+        continue;
+      }
       for (int t = 0; t < 16 && c + t < hi; ++t) {
         float sc = sv[t];
         const int64_t at = b * a.m0 + hq * a.m1 + i * a.m2 + int64_t(a.at(j0 + c + t)) * a.m3;
@@ -203,14 +248,13 @@ FORKV_INLINE void block(const Args& a, int b, int h, int i, int j0, int n, float
       }
     }
     float* pg = part + g * (2 + D);
-    float m = kNegInf;
-    for (int jj = lo; jj < hi; ++jj) m = std::max(m, sg[jj]);
+    const float m = row_max(sg, lo, hi);
     float lanes[kLanes] = {};
     if (m == kNegInf) {
       std::fill(sg, sg + n, 0.0f);
     } else {
       for (int jj = lo; jj < hi; ++jj) sg[jj] = vexp(sg[jj] - m);
-      for (int jj = lo; jj < hi; ++jj) lanes[(lane0 + jj) & (kLanes - 1)] += sg[jj];
+      lane_sums(sg, lo, hi, lane0, lanes);
     }
     pg[0] = m;
     pg[1] = tree(lanes);
