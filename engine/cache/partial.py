@@ -13,6 +13,7 @@ tokens holds, and restoring them is exact.
 from __future__ import annotations
 
 from . import kinds as _kinds
+from .kinds.kv import GlobalKind
 from .layout import CacheKind
 
 _PARTIAL_KINDS = {CacheKind.GLOBAL, CacheKind.WINDOW, CacheKind.STATE, CacheKind.EXTRA}
@@ -39,6 +40,10 @@ def _load_whole(fresh: list, arrays: dict, i: int) -> None:
     fresh[i] = _kinds.kind_of(fresh[i]).load_whole(fresh[i], _kinds.sub_arrays(arrays, f"{i}:"))
 
 
+def _global_part(arrays: dict, i: int) -> dict:
+    return {"k": arrays[f"{i}.k"], "v": arrays[f"{i}.v"]}
+
+
 def snapshot(ck, cache: list, end: int) -> dict:
     """Copies of `cache` (holding `end` tokens) for a partial checkpoint at `end`; evaluated."""
     import mlx.core as mx
@@ -47,11 +52,8 @@ def snapshot(ck, cache: list, end: int) -> dict:
     arrays = {}
     global_layers, others = split_layers(ck)
     for i in global_layers:
-        c = cache[i]
-        if c.offset != end:
-            raise ValueError(f"layer {i} holds {c.offset} tokens, expected {end}")
-        arrays[f"{i}.k"] = mx.array(c.keys[..., lo:end, :])  # copies: caches update
-        arrays[f"{i}.v"] = mx.array(c.values[..., lo:end, :])  # in place
+        part = GlobalKind.tail(cache[i], lo, end)
+        arrays[f"{i}.k"], arrays[f"{i}.v"] = part["k"], part["v"]
     for i in others:
         arrays.update(_save_whole(cache, i))
     mx.eval(arrays)
@@ -69,25 +71,17 @@ def apply(ck, cache: list, arrays: dict, end: int) -> bool:
 
     lo = end // ck.block_size * ck.block_size
     global_layers, others = split_layers(ck)
-    try:
-        parts = {}
+    fresh = ck.lm.make_cache()
+    try:  # into fresh caches first: `cache` stays as it was on a miss
         for i in global_layers:
-            c, k, v = cache[i], arrays[f"{i}.k"], arrays[f"{i}.v"]
-            if lo:
-                k = mx.concatenate([c.keys[..., :lo, :], k], axis=2)
-                v = mx.concatenate([c.values[..., :lo, :], v], axis=2)
-            if k.shape[2] != end or v.shape[2] != end:
-                raise ValueError(f"layer {i}: the record does not continue this cache")
-            parts[i] = (k, v)
-        fresh = ck.lm.make_cache()  # the other layers take the checkpoint's copies whole
-        for i in others:
+            fresh[i].keys, fresh[i].values, fresh[i].offset = (cache[i].keys, cache[i].values,
+                                                               cache[i].offset)
+            GlobalKind.extend(fresh[i], lo, _global_part(arrays, i), end)
+        for i in others:  # the other layers take the checkpoint's copies whole
             _load_whole(fresh, arrays, i)
     except (KeyError, TypeError, ValueError):  # arrays that do not fit this model: a miss
         return False
-    for i, (k, v) in parts.items():
-        c = cache[i]
-        c.keys, c.values, c.offset = k, v, end
-    for i in others:
+    for i in global_layers + others:
         cache[i] = fresh[i]
     mx.eval([c.state for c in cache])
     return True
@@ -104,13 +98,8 @@ def build(ck, blocks: list[dict], arrays: dict, end: int) -> list | None:
     fresh = ck.lm.make_cache()
     try:
         for i in global_layers:
-            c = fresh[i]
-            ks = [b[f"{i}.k"] for b in blocks] + [arrays[f"{i}.k"]]
-            vs = [b[f"{i}.v"] for b in blocks] + [arrays[f"{i}.v"]]
-            if sum(x.shape[2] for x in ks) != end or sum(x.shape[2] for x in vs) != end:
-                raise ValueError(f"layer {i}: the records do not cover {end} tokens")
-            c.keys, c.values = mx.concatenate(ks, axis=2), mx.concatenate(vs, axis=2)
-            c.offset = end
+            parts = [_global_part(b, i) for b in blocks] + [_global_part(arrays, i)]
+            GlobalKind.rebuild(fresh[i], end, ck.block_size, dict(enumerate(parts)))
         for i in others:
             _load_whole(fresh, arrays, i)
     except (KeyError, TypeError, ValueError):

@@ -20,21 +20,43 @@ class GlobalKind(RecordKind):
 
     @classmethod
     def snapshot(cls, cache, pos: int, block_size: int) -> dict:
-        assert cache.offset == pos, f"cache holds {cache.offset} tokens, expected {pos}"
-        lo = pos - block_size
+        return cls.tail(cache, pos - block_size, pos)
+
+    @classmethod
+    def tail(cls, cache, lo: int, pos: int) -> dict:
+        """Copies of the K/V of tokens [lo, pos) of a cache that holds `pos` (caches update
+        in place): a block's record, or a partial block's at a cut."""
+        if cache.offset != pos:
+            raise ValueError(f"the cache holds {cache.offset} tokens, expected {pos}")
         return {"k": copy_array(cache.keys[..., lo:pos, :]),
                 "v": copy_array(cache.values[..., lo:pos, :])}
+
+    @classmethod
+    def extend(cls, cache, lo: int, part: dict, n: int):
+        """`cache` (holding at least `lo` tokens) continued to `n` by a `tail` of [lo, n);
+        ValueError when the part does not continue it there."""
+        import mlx.core as mx
+
+        k, v = part["k"], part["v"]
+        if lo:
+            k = mx.concatenate([cache.keys[..., :lo, :], k], axis=2)
+            v = mx.concatenate([cache.values[..., :lo, :], v], axis=2)
+        if k.shape[2] != n or v.shape[2] != n:
+            raise ValueError(f"the record does not continue this cache to {n} tokens")
+        cache.keys, cache.values, cache.offset = k, v, n
+        return cache
 
     @classmethod
     def rebuild(cls, cache, n: int, block_size: int, records: dict[int, dict]):
         import mlx.core as mx
 
-        # Every record given, in block order (a vision restore adds a partial last block).
+        # Every record given, in block order (a cut adds a partial last block).
         parts = [records[b] for b in sorted(records)]
-        cache.keys = mx.concatenate([p["k"] for p in parts], axis=2)
-        cache.values = mx.concatenate([p["v"] for p in parts], axis=2)
-        assert cache.keys.shape[2] == n == cache.values.shape[2], "records do not cover n"
-        cache.offset = n
+        keys = mx.concatenate([p["k"] for p in parts], axis=2)
+        values = mx.concatenate([p["v"] for p in parts], axis=2)
+        if keys.shape[2] != n or values.shape[2] != n:
+            raise ValueError(f"the records do not cover {n} tokens")
+        cache.keys, cache.values, cache.offset = keys, values, n
         return cache
 
     @classmethod
