@@ -63,8 +63,8 @@ def kernels_line(is_cpu: bool) -> str:
     info = native.status()
     if info.available:
         return (f"forkv-native-v{native.KERNEL_VERSION} {info.isa}, {info.num_threads} threads, "
-                "for quantized models: their matmuls, attention, norms, RoPE and activations "
-                f"({info.path})")
+                "for quantized models' matmuls, and attention, norms, RoPE and activations "
+                f"of quantized and float32 models ({info.path})")
     return f"mlx's: forkv's CPU kernels are not in use: {info.reason}"
 
 
