@@ -230,32 +230,37 @@ T512 inline __m512 scale_vec512(const float* sc, int c, int group_size) {
   return _mm512_set1_ps(sc[(64 * c) / group_size]);
 }
 
-// Biases g..g+15 (lanes in k): loaded, or for symmetric groups (bi null) shift * scale.
+// sum_g bias[g] * xs[g]; symmetric groups (SYM) take each bias as shift * scale.
+template <bool SYM>
 T512 inline __m512 bias_vec512(const float* bi, const float* sc, __m512 shift, __mmask16 k,
                                int g) {
-  return bi ? _mm512_maskz_loadu_ps(k, bi + g)
-            : _mm512_mul_ps(_mm512_maskz_loadu_ps(k, sc + g), shift);
+  if constexpr (SYM) return _mm512_mul_ps(_mm512_maskz_loadu_ps(k, sc + g), shift);
+  return _mm512_maskz_loadu_ps(k, bi + g);
 }
 
-T512 inline float bias_dot512(const float* bi, const float* sc, float shift, const float* xs,
+template <bool SYM>
+T512 inline float bias_dot512(const float* bi, const float* sc, __m512 shift, const float* xs,
                               int num_groups) {
-  const __m512 sh = _mm512_set1_ps(shift);
   __m512 acc = _mm512_setzero_ps();
   int g = 0;
-  for (; g + 16 <= num_groups; g += 16)
-    acc = _mm512_fmadd_ps(bias_vec512(bi, sc, sh, 0xFFFF, g), _mm512_loadu_ps(xs + g), acc);
+  for (; g + 16 <= num_groups; g += 16) {
+    const __m512 b = SYM ? _mm512_mul_ps(_mm512_loadu_ps(sc + g), shift) : _mm512_loadu_ps(bi + g);
+    acc = _mm512_fmadd_ps(b, _mm512_loadu_ps(xs + g), acc);
+  }
   if (g < num_groups) {
     const __mmask16 k = __mmask16((1u << (num_groups - g)) - 1);
-    acc = _mm512_fmadd_ps(bias_vec512(bi, sc, sh, k, g), _mm512_maskz_loadu_ps(k, xs + g), acc);
+    acc = _mm512_fmadd_ps(bias_vec512<SYM>(bi, sc, shift, k, g), _mm512_maskz_loadu_ps(k, xs + g),
+                          acc);
   }
   return _mm512_reduce_add_ps(acc);
 }
 
-// A tile of MR activation rows x NR weight rows; every (m, n) keeps its own accumulator and
-// sees the same operations in the same order whatever MR and NR are.
-template <int BITS, int MR, int NR>
-T512 void tile512(const QuantX& x, const QuantW& w, const RowParams& p, int m0, int n0, float* y,
-                  size_t ldy) {
+// A tile of MR activation rows x NR weight rows (params from row n0 on, row stride K/group);
+// every (m, n) keeps its own accumulator and sees the same operations in the same order
+// whatever MR and NR are.
+template <int BITS, int MR, int NR, bool SYM>
+T512 void tile512(const QuantX& x, const QuantW& w, const float* scales, const float* biases,
+                  __m512 shift, int m0, int n0, float* y, size_t ldy) {
   const int num_chunks = w.K / 64, num_groups = w.K / w.group_size;
   __m512 acc[MR][NR];
   for (int i = 0; i < MR; ++i)
@@ -264,7 +269,7 @@ T512 void tile512(const QuantX& x, const QuantW& w, const RowParams& p, int m0, 
   const float* sc[NR];
   for (int j = 0; j < NR; ++j) {
     rows[j] = w.data + size_t(n0 + j) * w.row_bytes;
-    sc[j] = p.scales + size_t(n0 + j - p.n0) * num_groups;
+    sc[j] = scales + size_t(j) * num_groups;
   }
   const __m512i zero = _mm512_setzero_si512();
   for (int c = 0; c < num_chunks; ++c) {
@@ -287,20 +292,32 @@ T512 void tile512(const QuantX& x, const QuantW& w, const RowParams& p, int m0, 
   for (int i = 0; i < MR; ++i) {
     const float* xs = x.xsum + size_t(m0 + i) * num_groups;
     for (int j = 0; j < NR; ++j) {
-      const float* bi = p.biases ? p.biases + size_t(n0 + j - p.n0) * num_groups : nullptr;
+      const float* bi = SYM ? nullptr : biases + size_t(j) * num_groups;
       y[size_t(m0 + i) * ldy + n0 + j] =
-          _mm512_reduce_add_ps(acc[i][j]) + bias_dot512(bi, sc[j], p.shift, xs, num_groups);
+          _mm512_reduce_add_ps(acc[i][j]) + bias_dot512<SYM>(bi, sc[j], shift, xs, num_groups);
     }
   }
 }
 
-template <int BITS, int MR>
+template <int BITS, int MR, bool SYM>
 T512 void rows512(const QuantX& x, const QuantW& w, const RowParams& p, int m0, int n0, int n1,
                   float* y, size_t ldy) {
+  const size_t num_groups = size_t(w.K / w.group_size);
+  const float* scales = p.scales;
+  const float* biases = p.biases;
+  const __m512 shift = _mm512_set1_ps(p.shift);
+  const int first = p.n0;
+  auto at = [&](const float* a, int n) {
+    return SYM ? nullptr : a + size_t(n - first) * num_groups;
+  };
   int n = n0;
   if (MR > 1)  // with one activation row, rows one after another read memory in order
-    for (; n + 4 <= n1; n += 4) tile512<BITS, MR, 4>(x, w, p, m0, n, y, ldy);
-  for (; n < n1; ++n) tile512<BITS, MR, 1>(x, w, p, m0, n, y, ldy);
+    for (; n + 4 <= n1; n += 4)
+      tile512<BITS, MR, 4, SYM>(x, w, scales + size_t(n - first) * num_groups, at(biases, n),
+                                shift, m0, n, y, ldy);
+  for (; n < n1; ++n)
+    tile512<BITS, MR, 1, SYM>(x, w, scales + size_t(n - first) * num_groups, at(biases, n),
+                              shift, m0, n, y, ldy);
 }
 
 // row_params with F16C: the same values, widened 16 at a time.
@@ -325,8 +342,13 @@ T512 void qgemm512(const QuantX& x, const QuantW& w, int n0, int n1, float* y, s
     const int ne = std::min(n1, nb + NB);
     const RowParams p = row_params512(w, nb, ne, buf.data());
     int m = 0;
-    for (; m + 4 <= x.M; m += 4) rows512<BITS, 4>(x, w, p, m, nb, ne, y, ldy);
-    for (; m < x.M; ++m) rows512<BITS, 1>(x, w, p, m, nb, ne, y, ldy);
+    if (p.biases) {
+      for (; m + 4 <= x.M; m += 4) rows512<BITS, 4, false>(x, w, p, m, nb, ne, y, ldy);
+      for (; m < x.M; ++m) rows512<BITS, 1, false>(x, w, p, m, nb, ne, y, ldy);
+    } else {
+      for (; m + 4 <= x.M; m += 4) rows512<BITS, 4, true>(x, w, p, m, nb, ne, y, ldy);
+      for (; m < x.M; ++m) rows512<BITS, 1, true>(x, w, p, m, nb, ne, y, ldy);
+    }
   }
 }
 
