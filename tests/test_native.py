@@ -1,6 +1,7 @@
 """forkv's CPU kernels (engine/native): built here, exact to their own arithmetic on every ISA,
 row-independent (a row's result never depends on the rows beside it), and wired into loading:
-quantized layers move onto them, their scales stay float32 and the fingerprint names them."""
+quantized layers move onto them, their scales stay float32 (a GGUF's symmetric groups: no biases,
+f16 scales as float16) and the fingerprint names them."""
 
 from __future__ import annotations
 
