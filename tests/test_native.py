@@ -1,6 +1,7 @@
 """forkv's CPU kernels (engine/native): built here, exact to their own arithmetic on every ISA,
 row-independent (a row's result never depends on the rows beside it), and wired into loading:
-quantized layers move onto them, their scales stay float32 and the fingerprint names them."""
+quantized layers move onto them, their scales stay float32 (a GGUF's symmetric groups: no biases,
+f16 scales as float16) and the fingerprint names them."""
 
 from __future__ import annotations
 
@@ -108,6 +109,47 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(lib, bits):
             lib.set_num_threads(0)
 
 
+@pytest.mark.parametrize("bits,group_size", [(4, 32), (5, 32), (6, 16), (8, 32), (8, 128)])
+def test_symmetric_groups_without_biases_give_the_affine_bits(lib, bits, group_size):
+    # A GGUF's Q8_0, Q4_0, Q5_0 and Q6_K: each bias is -2^(bits-1) times its scale, so the
+    # kernels take no biases (and f16 scales as float16) and derive the same values.
+    from forkv.engine.gguf.blocks import pack
+
+    N, K, M = 37, 640, 9
+    rng = np.random.default_rng(bits)
+    w = mx.array(pack(rng.integers(0, 1 << bits, (N, K)).astype(np.uint8), bits))
+    wk = _kernel_weight(lib, w, K, bits)
+    half = mx.array((rng.random((N, K // group_size)) * 0.02 - 0.01).astype(np.float16))
+    full = mx.array((rng.random((N, K // group_size)) * 0.02 - 0.01).astype(np.float32))
+    x = mx.random.normal((M, K), key=mx.random.key(bits))
+    shift = -float(1 << (bits - 1))
+    for isa in _isas(lib):
+        lib.set_isa(isa)
+        for scales, given in ((half.astype(mx.float32), half), (full, full)):
+            affine = lib.quantized_matmul(x, wk, scales, scales * shift, bits, group_size)
+            assert mx.array_equal(affine, lib.quantized_matmul(x, wk, given, None, bits,
+                                                               group_size)).item(), isa
+            rows = mx.concatenate([lib.quantized_matmul(x[i:i + 1], wk, given, None, bits,
+                                                        group_size) for i in range(M)])
+            assert mx.array_equal(affine, rows).item(), isa
+
+
+def test_use_native_keeps_symmetric_groups_compact(lib):
+    from forkv.engine.native.layers import use_native
+
+    model = nn.Sequential(nn.Linear(128, 48, bias=False), nn.Linear(128, 48, bias=False))
+    nn.quantize(model, group_size=32, bits=8)
+    sym, affine = model.layers
+    sym["scales"] = sym["scales"].astype(mx.float16).astype(mx.float32)
+    sym["biases"] = sym["scales"] * -128.0
+    x = mx.random.normal((3, 128))
+    want = lib.quantized_matmul(x, sym["weight"], sym["scales"], sym["biases"], 8, 32)
+    assert use_native(model, lib) == 2
+    assert "biases" not in sym and sym["scales"].dtype == mx.float16
+    assert "biases" in affine and affine["scales"].dtype == mx.float32
+    assert mx.array_equal(sym(x), want).item()
+
+
 def test_batched_leading_axes_dtypes_and_compile(lib):
     N, K = 48, 128
     w, s, b = mx.quantize(mx.random.normal((N, K)), group_size=64, bits=4)
@@ -130,6 +172,8 @@ def test_bad_arguments_name_what_is_wrong(lib):
         lib.quantized_matmul(mx.zeros((1, 64)), w, s, b, 4, 32)
     with pytest.raises(ValueError, match="float32"):
         lib.quantized_matmul(mx.zeros((1, 128)), w, s.astype(mx.bfloat16), b, 4, 32)
+    with pytest.raises(ValueError, match="float32"):  # float16 scales only without biases
+        lib.quantized_matmul(mx.zeros((1, 128)), w, s.astype(mx.float16), b, 4, 32)
     with pytest.raises(ValueError, match="unknown ISA"):
         lib.set_isa("sse9")
 
@@ -249,6 +293,7 @@ def test_a_ggufs_q6_k_layers_run_on_the_kernels_in_their_exact_groups(lib, tmp_p
     down = on.model.model.layers[0].mlp.down_proj  # Q6_K in the file
     assert isinstance(down, NativeQuantizedLinear) and (down.bits, down.group_size) == (6, 16)
     assert "layers 6-bit/16" in on.quantization, on.quantization
+    assert "biases" not in down  # symmetric groups: the kernels derive each bias
     x = mx.random.normal((3, down["scales"].shape[-1] * 16), key=mx.random.key(0))
     got, want = down(x), off.model.model.layers[0].mlp.down_proj(x)  # the file's exact values
     # int8 activations (32-blocks) against float: ~0.5% off, not equal

@@ -13,7 +13,7 @@ using namespace nb::literals;
 
 NB_MODULE(_forkv_native, m) {
   m.doc() = "forkv's CPU kernels for mlx (engine/native)";
-  m.def("quantized_matmul", &forkv::quantized_matmul, "x"_a, "w"_a, "scales"_a, "biases"_a,
+  m.def("quantized_matmul", &forkv::quantized_matmul, "x"_a, "w"_a, "scales"_a, "biases"_a.none(),
         "bits"_a, "group_size"_a);
   m.def("decode_attention", &forkv::decode_attention, "q"_a, "k"_a, "v"_a, "scale"_a,
         "mask"_a = nb::none());

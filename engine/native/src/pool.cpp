@@ -20,7 +20,18 @@ constexpr auto kSpin = std::chrono::microseconds(200);
 }  // namespace
 
 Pool::Pool(int num_threads) : num_threads_(num_threads < 1 ? 1 : num_threads) {
-  for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this, i] { work(i); });
+  for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this] { work(); });
+}
+
+int Pool::claim(uint64_t epoch, int n) {
+  uint64_t v = claim_.load(std::memory_order_acquire);
+  for (;;) {
+    // A later call's counter: the claim fails, and the stale job is never touched.
+    if ((v >> 32) != (epoch & 0xFFFFFFFFu)) return -1;
+    const int index = int(v & 0xFFFFFFFFu);
+    if (index >= n) return -1;
+    if (claim_.compare_exchange_weak(v, v + 1, std::memory_order_acq_rel)) return index;
+  }
 }
 
 void Pool::run(int n, const std::function<void(int)>& fn) {
@@ -30,19 +41,24 @@ void Pool::run(int n, const std::function<void(int)>& fn) {
     return;
   }
   std::lock_guard<std::mutex> one(run_mutex_);
+  uint64_t epoch;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     job_ = &fn;
     active_ = n;
-    pending_.store(n - 1, std::memory_order_relaxed);
-    epoch_.fetch_add(1, std::memory_order_release);
+    epoch = epoch_.load(std::memory_order_relaxed) + 1;
+    finished_.store(0, std::memory_order_relaxed);
+    claim_.store((epoch & 0xFFFFFFFFu) << 32 | 1u, std::memory_order_relaxed);
+    epoch_.store(epoch, std::memory_order_release);
   }
   wake_.notify_all();
   fn(0);
-  while (pending_.load(std::memory_order_acquire) != 0) relax();
+  int mine = 1;
+  for (int index; (index = claim(epoch, n)) >= 0; ++mine) fn(index);
+  while (finished_.load(std::memory_order_acquire) != n - mine) relax();
 }
 
-void Pool::work(int index) {
+void Pool::work() {
   uint64_t seen = 0;
   for (;;) {
     // Spin for a moment (the next call usually comes within microseconds), then sleep.
@@ -64,9 +80,10 @@ void Pool::work(int index) {
       job = job_;
       active = active_;
     }
-    if (index < active) {
+    // The caller waits for every index claimed here, so `job` outlives these calls.
+    for (int index; (index = claim(seen, active)) >= 0;) {
       (*job)(index);
-      pending_.fetch_sub(1, std::memory_order_acq_rel);
+      finished_.fetch_add(1, std::memory_order_acq_rel);
     }
   }
 }

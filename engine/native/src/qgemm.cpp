@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -45,7 +46,35 @@ inline int weight_at(const uint8_t* row, int bits, int c, int k) {
   return v;
 }
 
+// IEEE half to float (exact: every f16 value is a float).
+inline float f16_to_f32(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000) << 16;
+  const uint32_t exp = (h >> 10) & 0x1F, man = h & 0x3FF;
+  uint32_t bits;
+  if (exp == 0) {  // zero or subnormal: man * 2^-24
+    const float f = float(man) * 5.9604644775390625e-8f;
+    std::memcpy(&bits, &f, 4);
+    bits |= sign;
+  } else if (exp == 31) {
+    bits = sign | 0x7F800000u | (man << 13);
+  } else {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  }
+  float out;
+  std::memcpy(&out, &bits, 4);
+  return out;
+}
+
 }  // namespace
+
+RowParams row_params(const QuantW& w, int n0, int n1, float* buf) {
+  const float shift = -float(1 << (w.bits - 1));  // a power of two: every bias is exact
+  if (!w.scales16) return {w.scales, w.biases, shift, 0};
+  const size_t num_groups = size_t(w.K / w.group_size), count = size_t(n1 - n0) * num_groups;
+  const uint16_t* src = w.scales16 + size_t(n0) * num_groups;
+  for (size_t i = 0; i < count; ++i) buf[i] = f16_to_f32(src[i]);
+  return {buf, nullptr, shift, n0};
+}
 
 size_t row_bytes(int K, int bits) {
   return bits == 8 ? size_t(K) : size_t(K / 64) * (32 + 8 * (bits - 4));
@@ -117,10 +146,13 @@ namespace {
 void qgemm_scalar(const QuantX& x, const QuantW& w, int n0, int n1, float* y, size_t ldy) {
   const int num_chunks = w.K / 64, num_groups = w.K / w.group_size;
   const bool permuted = w.bits != 8;
+  thread_local std::vector<float> buf;
+  buf.resize(size_t(num_groups));
   for (int n = n0; n < n1; ++n) {
     const uint8_t* row = w.data + size_t(n) * w.row_bytes;
-    const float* sc = w.scales + size_t(n) * num_groups;
-    const float* bi = w.biases + size_t(n) * num_groups;
+    const RowParams p = row_params(w, n, n + 1, buf.data());
+    const float* sc = p.scales + size_t(n - p.n0) * num_groups;
+    const float* bi = p.biases ? p.biases + size_t(n - p.n0) * num_groups : nullptr;
     for (int m = 0; m < x.M; ++m) {
       const int8_t* qr = x.q + size_t(m) * w.K;
       const float* dr = x.dx + size_t(m) * (w.K / kXBlock);
@@ -140,7 +172,7 @@ void qgemm_scalar(const QuantX& x, const QuantW& w, int n0, int n1, float* y, si
       }
       const float* xs = x.xsum + size_t(m) * num_groups;
       float bias = 0.f;
-      for (int g = 0; g < num_groups; ++g) bias += bi[g] * xs[g];
+      for (int g = 0; g < num_groups; ++g) bias += (bi ? bi[g] : sc[g] * p.shift) * xs[g];
       y[size_t(m) * ldy + n] = acc + bias;
     }
   }
@@ -198,22 +230,37 @@ T512 inline __m512 scale_vec512(const float* sc, int c, int group_size) {
   return _mm512_set1_ps(sc[(64 * c) / group_size]);
 }
 
-T512 inline float bias_dot512(const float* bi, const float* xs, int num_groups) {
+// sum_g bias[g] * xs[g]; symmetric groups (SYM) take each bias as shift * scale.
+template <bool SYM>
+T512 inline __m512 bias_vec512(const float* bi, const float* sc, __m512 shift, __mmask16 k,
+                               int g) {
+  if constexpr (SYM) return _mm512_mul_ps(_mm512_maskz_loadu_ps(k, sc + g), shift);
+  return _mm512_maskz_loadu_ps(k, bi + g);
+}
+
+template <bool SYM>
+T512 inline float bias_dot512(const float* bi, const float* sc, __m512 shift, const float* xs,
+                              int num_groups) {
   __m512 acc = _mm512_setzero_ps();
   int g = 0;
-  for (; g + 16 <= num_groups; g += 16)
-    acc = _mm512_fmadd_ps(_mm512_loadu_ps(bi + g), _mm512_loadu_ps(xs + g), acc);
+  for (; g + 16 <= num_groups; g += 16) {
+    const __m512 b = SYM ? _mm512_mul_ps(_mm512_loadu_ps(sc + g), shift) : _mm512_loadu_ps(bi + g);
+    acc = _mm512_fmadd_ps(b, _mm512_loadu_ps(xs + g), acc);
+  }
   if (g < num_groups) {
     const __mmask16 k = __mmask16((1u << (num_groups - g)) - 1);
-    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, bi + g), _mm512_maskz_loadu_ps(k, xs + g), acc);
+    acc = _mm512_fmadd_ps(bias_vec512<SYM>(bi, sc, shift, k, g), _mm512_maskz_loadu_ps(k, xs + g),
+                          acc);
   }
   return _mm512_reduce_add_ps(acc);
 }
 
-// A tile of MR activation rows x NR weight rows; every (m, n) keeps its own accumulator and
-// sees the same operations in the same order whatever MR and NR are.
-template <int BITS, int MR, int NR>
-T512 void tile512(const QuantX& x, const QuantW& w, int m0, int n0, float* y, size_t ldy) {
+// A tile of MR activation rows x NR weight rows (params from row n0 on, row stride K/group);
+// every (m, n) keeps its own accumulator and sees the same operations in the same order
+// whatever MR and NR are.
+template <int BITS, int MR, int NR, bool SYM>
+T512 void tile512(const QuantX& x, const QuantW& w, const float* scales, const float* biases,
+                  __m512 shift, int m0, int n0, float* y, size_t ldy) {
   const int num_chunks = w.K / 64, num_groups = w.K / w.group_size;
   __m512 acc[MR][NR];
   for (int i = 0; i < MR; ++i)
@@ -222,7 +269,7 @@ T512 void tile512(const QuantX& x, const QuantW& w, int m0, int n0, float* y, si
   const float* sc[NR];
   for (int j = 0; j < NR; ++j) {
     rows[j] = w.data + size_t(n0 + j) * w.row_bytes;
-    sc[j] = w.scales + size_t(n0 + j) * num_groups;
+    sc[j] = scales + size_t(j) * num_groups;
   }
   const __m512i zero = _mm512_setzero_si512();
   for (int c = 0; c < num_chunks; ++c) {
@@ -245,29 +292,63 @@ T512 void tile512(const QuantX& x, const QuantW& w, int m0, int n0, float* y, si
   for (int i = 0; i < MR; ++i) {
     const float* xs = x.xsum + size_t(m0 + i) * num_groups;
     for (int j = 0; j < NR; ++j) {
-      const float* bi = w.biases + size_t(n0 + j) * num_groups;
-      y[size_t(m0 + i) * ldy + n0 + j] = _mm512_reduce_add_ps(acc[i][j]) + bias_dot512(bi, xs, num_groups);
+      const float* bi = SYM ? nullptr : biases + size_t(j) * num_groups;
+      y[size_t(m0 + i) * ldy + n0 + j] =
+          _mm512_reduce_add_ps(acc[i][j]) + bias_dot512<SYM>(bi, sc[j], shift, xs, num_groups);
     }
   }
 }
 
-template <int BITS, int MR>
-T512 void rows512(const QuantX& x, const QuantW& w, int m0, int n0, int n1, float* y, size_t ldy) {
+template <int BITS, int MR, bool SYM>
+T512 void rows512(const QuantX& x, const QuantW& w, const RowParams& p, int m0, int n0, int n1,
+                  float* y, size_t ldy) {
+  const size_t num_groups = size_t(w.K / w.group_size);
+  const float* scales = p.scales;
+  const float* biases = p.biases;
+  const __m512 shift = _mm512_set1_ps(p.shift);
+  const int first = p.n0;
+  auto at = [&](const float* a, int n) {
+    return SYM ? nullptr : a + size_t(n - first) * num_groups;
+  };
   int n = n0;
   if (MR > 1)  // with one activation row, rows one after another read memory in order
-    for (; n + 4 <= n1; n += 4) tile512<BITS, MR, 4>(x, w, m0, n, y, ldy);
-  for (; n < n1; ++n) tile512<BITS, MR, 1>(x, w, m0, n, y, ldy);
+    for (; n + 4 <= n1; n += 4)
+      tile512<BITS, MR, 4, SYM>(x, w, scales + size_t(n - first) * num_groups, at(biases, n),
+                                shift, m0, n, y, ldy);
+  for (; n < n1; ++n)
+    tile512<BITS, MR, 1, SYM>(x, w, scales + size_t(n - first) * num_groups, at(biases, n),
+                              shift, m0, n, y, ldy);
+}
+
+// row_params with F16C: the same values, widened 16 at a time.
+T512 RowParams row_params512(const QuantW& w, int n0, int n1, float* buf) {
+  if (!w.scales16) return row_params(w, n0, n1, buf);
+  const size_t num_groups = size_t(w.K / w.group_size), count = size_t(n1 - n0) * num_groups;
+  const uint16_t* src = w.scales16 + size_t(n0) * num_groups;
+  for (size_t i = 0; i < count; i += 16) {
+    const __mmask16 k = count - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (count - i)) - 1);
+    _mm512_mask_storeu_ps(buf + i, k, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, src + i)));
+  }
+  return {buf, nullptr, -float(1 << (w.bits - 1)), n0};
 }
 
 template <int BITS>
 T512 void qgemm512(const QuantX& x, const QuantW& w, int n0, int n1, float* y, size_t ldy) {
   // Weight rows in blocks that stay in L1 while every activation row passes over them.
   constexpr int NB = 16;
+  thread_local std::vector<float> buf;
+  buf.resize(size_t(NB) * (w.K / w.group_size));
   for (int nb = n0; nb < n1; nb += NB) {
     const int ne = std::min(n1, nb + NB);
+    const RowParams p = row_params512(w, nb, ne, buf.data());
     int m = 0;
-    for (; m + 4 <= x.M; m += 4) rows512<BITS, 4>(x, w, m, nb, ne, y, ldy);
-    for (; m < x.M; ++m) rows512<BITS, 1>(x, w, m, nb, ne, y, ldy);
+    if (p.biases) {
+      for (; m + 4 <= x.M; m += 4) rows512<BITS, 4, false>(x, w, p, m, nb, ne, y, ldy);
+      for (; m < x.M; ++m) rows512<BITS, 1, false>(x, w, p, m, nb, ne, y, ldy);
+    } else {
+      for (; m + 4 <= x.M; m += 4) rows512<BITS, 4, true>(x, w, p, m, nb, ne, y, ldy);
+      for (; m < x.M; ++m) rows512<BITS, 1, true>(x, w, p, m, nb, ne, y, ldy);
+    }
   }
 }
 
@@ -314,10 +395,14 @@ template <int BITS>
 T256 void qgemm256(const QuantX& x, const QuantW& w, int n0, int n1, float* y, size_t ldy) {
   const int num_chunks = w.K / 64, num_groups = w.K / w.group_size;
   const __m256i ones = _mm256_set1_epi16(1);
+  thread_local std::vector<float> buf;
+  buf.resize(size_t(num_groups));
   for (int n = n0; n < n1; ++n) {
     const uint8_t* row = w.data + size_t(n) * w.row_bytes;
-    const float* sc = w.scales + size_t(n) * num_groups;
-    const float* bi = w.biases + size_t(n) * num_groups;
+    const RowParams p = row_params(w, n, n + 1, buf.data());
+    const float* sc = p.scales + size_t(n - p.n0) * num_groups;
+    const float* bi = p.biases ? p.biases + size_t(n - p.n0) * num_groups : nullptr;
+    const __m256 shift = _mm256_set1_ps(p.shift);
     for (int m = 0; m < x.M; ++m) {
       const int8_t* qr = x.q + size_t(m) * w.K;
       __m256 acc = _mm256_setzero_ps();
@@ -367,9 +452,11 @@ T256 void qgemm256(const QuantX& x, const QuantW& w, int n0, int n1, float* y, s
       __m256 bacc = _mm256_setzero_ps();
       int g = 0;
       for (; g + 8 <= num_groups; g += 8)
-        bacc = _mm256_fmadd_ps(_mm256_loadu_ps(bi + g), _mm256_loadu_ps(xs + g), bacc);
+        bacc = _mm256_fmadd_ps(bi ? _mm256_loadu_ps(bi + g)
+                                  : _mm256_mul_ps(_mm256_loadu_ps(sc + g), shift),
+                               _mm256_loadu_ps(xs + g), bacc);
       float bias = hsum_ps_256(bacc);
-      for (; g < num_groups; ++g) bias += bi[g] * xs[g];
+      for (; g < num_groups; ++g) bias += (bi ? bi[g] : sc[g] * p.shift) * xs[g];
       y[size_t(m) * ldy + n] = hsum_ps_256(acc) + bias;
     }
   }

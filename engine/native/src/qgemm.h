@@ -39,9 +39,25 @@ struct QuantW {
   int N = 0, K = 0, bits = 4, group_size = 32;
   const uint8_t* data = nullptr;
   size_t row_bytes = 0;
-  const float* scales = nullptr;  // [N, K/group_size]
-  const float* biases = nullptr;  // [N, K/group_size]
+  // [N, K/group_size] each. Affine groups: float32 scales and biases. Symmetric groups (a
+  // GGUF's Q8_0, Q4_0, Q5_0, Q6_K): no biases, each bias being -2^(bits-1) times its scale
+  // (exact), and the scales float32 or, where they are f16 values, float16 (fewer bytes).
+  const float* scales = nullptr;
+  const uint16_t* scales16 = nullptr;  // instead of `scales`
+  const float* biases = nullptr;
 };
+
+// Scales and biases of weight rows from n0 on, float32, row stride K/group_size.
+struct RowParams {
+  const float* scales;
+  const float* biases;  // null: symmetric groups, each bias `shift` times its scale (exact)
+  float shift;          // -2^(bits-1)
+  int n0;
+};
+
+// Rows [n0, n1)'s params: float32 scales as they are, float16 ones widened into `buf`
+// ((n1 - n0) * K/group_size floats).
+RowParams row_params(const QuantW& w, int n0, int n1, float* buf);
 
 Isa best_isa();
 const char* isa_name(Isa isa);

@@ -92,14 +92,15 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs,
   auto& x = inputs[0];
   auto& w = inputs[1];
   auto& scales = inputs[2];
-  auto& biases = inputs[3];
+  const bool has_biases = inputs.size() > 3;
+  auto& biases = inputs[has_biases ? 3 : 2];  // symmetric groups: scales stand in, unread
   auto& out = outputs[0];
   out.set_data(mx::allocator::malloc(out.nbytes()));
   auto& encoder = mx::cpu::get_command_encoder(stream());
   encoder.set_input_array(x);
   encoder.set_input_array(w);
   encoder.set_input_array(scales);
-  encoder.set_input_array(biases);
+  if (has_biases) encoder.set_input_array(biases);
   encoder.set_output_array(out);
   const int K = K_, N = N_, bits = bits_, group_size = group_size_;
   const int M = int(x.size() / K);
@@ -107,13 +108,17 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs,
   encoder.dispatch([x = mx::array::unsafe_weak_copy(x), w = mx::array::unsafe_weak_copy(w),
                     scales = mx::array::unsafe_weak_copy(scales),
                     biases = mx::array::unsafe_weak_copy(biases),
-                    out = mx::array::unsafe_weak_copy(out), K, N, M, bits, group_size, isa]() mutable {
+                    out = mx::array::unsafe_weak_copy(out), K, N, M, bits, group_size, isa,
+                    has_biases]() mutable {
     QuantW qw;
     qw.N = N; qw.K = K; qw.bits = bits; qw.group_size = group_size;
     qw.data = w.data<uint8_t>();
     qw.row_bytes = row_bytes(K, bits);
-    qw.scales = scales.data<float>();
-    qw.biases = biases.data<float>();
+    if (scales.dtype() == mx::float16)
+      qw.scales16 = scales.data<uint16_t>();
+    else
+      qw.scales = scales.data<float>();
+    qw.biases = has_biases ? biases.data<float>() : nullptr;
     if (M == 0) return;
     thread_local std::vector<float> gathered;
     const float* xp = row_major(x, gathered);
@@ -138,14 +143,14 @@ std::vector<mx::Shape> QuantizedMatmul::output_shapes(const std::vector<mx::arra
 }
 
 mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
-                           const mx::array& biases, int bits, int group_size) {
+                           const std::optional<mx::array>& biases, int bits, int group_size) {
   if (bits != 4 && bits != 5 && bits != 6 && bits != 8)
     throw std::invalid_argument("forkv quantized_matmul: bits must be 4, 5, 6 or 8");
   if (group_size != 32 && group_size != 64 && group_size != 128 && group_size != 16)
     throw std::invalid_argument("forkv quantized_matmul: group_size must be 16, 32, 64 or 128");
   if (group_size == 16 && bits == 8)
     throw std::invalid_argument("forkv quantized_matmul: group_size 16 takes 4, 5 or 6 bits");
-  if (scales.ndim() != 2 || biases.shape() != scales.shape())
+  if (scales.ndim() != 2 || (biases && biases->shape() != scales.shape()))
     throw std::invalid_argument("forkv quantized_matmul: scales and biases must be [N, K/group]");
   const int N = scales.shape(0), K = scales.shape(1) * group_size;
   if (K % 64 != 0) throw std::invalid_argument("forkv quantized_matmul: K must be a multiple of 64");
@@ -153,19 +158,22 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
     throw std::invalid_argument("forkv quantized_matmul: x's last axis must be " + std::to_string(K));
   if (w.ndim() != 2 || w.shape(0) != N || size_t(w.shape(1)) * w.itemsize() != row_bytes(K, bits))
     throw std::invalid_argument("forkv quantized_matmul: w does not hold [N, K] at this bit width");
-  if (scales.dtype() != mx::float32 || biases.dtype() != mx::float32)
-    throw std::invalid_argument("forkv quantized_matmul: scales and biases must be float32");
+  if (biases ? scales.dtype() != mx::float32 || biases->dtype() != mx::float32
+             : scales.dtype() != mx::float32 && scales.dtype() != mx::float16)
+    throw std::invalid_argument("forkv quantized_matmul: scales and biases must be float32 "
+                                "(without biases, scales may be float16)");
   auto s = mx::to_stream(mx::Device::cpu);
   // x may be strided: eval_cpu gathers it.
   auto xf = x.dtype() == mx::float32 ? x : mx::astype(x, mx::float32, s);
   auto wc = as_is(w, s);
   auto sc = as_is(scales, s);
-  auto bc = as_is(biases, s);
+  std::vector<mx::array> inputs = {xf, wc, sc};
+  if (biases) inputs.push_back(as_is(*biases, s));
   auto shape = x.shape();
   shape.back() = N;
   auto y = mx::array(shape, mx::float32,
                      std::make_shared<QuantizedMatmul>(s, bits, group_size, N, K, current_isa()),
-                     {xf, wc, sc, bc});
+                     std::move(inputs));
   return x.dtype() == mx::float32 ? y : mx::astype(y, x.dtype(), s);
 }
 

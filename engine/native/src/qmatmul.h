@@ -1,5 +1,7 @@
 #pragma once
 
+#include <optional>
+
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
 #include "qgemm.h"
@@ -7,9 +9,11 @@
 namespace forkv {
 
 // y = x @ dequantize(w).T, with x's dtype; w, scales, biases from `repack` or mlx's packing.
+// Without biases the groups are symmetric (bias -2^(bits-1) scale) and scales may be float16.
 mlx::core::array quantized_matmul(const mlx::core::array& x, const mlx::core::array& w,
                                   const mlx::core::array& scales,
-                                  const mlx::core::array& biases, int bits, int group_size);
+                                  const std::optional<mlx::core::array>& biases, int bits,
+                                  int group_size);
 
 // mlx-packed 5/6-bit weights [N, K*bits/32] as the kernels read them [N, row_bytes].
 mlx::core::array repack(const mlx::core::array& w, int K, int bits);
