@@ -113,7 +113,7 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(lib, bits):
 def test_symmetric_groups_without_biases_give_the_affine_bits(lib, bits, group_size):
     # A GGUF's Q8_0, Q4_0, Q5_0 and Q6_K: each bias is -2^(bits-1) times its scale, so the
     # kernels take no biases (and f16 scales as float16) and derive the same values.
-    from forkv.engine.gguf.blocks import pack
+    from forkv.engine.models.gguf.blocks import pack
 
     N, K, M = 37, 640, 9
     rng = np.random.default_rng(bits)

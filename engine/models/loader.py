@@ -119,7 +119,7 @@ def load_model(name: str, dtype: str = "auto", quantized: str = "auto", *,
 def _set_weights(model, config: dict, dtype: str, quantized: str,
                  path: Path) -> tuple[str, QuantChoice]:
     """Keep or dequantize quantized layers, then cast the float weights to the chosen dtype
-    (not the scales and biases forkv's kernels read: they stay float32, as the file has them)."""
+    (not the scales and biases forkv's kernels read: they stay as the kernels keep them)."""
     import mlx.core as mx
 
     native = _native_dtype(model)
