@@ -107,3 +107,26 @@ def test_logsumexp_is_mlxs_to_rounding_and_rows_stand_alone(lib):  # noqa: F811
     assert np.isnan(lib.logsumexp(mx.array([1.0, float("nan")])).item())
     with pytest.raises(ValueError, match="must be float32"):
         lib.logsumexp(x.astype(mx.bfloat16))
+
+
+def test_the_models_module_is_left_alone(lib):  # noqa: F811
+    """Only a marked class's own `__call__` sees the dispatchers. The model's module keeps
+    mlx.nn, so its module-level functions - Gemma 4's `geglu` is under `mx.compile` - keep
+    mlx's activations: a compiled function would freeze whichever choice its first trace
+    made (after a plain Gemma 4 traced it, records made in a batch differed from a fresh run
+    by an ulp)."""
+    import mlx_lm.models.gemma4_text as g4
+
+    from forkv.engine.native.activations import use_native_activations
+
+    plain, moved = mlx_lm_model("demo:gemma4:tiny"), mlx_lm_model("demo:gemma4:tiny")
+    x = mx.array([[5, 9, 2, 7, 4, 3]])
+    before = plain(x)  # traces geglu unmarked
+    counting = _Counting(lib)
+    assert use_native_activations(moved, counting) > 0
+    assert g4.nn is nn and "nn" not in vars(type(moved.layers[0]))
+    after = moved(x)
+    layers = len(moved.layers)
+    assert counting.calls == layers  # each layer's own per-layer-input gelu, not geglu
+    assert mx.allclose(after, before, atol=1e-4).item()
+    assert mx.array_equal(plain(x), before).item()

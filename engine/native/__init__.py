@@ -22,8 +22,10 @@ from .build import BuildError, built_library
 __all__ = ["NativeInfo", "kernel_label", "load", "status"]
 
 # Bump when a kernel's arithmetic changes (its results, not its speed).
-# 2: decode attention, RMS norm and RoPE; 3: activations, prefill attention, groups of 16.
-KERNEL_VERSION = 3
+# 2: decode attention, RMS norm and RoPE; 3: activations, prefill attention, groups of 16;
+# 4: only a marked class's own code gets the kernels' activations (a model module's compiled
+# helpers, e.g. Gemma 4's geglu, keep mlx's).
+KERNEL_VERSION = 4
 
 
 @dataclass(slots=True, frozen=True)

@@ -4,17 +4,19 @@ mlx's CPU backend evaluates tanh and exp one element at a time: Gemma 3 270M's g
 256-token prefill chunk (256 x 2048) takes ~16 ms there and 0.3 ms on the kernel, and 18 of
 them ran longer than the chunk's matmuls. mlx-lm's MLPs call `nn.gelu_approx` / `nn.silu`
 (attributes of the `nn` their module imported) or `swiglu` (a name imported from
-mlx_lm.models.activations). `use_native_activations(model, lib)` points those names, in the
-modules whose MLPs use them, at the functions below (`nn` at a stand-in that forwards every
-other attribute to mlx.nn), and gives the model's MLP modules a same-named subclass that marks
-their calls. Only marked float32 calls go to the kernel; any other caller (other models in the
-process, bfloat16) gets mlx's function unchanged.
+mlx_lm.models.activations). `use_native_activations(model, lib)` gives the model's modules
+whose `__call__` reads those names a same-named subclass whose `__call__` is the original's
+code with those names bound to the functions below (`nn` to a stand-in that forwards every
+other attribute to mlx.nn), and which marks its calls. Only marked float32 calls go to the
+kernel; any other caller (other models in the process, bfloat16) gets mlx's function
+unchanged. The model's module itself is left alone: its own functions, some of them under
+`mx.compile` (Gemma 4's `geglu`), keep mlx's activations, since a compiled function would
+freeze whichever choice its first trace made.
 """
 
 from __future__ import annotations
 
 import contextvars
-import sys
 import types
 
 import mlx.core as mx
@@ -71,25 +73,37 @@ _nn = _NN("mlx.nn")
 
 
 def _names(cls: type) -> tuple[str, ...]:
-    """Which names of its module `cls.__call__` uses that this module can take over."""
-    code = getattr(getattr(cls, "__call__", None), "__code__", None)
-    module = sys.modules.get(cls.__module__)
-    if code is None or module is None or not cls.__module__.startswith("mlx_lm."):
+    """Which global names `cls.__call__` reads that this module can take over."""
+    call = getattr(cls, "__call__", None)
+    code = getattr(call, "__code__", None)
+    if code is None or not cls.__module__.startswith("mlx_lm."):
         return ()
-    names = set(code.co_names)
+    names, scope = set(code.co_names), call.__globals__
     out = []
-    if "nn" in names and names & set(_ACTIVATIONS) and getattr(module, "nn", None) in (nn, _nn):
+    if "nn" in names and names & set(_ACTIVATIONS) and scope.get("nn") is nn:
         out.append("nn")
-    if "swiglu" in names and getattr(module, "swiglu", None) in (_mlx_lm_swiglu(), swiglu):
+    if "swiglu" in names and scope.get("swiglu") is _mlx_lm_swiglu():
         out.append("swiglu")
     return tuple(out)
 
 
-def _marked_class(cls: type) -> type:
+def _rebound(func, names: tuple[str, ...]):
+    """`func` with the global `names` (a copy of its globals) pointing at the dispatchers."""
+    scope = dict(func.__globals__)
+    scope.update({n: _nn if n == "nn" else swiglu for n in names})
+    out = types.FunctionType(func.__code__, scope, func.__name__, func.__defaults__,
+                             func.__closure__)
+    out.__kwdefaults__ = func.__kwdefaults__
+    return out
+
+
+def _marked_class(cls: type, names: tuple[str, ...]) -> type:
+    original = _rebound(cls.__call__, names)
+
     def __call__(self, *args, **kwargs):
         token = _MARKED.set(self._forkv_lib)
         try:
-            return cls.__call__(self, *args, **kwargs)
+            return original(self, *args, **kwargs)
         finally:
             _MARKED.reset(token)
 
@@ -107,10 +121,7 @@ def use_native_activations(model, lib) -> int:
         names = _names(cls)
         if not names:
             continue
-        module = sys.modules[cls.__module__]
-        for name in names:
-            setattr(module, name, _nn if name == "nn" else swiglu)
-        m.__class__ = _marked_class(cls)
+        m.__class__ = _marked_class(cls, names)
         m._forkv_lib = lib
         count += 1
     return count
