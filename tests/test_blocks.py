@@ -62,3 +62,17 @@ def test_keys_reuse_the_last_run_only_where_its_blocks_are_the_same():
     got = k.keys(base)
     got.append(b"x")  # a caller's list is its own
     assert k.keys(base) == BlockKeyer(b"fp", 4).keys(base)
+
+
+def test_shared_prefix_counts_leading_items_of_any_sequences():
+    from array import array
+
+    from forkv.engine.cache.blocks import shared_prefix
+
+    a = list(range(300))
+    b = a[:250] + [-1] + a[251:]
+    for x, y in ((a, b), (array("i", a), array("i", b)), (a, array("i", b)), (tuple(a), b)):
+        assert shared_prefix(x, y) == 250 and shared_prefix(y, x) == 250
+    assert shared_prefix(a, a[:40]) == 40 and shared_prefix([], a) == 0
+    keys = [bytes([i]) for i in range(9)]
+    assert shared_prefix(keys, keys[:5] + [b"x"]) == 5

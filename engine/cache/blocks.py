@@ -29,9 +29,12 @@ def tokens_bytes(tokens: Sequence[int]) -> bytes:
     return struct.pack(f"<{len(tokens)}i", *tokens)
 
 
-def shared_prefix(a: array, b: array) -> int:
-    """Length of the longest common prefix of two int arrays (slices compare in C)."""
+def shared_prefix(a: Sequence, b: Sequence) -> int:
+    """How many leading items (tokens, block keys) `a` and `b` have in common. Two sequences of
+    one type (lists, int arrays) compare by slices, in C; others item by item."""
     n = min(len(a), len(b))
+    if type(a) is not type(b):
+        return next((i for i in range(n) if a[i] != b[i]), n)
     if a[:n] == b[:n]:
         return n
     lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from . import kinds as _kinds
+from .blocks import shared_prefix
 
 REUSE_MODES = ("exact", "fast")
 
@@ -105,12 +106,6 @@ def clone(cache: list, make_cache: Callable) -> list:
     """Caches equal to `cache` that share nothing mutable with it."""
     return _evaluated([k.load_whole(new, k.save_whole(c))
                        for c, new, k in zip(cache, make_cache(), _kinds_of(cache))])
-
-
-def shared_prefix(a: Sequence, b: Sequence) -> int:
-    """How many leading items (tokens, block keys) `a` and `b` have in common."""
-    n = min(len(a), len(b))
-    return next((i for i in range(n) if a[i] != b[i]), n)
 
 
 class LivePool:

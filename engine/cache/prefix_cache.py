@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from ..vision import ckpt as vision_ckpt
-from .live import LivePool, clone, rings, shared_prefix, widen
+from .blocks import shared_prefix
+from .live import LivePool, clone, rings, widen
 from .record_jobs import RecordJobs
 
 _LIVE_WAIT_MIN = 32  # a fast request waits for another's prompt to share at least this

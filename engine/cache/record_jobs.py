@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .live import shared_prefix
+from .blocks import shared_prefix
 
 
 @dataclass(slots=True, eq=False)

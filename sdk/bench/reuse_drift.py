@@ -74,7 +74,8 @@ def measure_drift(model: str = "gemma3-270m", doc_tokens: int = 1500, answer_tok
     import mlx.core as mx
 
     from forkv.engine import Engine, load_model
-    from forkv.engine.cache.live import cut, cut_limit, shared_prefix
+    from forkv.engine.cache.blocks import shared_prefix
+    from forkv.engine.cache.live import cut, cut_limit
     from forkv.engine.request.generate import prefill
 
     lm = lm or load_model(model)
