@@ -22,7 +22,7 @@ import types
 import mlx.core as mx
 import mlx.nn as nn
 
-from .swap import subclass_with_call
+from .swap import marked_subclass
 
 __all__ = ["gelu_approx", "silu", "swiglu", "use_native_activations"]
 
@@ -87,29 +87,6 @@ def _names(cls: type) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _rebound(func, names: tuple[str, ...]):
-    """`func` with the global `names` (a copy of its globals) pointing at the dispatchers."""
-    scope = dict(func.__globals__)
-    scope.update({n: _nn if n == "nn" else swiglu for n in names})
-    out = types.FunctionType(func.__code__, scope, func.__name__, func.__defaults__,
-                             func.__closure__)
-    out.__kwdefaults__ = func.__kwdefaults__
-    return out
-
-
-def _marked_class(cls: type, names: tuple[str, ...]) -> type:
-    original = _rebound(cls.__call__, names)
-
-    def __call__(self, *args, **kwargs):
-        token = _MARKED.set(self._forkv_lib)
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            _MARKED.reset(token)
-
-    return subclass_with_call(cls, __call__, _subclasses)
-
-
 def use_native_activations(model, lib) -> int:
     """Route `model`'s MLP activations to the kernel; returns how many modules it marked."""
     count = 0
@@ -121,7 +98,8 @@ def use_native_activations(model, lib) -> int:
         names = _names(cls)
         if not names:
             continue
-        m.__class__ = _marked_class(cls, names)
+        bind = {n: _nn if n == "nn" else swiglu for n in names}
+        m.__class__ = marked_subclass(cls, bind, _MARKED, _subclasses)
         m._forkv_lib = lib
         count += 1
     return count

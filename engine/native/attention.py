@@ -1,9 +1,9 @@
 """Attention on forkv's kernels, for the models whose matmuls already run on them.
 
 mlx-lm's attention modules call `scaled_dot_product_attention`, a name each model module
-imports from mlx_lm.models.base. `use_native_attention(model, lib)` points that name, in the
-modules that import it, at `attention` below, and gives the model's own attention modules a
-subclass that marks their calls. Marked calls on float32 queries, decode and prefill alike
+imports from mlx_lm.models.base. `use_native_attention(model, lib)` gives the model's own
+attention modules a subclass whose `__call__` is theirs with that name bound to `attention`
+below, and which marks their calls (swap.marked_subclass; the model's module is left alone). Marked calls on float32 queries, decode and prefill alike
 (no mask, mlx-lm's "causal", or an array mask such as a sliding window's), go to the kernel;
 every other call (other models in the process, bfloat16, quantized caches, attention sinks)
 goes to mlx-lm's function unchanged. So the kernel path is scoped to the models whose
@@ -14,11 +14,10 @@ prefill row gives the same bits as a decode step over the same keys.
 from __future__ import annotations
 
 import contextvars
-import sys
 
 import mlx.core as mx
 
-from .swap import subclass_with_call
+from .swap import marked_subclass
 
 __all__ = ["attention", "use_native_attention"]
 
@@ -63,23 +62,11 @@ def _ring_rotation(cache, num_rows: int, num_keys: int) -> int:
     return idx % num_keys if isinstance(idx, int) and num_keys else 0
 
 
-def _marked_class(cls: type) -> type:
-    def __call__(self, *args, **kwargs):
-        token = _MARKED.set(self._forkv_lib)
-        try:
-            return cls.__call__(self, *args, **kwargs)
-        finally:
-            _MARKED.reset(token)
-
-    return subclass_with_call(cls, __call__, _subclasses)
-
-
 def _calls_sdpa(cls: type) -> bool:
     call = getattr(cls, "__call__", None)
     code = getattr(call, "__code__", None)
-    module = sys.modules.get(cls.__module__)
-    return (code is not None and _NAME in code.co_names and module is not None
-            and getattr(module, _NAME, None) in (_mlx_lm_sdpa(), attention))
+    return (code is not None and _NAME in code.co_names
+            and call.__globals__.get(_NAME) is _mlx_lm_sdpa())
 
 
 def use_native_attention(model, lib) -> int:
@@ -92,8 +79,7 @@ def use_native_attention(model, lib) -> int:
             continue
         if not _calls_sdpa(cls):
             continue
-        setattr(sys.modules[cls.__module__], _NAME, attention)
-        m.__class__ = _marked_class(cls)
+        m.__class__ = marked_subclass(cls, {_NAME: attention}, _MARKED, _subclasses)
         m._forkv_lib = lib
         count += 1
     return count
