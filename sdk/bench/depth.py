@@ -31,7 +31,7 @@ def _user_text(tokenizer, turn: int, num_tokens: int) -> str:
     return text
 
 
-_MS = ("wall_ms", "engine_ms", "sdk_ms", "model_ms", "overhead_ms")
+_MS = ("wall_ms", "engine_ms", "sdk_ms", "model_ms", "overhead_ms", "restore_ms")
 
 
 def _median_ms(rows: list[dict], key: str, turns: range) -> float | None:
@@ -72,6 +72,7 @@ def run_depth_bench(model: str = "demo:qwen3:tiny", quick: bool = False,
                              "wall_ms": round(wall * 1e3, 1), "engine_ms": round(engine * 1e3, 1),
                              "sdk_ms": round((wall - engine) * 1e3, 1),
                              "model_ms": round(compute * 1e3, 1),
+                             "restore_ms": round(tm.get("restore_s", 0.0) * 1e3, 1),
                              "overhead_ms": round((wall - compute) * 1e3, 1)})
                 node = answer
         finally:

@@ -1,5 +1,10 @@
 """`global`: a `KVCache` keeps every token, so each block's record holds that block's K/V
-and a restore at block n concatenates the records of blocks 0..n-1."""
+and a restore at block n concatenates the records of blocks 0..n-1.
+
+A restored cache gets the room of one more step (mlx-lm's `KVCache.step`, 256 tokens) in the
+same concatenation: the next prefill chunk (at most a block) then writes into it, where
+mlx-lm would otherwise copy the whole cache once more to grow it. The attention reads only
+the first `offset` tokens, as in a cache grown by mlx-lm itself, so the room changes no bit."""
 
 from __future__ import annotations
 
@@ -37,27 +42,18 @@ class GlobalKind(RecordKind):
         ValueError when the part does not continue it there."""
         import mlx.core as mx
 
-        k, v = part["k"], part["v"]
+        ks, vs = [part["k"]], [part["v"]]
         if lo:
-            k = mx.concatenate([cache.keys[..., :lo, :], k], axis=2)
-            v = mx.concatenate([cache.values[..., :lo, :], v], axis=2)
-        if k.shape[2] != n or v.shape[2] != n:
-            raise ValueError(f"the record does not continue this cache to {n} tokens")
-        cache.keys, cache.values, cache.offset = k, v, n
-        return cache
+            ks.insert(0, cache.keys[..., :lo, :])
+            vs.insert(0, cache.values[..., :lo, :])
+        return _filled(cache, ks, vs, n, f"the record does not continue this cache to {n} tokens")
 
     @classmethod
     def rebuild(cls, cache, n: int, block_size: int, records: dict[int, dict]):
-        import mlx.core as mx
-
         # Every record given, in block order (a cut adds a partial last block).
         parts = [records[b] for b in sorted(records)]
-        keys = mx.concatenate([p["k"] for p in parts], axis=2)
-        values = mx.concatenate([p["v"] for p in parts], axis=2)
-        if keys.shape[2] != n or values.shape[2] != n:
-            raise ValueError(f"the records do not cover {n} tokens")
-        cache.keys, cache.values, cache.offset = keys, values, n
-        return cache
+        return _filled(cache, [p["k"] for p in parts], [p["v"] for p in parts], n,
+                       f"the records do not cover {n} tokens")
 
     @classmethod
     def can_merge(cls, cache) -> bool:
@@ -80,3 +76,20 @@ class GlobalKind(RecordKind):
         fresh.keys, fresh.values = cache.keys[..., :u, :], cache.values[..., :u, :]
         fresh.offset = u
         return fresh
+
+
+def _filled(cache, ks: list, vs: list, n: int, why: str):
+    """`cache` holding the K/V parts `ks`, `vs` (n tokens in all, else ValueError(why)),
+    concatenated once with a step of room after them where the cache class grows by steps."""
+    import mlx.core as mx
+
+    if sum(k.shape[2] for k in ks) != n or sum(v.shape[2] for v in vs) != n:
+        raise ValueError(why)
+    step = getattr(cache, "step", 0)
+    if isinstance(step, int) and step > 0:
+        ks = ks + [mx.zeros((*ks[0].shape[:2], step, ks[0].shape[3]), ks[0].dtype)]
+        vs = vs + [mx.zeros((*vs[0].shape[:2], step, vs[0].shape[3]), vs[0].dtype)]
+    cache.keys = ks[0] if len(ks) == 1 else mx.concatenate(ks, axis=2)
+    cache.values = vs[0] if len(vs) == 1 else mx.concatenate(vs, axis=2)
+    cache.offset = n
+    return cache
