@@ -107,8 +107,9 @@ def test_colliding_keys_with_other_tokens_are_rejected(monkeypatch):
 def test_corrupt_or_missing_record_recomputes_identically(kind):
     lm = load_tiny({"state": "qwen3_5", "window": "gemma3", "global": "qwen3"}[kind])
     disk = MemoryDisk()
-    # RAM budget 0: every record lives on the (stand-in) disk tier.
-    engine = _engine(lm, store=RecordStore(0, disk))
+    # RAM budget 0: every record lives on the (stand-in) disk tier; no live caches, so the
+    # repeat restores from the records (rather than take the prompt's cache over).
+    engine = _engine(lm, store=RecordStore(0, disk), live_cache_mib=0)
     tokens = random_tokens(800, seed=10)
     engine.generate(tokens, max_tokens=1)
     expected = fresh_run(lm, tokens, max_tokens=8)

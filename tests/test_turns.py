@@ -134,6 +134,30 @@ def test_next_turn_restores_the_last_prompt_end_exactly(arch):
     engine.close()
 
 
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+def test_next_turn_takes_over_the_exact_prompt_cache(arch):
+    """An exact request continues the last prompt's cache where every layer is global K/V
+    (live.py's hand-off: no records read), with the logits of a restore from the records."""
+    lm = load_tiny(arch)
+    runs = {}
+    for live_mib in (512, 0):  # 0: no live caches, so the records restore
+        engine = _engine(lm, live_cache_mib=live_mib)
+        first = engine.encode(_chat(2))
+        engine.generate(_chat(2), max_tokens=2)
+        engine.drain()
+        out = engine.generate(_chat(3), max_tokens=4, top_logprobs=0)
+        assert out.timings.reused_tokens == len(first), (arch, live_mib)
+        live = engine.prefix.live
+        runs[live_mib] = (out.token_ids, out.logprobs, live.stats.handed if live.enabled else 0,
+                          engine.checkpointer.stats.hits.get("turn_end", 0))
+    handed, records = runs[512], runs[0]
+    assert handed[:2] == records[:2], arch  # the same tokens, the same logprobs bit for bit
+    if arch == "qwen3":  # every layer global: taken over, nothing read from the records
+        assert (handed[2], handed[3], records[2], records[3]) == (1, 0, 0, 1)
+    else:  # sliding windows cannot be handed over: restored from the records
+        assert (handed[2], handed[3]) == (0, 1)
+
+
 def test_timed_restores_report_read_and_build_seconds(engine):
     """`Checkpointer.timed` (forkv bench restore's hook) sees a turn-end restore's record reads
     and its cache build, and times nothing outside its block."""

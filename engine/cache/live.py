@@ -12,6 +12,12 @@ the rounding of another chunk split (`forkv bench serve` publishes the drift). N
 request computes is recorded from its own cache: when its entry leaves the pool, a record job
 prefills the same tokens canonically, so records stay exact for every later restore.
 
+An exact request's prompt cache joins the pool too, where every layer is global K/V: its
+tokens were computed on the canonical cuts, so the next request of the conversation (the same
+prompt, an answer and a new message) takes it over at the last canonical cut they share, with
+the very arrays a restore would build, and without reading records or copying the cache
+(`best_canonical`, `hand_off`: the entry leaves the pool with it).
+
 Entries are kept per namespace (a request continues only its own tenant's caches), in RAM
 only, bounded in bytes and count, least recently used first out. Caches handed out are new
 objects over the entry's arrays (mlx arrays are values), so an entry serves any number of
@@ -20,6 +26,7 @@ forks.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -38,6 +45,7 @@ class LiveEntry:
     keys: frozenset  # checkpoint keys of `tokens` (release drops entries that hold any)
     nbytes: int
     on_leave: Callable | None = None  # queues the record job of a fast request's tokens
+    canonical_to: int = 0  # its first tokens computed on the canonical cuts (an exact prompt)
 
 
 @dataclass(slots=True)
@@ -45,6 +53,7 @@ class LiveStats:
     puts: int = 0
     hits: int = 0  # requests that continued a live cache
     tokens: int = 0  # tokens those requests took from live caches
+    handed: int = 0  # exact requests that took an exact prompt's cache over
     beyond_records: int = 0  # of which past what the records would have restored
     evicted: int = 0
     released: int = 0
@@ -111,10 +120,14 @@ def clone(cache: list, make_cache: Callable) -> list:
 class LivePool:
     """Recently finished caches, by namespace tag, least recently used first out."""
 
-    def __init__(self, make_cache: Callable, budget_bytes: int, max_entries: int = 32):
+    def __init__(self, make_cache: Callable, budget_bytes: int, max_entries: int = 32,
+                 max_canonical: int = 4):
         self.make_cache = make_cache
         self.budget_bytes = budget_bytes
         self.max_entries = max_entries
+        # exact prompts' caches kept at once: one per conversation that is between turns
+        # (each is taken over by its next turn), not a second copy of every record in RAM
+        self.max_canonical = max_canonical
         self.entries: OrderedDict[int, LiveEntry] = OrderedDict()
         self.nbytes = 0
         self.stats = LiveStats()
@@ -124,7 +137,7 @@ class LivePool:
         return self.budget_bytes > 0 and self.max_entries > 0
 
     def put(self, tokens: Sequence[int], cache: list, tag: bytes, keys: Sequence[bytes] = (),
-            on_leave: Callable | None = None) -> LiveEntry | None:
+            on_leave: Callable | None = None, canonical_to: int = 0) -> LiveEntry | None:
         """Keep `cache` (holding `tokens`; the pool owns it from now on) for later requests of
         the namespace `tag`. Entries whose tokens are a prefix of another's stay too (the
         cache after a prompt holds more of its sliding windows than the one after its
@@ -136,7 +149,8 @@ class LivePool:
             if on_leave is not None:
                 on_leave()
             return None
-        entry = LiveEntry(list(tokens), cache, tag, frozenset(keys), nbytes, on_leave)
+        entry = LiveEntry(list(tokens), cache, tag, frozenset(keys), nbytes, on_leave,
+                          canonical_to)
         self.entries[id(entry)] = entry
         self.nbytes += nbytes
         self.stats.puts += 1
@@ -148,6 +162,9 @@ class LivePool:
                                 or len(self.entries) > self.max_entries):
             _, entry = self.entries.popitem(last=False)
             self._leave(entry, evicted=True)
+        canonical = [k for k, e in self.entries.items() if e.canonical_to]
+        for k in canonical[:max(0, len(canonical) - self.max_canonical)]:
+            self._leave(self.entries.pop(k), evicted=True)
 
     def _leave(self, entry: LiveEntry, evicted: bool) -> None:
         self.nbytes -= entry.nbytes
@@ -172,6 +189,34 @@ class LivePool:
             if u > best_u:
                 best, best_u = entry, u
         return best, best_u
+
+    def best_canonical(self, tokens: Sequence[int], tag: bytes, cuts: Sequence[int]
+                       ) -> tuple[LiveEntry | None, int]:
+        """The exact prompt's entry of namespace `tag` that `tokens` continues furthest, and
+        the last of `cuts` (ascending: `tokens`' canonical cuts, each < len(tokens)) within
+        what they share; (None, 0) when none."""
+        best, best_u = None, 0
+        for entry in reversed(self.entries.values()):
+            if entry.tag != tag or not entry.canonical_to:
+                continue
+            shared = shared_prefix(entry.tokens[:entry.canonical_to], tokens)
+            u = cuts[bisect_right(cuts, shared) - 1] if cuts and cuts[0] <= shared else 0
+            if u > best_u:
+                best, best_u = entry, u
+        return best, best_u
+
+    def hand_off(self, entry: LiveEntry, u: int) -> list:
+        """Caches holding the first `u` tokens of an exact prompt's entry, which leaves the
+        pool: its arrays move over uncopied (the kinds' `hand_over`)."""
+        del self.entries[id(entry)]
+        self.nbytes -= entry.nbytes
+        self.stats.hits += 1
+        self.stats.handed += 1
+        self.stats.tokens += u
+        out = [k.hand_over(c, new, u) for c, new, k in
+               zip(entry.cache, self.make_cache(), _kinds_of(entry.cache))]
+        entry.cache = []
+        return out
 
     def take(self, entry: LiveEntry, u: int) -> list:
         """New caches holding the first `u` tokens of `entry`; marks it recently used."""

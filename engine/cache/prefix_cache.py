@@ -25,6 +25,9 @@ from functools import partial
 
 from ..vision import ckpt as vision_ckpt
 from .blocks import shared_prefix
+from .kinds import kind_of as _kind_of
+from .kinds.kv import GlobalKind
+from .layout import CacheKind
 from .live import LivePool, clone, rings, widen
 from .record_jobs import RecordJobs
 
@@ -110,6 +113,8 @@ class PrefixCache:
         if ck is None:
             seq.cache, seq.pos, seq.hook, seq.model = self.lm.make_cache(), 0, None, self.lm.model
             return
+        if live is None and self._hand_off(seq, count):
+            return
         entry, u = live.best(seq.tokens, plan.keyer.tag) if live is not None else (None, 0)
         if entry is not None and u // B < seq.prompt_len // B - 1:
             # What is left would cross more than one block boundary, which a run from a live
@@ -138,6 +143,39 @@ class PrefixCache:
             seq.last_logits = restored.logits  # (the whole prompt restored: no prefill)
         if live is not None:
             seq.model = _KeepRings(seq.model, plan, seq.prompt_len)
+
+    def _hand_off(self, seq, count: bool) -> bool:
+        """Start an exact request from an exact prompt's live cache (live.py) at the last
+        canonical cut they share, where no record could restore further; whether it did."""
+        live, ck, plan, B = self.live, self.ck, seq.plan, self.block_size
+        if live is None or not live.enabled or not count:  # (record jobs restore from records)
+            return False
+        n = seq.prompt_len
+        cuts = sorted({*range(B, n, B), *(e for e in plan.turn_ends if e < n)})
+        entry, u = live.best_canonical(seq.tokens, plan.keyer.tag, cuts)
+        if entry is None or self._recorded_past(seq, u):
+            return False
+        seq.cache, seq.pos = live.hand_off(entry, u), u
+        seq.hook = ck.recorder(plan.keys, keyer=plan.keyer)
+        seq.model = ck.model_for(seq.tokens, plan.keys, plan.keyer)
+        ck.count_restore(n, u)
+        return True
+
+    def _recorded_past(self, seq, u: int) -> bool:
+        """Whether the records may restore `seq` past `u`: a turn end after it recorded, or
+        the last block before the prompt's end (a run that reached it recorded those before;
+        a gap in the chain only costs a restore that stops short, never a wrong state)."""
+        ck, plan, B = self.ck, seq.plan, self.block_size
+        k = (seq.prompt_len - 1) // B
+        if k * B > u and plan.keys[k - 1:k] and all(
+                ck.store.contains(plan.keys[k - 1], kind) for kind in ck.kinds
+                if kind != CacheKind.EXTRA):
+            return True
+        if ck.turns is None or not plan.turn_ends or plan.turn_ends[-1] <= u:
+            return False
+        ends = ck.turns.keys(seq.tokens, plan.keys, plan.keyer)
+        return any(ck.store.contains(key, CacheKind.EXTRA)
+                   for end, key in ends.items() if end > u)
 
     def waits(self, seq, prefilling) -> bool:
         """Whether a prefilling sequence (or record job) has yet to record blocks `seq` starts
@@ -192,6 +230,8 @@ class PrefixCache:
         if seq.finish_reason is not None and plan.deferred_to:
             self.jobs.add(seq.tokens[:plan.deferred_to], seq.prompt_len // self.block_size,
                           plan.keyer)
+        if self._keep_canonical(seq, take_cache):
+            return
         if self.live is None or not plan.fast or seq.pos < 1:
             plan.rings = None
             return
@@ -199,6 +239,21 @@ class PrefixCache:
         if seq.finish_reason is None and not self.mergeable:
             cache = clone(cache, self.lm.make_cache)  # the batch runs its one row in place
         self._keep_live(seq, cache, seq.pos)
+
+    def _keep_canonical(self, seq, take_cache: Callable[[], list]) -> bool:
+        """Keep an exact request's prompt cache for the next turn (`_hand_off`), where every
+        layer is global K/V; whether it was offered."""
+        plan = seq.plan
+        if (self.live is None or plan.fast or plan.live_from or not self.mergeable
+                or seq.finish_reason is not None or seq.pos != seq.prompt_len):
+            return False
+        cache = take_cache()  # (the batch merges a copy: nothing writes into this one)
+        if not all(_kind_of(c) is GlobalKind for c in cache):
+            return False
+        tokens = seq.tokens[:seq.pos]
+        self.live.put(tokens, cache, plan.keyer.tag, self._writes_tokens(tokens, plan.keyer),
+                      canonical_to=seq.pos)
+        return True
 
     def _keep_live(self, seq, cache: list, n_tokens: int) -> None:
         """Offer a fast request's cache to later fast requests of its namespace. One that

@@ -150,6 +150,13 @@ class RecordKind:
         return cls.load_whole(fresh, cls.save_whole(cache))
 
     @classmethod
+    def hand_over(cls, cache, fresh, u: int):
+        """`fresh` holding the first `u` tokens of `cache`, which nobody uses afterwards, with
+        exactly the arrays a canonical run has there; None for kinds that cannot (their state
+        at `u` is not a part of their state after it)."""
+        return None
+
+    @classmethod
     def ring(cls, cache):
         """(keys, values) of a sliding window in time order; None for other caches."""
 

@@ -72,6 +72,14 @@ class GlobalKind(RecordKind):
         return True
 
     @classmethod
+    def hand_over(cls, cache, fresh, u: int):
+        # The K/V of tokens [0, u) are those of any run that computed them on the same cuts;
+        # the buffer moves over whole (its room and the stale tokens after u, which the next
+        # update writes over), so that update writes in place rather than copy the cache.
+        fresh.keys, fresh.values, fresh.offset = cache.keys, cache.values, u
+        return fresh
+
+    @classmethod
     def cut(cls, cache, fresh, n_tokens: int, u: int):
         fresh.keys, fresh.values = cache.keys[..., :u, :], cache.values[..., :u, :]
         fresh.offset = u
