@@ -1,3 +1,4 @@
+import time
 import warnings
 
 import numpy as np
@@ -501,3 +502,28 @@ def test_a_finished_rows_record_job_is_work_at_once_and_its_result_carries_the_k
     assert handle.result().block_keys == engine.block_keys(prompt) != []
     engine.drain()
     assert not engine.scheduler.has_work
+
+
+def test_record_jobs_wait_for_a_quiet_moment_unless_drained(monkeypatch):
+    """A record job does not start in the gap between one client's requests (its chunk would
+    hold the next one up); it runs once the engine has been quiet for JOB_SETTLE_S, or at
+    once when the engine is drained."""
+    from forkv.engine import engine as engine_module
+
+    lm = load_tiny("gemma3")
+    engine = _engine(lm)
+    no_eos = {t: -1e9 for t in lm.eos_token_ids}
+    monkeypatch.setattr(engine_module, "JOB_SETTLE_S", 3600.0)
+    engine.generate(random_tokens(100, seed=75), max_tokens=40, logit_bias=no_eos)  # past 128
+    assert _queue(engine)["record_jobs"] == 1
+    engine.generate(random_tokens(20, seed=76), max_tokens=2)  # the next request: no job ran
+    assert engine.stats()["steps"]["recomputed_tokens"] == 0 and _queue(engine)["record_jobs"] == 1
+    engine.drain(timeout=60)
+    assert _queue(engine)["record_jobs"] == 0 and engine.stats()["steps"]["recomputed_tokens"]
+    monkeypatch.setattr(engine_module, "JOB_SETTLE_S", 0.0)  # quiet at once: jobs run alone
+    engine.generate(random_tokens(100, seed=77), max_tokens=40, logit_bias=no_eos)
+    for _ in range(600):
+        if _queue(engine)["record_jobs"] == 0:
+            break
+        time.sleep(0.05)
+    assert _queue(engine)["record_jobs"] == 0

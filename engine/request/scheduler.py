@@ -4,8 +4,9 @@ A sequence waits until a slot is free (`max_seqs` caps prefilling + decoding seq
 given its cache by the prefix cache (`match`: restored from records or continued from a live
 cache), prefills on it in chunks, then joins the batch of decoding rows. Each `step()`:
 
-1. runs one chunk of a record job (prefix_cache.py) if the engine has nothing else to do or a
-   waiting request needs that job's blocks;
+1. runs one chunk of a record job (prefix_cache.py) if the engine has nothing else to do (the
+   engine steps by itself for jobs alone once it has been quiet a moment) or a waiting
+   request needs that job's blocks;
 2. admits waiting sequences into free slots (FIFO), except one whose prefix another sequence
    is computing right now (the prefix cache's `waits`: forks and `n > 1` compute a shared
    prefix once);
@@ -81,6 +82,7 @@ class Scheduler:
         self.rows: list[Sequence] = []  # in the batch's row order
         self.batch = BatchCache(mergeable)
         self.totals = StepTotals()
+        self.last_busy = 0.0  # time.monotonic() of the last step with a request in it
         # deliver(events): hands the first tokens sampled from prefill to their clients
         # before the step's decode (one decode step of TTFT: ~150-300 ms on a real model)
         self.deliver = deliver
@@ -139,6 +141,8 @@ class Scheduler:
         totals.prefill_tokens += report.prefill_tokens
         totals.prefill_s += t1 - t0
         totals.recomputed_tokens += report.recomputed
+        if report.prefilled or report.decoded or report.events or self.busy:
+            self.last_busy = time.monotonic()
         return report
 
     # -- the phases ---------------------------------------------------------------------------
