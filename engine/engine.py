@@ -103,6 +103,9 @@ class Engine:
                     f"forkv cannot batch {self.lm.name}: its {blocker} caches cannot be "
                     "merged, so requests will run one at a time.", ForkvWarning, stacklevel=2)
             self.runner = make_runner(self)
+            family = getattr(getattr(self.runner, "vision", None), "family", None)
+            self._never = frozenset({family.placeholder_id, family.image_token_id}
+                                    if family is not None else ())
             # Everything about reuse: keys, records, live caches (fast reuse), record jobs.
             self.prefix = PrefixCache(
                 self.lm, self.checkpointer, self.block_size, make_seq=self._job_sequence,
@@ -162,7 +165,7 @@ class Engine:
         plan = self.prefix.plan(tokens, namespace, reuse or self.config.reuse, request)
         rid = next(self._ids)
         handle = RequestHandle(rid, tokens, params, self._cancel, plan.keys)
-        seq = make_sequence(rid, tokens, params, self.lm, self._vocab_limit)
+        seq = make_sequence(rid, tokens, params, self.lm, self._vocab_limit, self._never)
         seq.request, seq.progress, seq.plan = request, progress, plan
         self._worker.post(self._add, handle, seq)
         return handle

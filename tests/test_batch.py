@@ -242,10 +242,13 @@ def test_sampling_stop_strings_and_eos_per_row():
 def test_stream_events_match_single_request_stream():
     lm = load_tiny("gemma4")
     prompt = [{"role": "user", "content": "Tell me about block checkpoints. " * 3}]
-    ref = list(_engine(lm).stream(prompt, max_tokens=10, temperature=0.8, seed=5))
+    no_eos = {t: -1e9 for t in lm.eos_token_ids}  # all 10 tokens, whatever the seed draws
+    ref = list(_engine(lm).stream(prompt, max_tokens=10, temperature=0.8, seed=5,
+                                  logit_bias=no_eos))
     engine = _engine(lm)
     other = engine.submit(random_tokens(50, seed=120), max_tokens=10)
-    got = list(engine.submit(prompt, max_tokens=10, temperature=0.8, seed=5).stream())
+    got = list(engine.submit(prompt, max_tokens=10, temperature=0.8, seed=5,
+                             logit_bias=no_eos).stream())
     assert [(e.text, e.token_ids, e.finish_reason) for e in got] == [
         (e.text, e.token_ids, e.finish_reason) for e in ref]
     t = got[-1].timings

@@ -109,6 +109,33 @@ def test_logsumexp_is_mlxs_to_rounding_and_rows_stand_alone(lib):  # noqa: F811
         lib.logsumexp(x.astype(mx.bfloat16))
 
 
+def test_sample_draws_by_the_weights_and_never_an_excluded_token(lib):  # noqa: F811
+    """Inverse-CDF draws: frequencies follow softmax(scores), -inf tokens never come up,
+    u's ends pick the first and the last weighted token, and each row draws on its own."""
+    weights = [0.1, 0.0, 0.2, 0.3, 0.4]
+    n = 20_000
+    rows = mx.broadcast_to(mx.log(mx.array(weights)), (n, len(weights)))
+    u = mx.random.uniform(shape=(n,), key=mx.random.key(0))
+    for isa in _isas(lib):
+        lib.set_isa(isa)
+        counts = np.bincount(np.array(lib.sample(rows, u)), minlength=len(weights)) / n
+        assert counts[1] == 0, isa
+        assert np.allclose(counts, weights, atol=0.015), (isa, counts)
+    lib.set_isa(lib.best_isa())
+    # a vocabulary-sized row spanning the scan's blocks, with an excluded head and tail
+    x = mx.random.normal((262_147,), key=mx.random.key(1)) * 4
+    x = mx.concatenate([mx.full((1500,), -mx.inf), x[1500:-1500], mx.full((1500,), -mx.inf)])
+    ends = lib.sample(mx.stack([x, x, x]), mx.array([0.0, 0.5, 1.0 - 2 ** -24]))
+    assert ends[0].item() == 1500 and ends[2].item() == 262_147 - 1501
+    probs = np.array(mx.softmax(x))
+    i = ends[1].item()  # the token where the running mass passes 0.5
+    assert probs[:i].sum() <= 0.5 + 1e-4 < probs[:i + 1].sum() + 2e-4
+    assert lib.sample(x, mx.array(0.5)).item() == ends[1].item()  # a row alone, same draw
+    assert lib.sample(mx.full((2, 7), -mx.inf), mx.array([0.3, 0.3])).tolist() == [0, 0]
+    with pytest.raises(ValueError, match="one number per row"):
+        lib.sample(mx.stack([x, x]), mx.array(0.5))
+
+
 def test_the_models_module_is_left_alone(lib):  # noqa: F811
     """Only a marked class's own `__call__` sees the dispatchers. The model's module keeps
     mlx.nn, so its module-level functions - Gemma 4's `geglu` is under `mx.compile` - keep

@@ -128,6 +128,18 @@ def test_generation_with_an_image_is_deterministic():
                     fresh_logits(ask("What is it?"), [image(3)]))
 
 
+def test_an_answer_never_holds_an_image_placeholder():
+    """A vision model never samples its image placeholder: rendered again with the chat, the
+    answer's text would be a slot for an image that nobody gave."""
+    with engine(checkpoints=False, store=None) as eng:
+        family = eng.vision.family
+        banned = {family.placeholder_id, family.image_token_id}
+        pushed = {t: 100.0 for t in banned}  # the bias alone would make them certain
+        out = eng.generate(ask("What is it?"), images=[image(3)], max_tokens=6,
+                           temperature=1.0, seed=0, logit_bias=pushed)
+    assert out.token_ids and not banned & set(out.token_ids)
+
+
 def test_different_images_never_share_image_blocks():
     with engine() as eng:
         a = render(eng, ask("Describe it."), [image(5)])

@@ -160,7 +160,8 @@ class Sampler:
     """
 
     def __init__(self, params: SamplingParams, vocab_limit: int | None = None,
-                 prompt_len: int = 0, tokenizer: Any = None, kernels: Any = None):
+                 prompt_len: int = 0, tokenizer: Any = None, kernels: Any = None,
+                 never: Sequence[int] = ()):
         import mlx.core as mx
         from mlx_lm.sample_utils import make_logits_processors
 
@@ -171,6 +172,9 @@ class Sampler:
         self._key = mx.random.key(seed)
         # Padded vocabularies have ids the tokenizer cannot decode; never sample them.
         self._vocab_limit = vocab_limit
+        # Ids no answer may hold: a vision model's image placeholder, which would turn the
+        # answer's text into a slot for an image when the conversation is rendered again.
+        self._never = mx.array(sorted(never), dtype=mx.int32) if never else None
         self.prompt_len = prompt_len  # tokens[prompt_len:] are the generated ones
         self._matcher = _row_matcher(params.constraint, tokenizer)
         p = params
@@ -192,6 +196,8 @@ class Sampler:
         if self._vocab_limit is not None and logits.shape[-1] > self._vocab_limit:
             mask = mx.arange(logits.shape[-1]) < self._vocab_limit
             logits = mx.where(mask, logits, -mx.inf)
+        if self._never is not None:
+            logits[self._never] = -mx.inf
         if self._processors:
             logits = self._process(logits, tokens)
         if self._matcher is not None:
@@ -229,6 +235,9 @@ class Sampler:
         if p.min_p > 0.0:
             scores = _min_p(scores, p.min_p)
         self._key, sub = mx.random.split(self._key)
+        if self._kernels is not None and scores.dtype == mx.float32:
+            # one uniform number per draw (inverse CDF) instead of Gumbel noise per token
+            return self._kernels.sample(scores, mx.random.uniform(key=sub))
         return mx.random.categorical(scores, key=sub)
 
 

@@ -121,8 +121,9 @@ class Sequence:
 
 
 def make_sequence(seq_id: int, tokens: list[int], params: SamplingParams, lm,
-                  vocab_limit: int | None) -> Sequence:
-    sampler = Sampler(params, vocab_limit, len(tokens), lm.tokenizer, kernels=getattr(lm, "kernels", None))
+                  vocab_limit: int | None, never: frozenset[int] = frozenset()) -> Sequence:
+    sampler = Sampler(params, vocab_limit, len(tokens), lm.tokenizer,
+                      kernels=getattr(lm, "kernels", None), never=never)
     return Sequence(seq_id, list(tokens), len(tokens), params, sampler,
                     TextStream(lm.tokenizer, params.stop), lm.eos_token_ids,
                     Timings(prompt_tokens=len(tokens)))

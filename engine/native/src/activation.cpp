@@ -70,7 +70,121 @@ T512F float lse512(const float* x, int64_t V) { return lse_row(x, V); }
 T256F float lse256(const float* x, int64_t V) { return lse_row(x, V); }
 float lse_portable(const float* x, int64_t V) { return lse_row(x, V); }
 
+constexpr int64_t kSampleBlock = 1024;  // the scan's coarse step
+
+FORKV_INLINE float row_max(const float* x, int64_t V) {
+  float mx16[16];
+  for (int i = 0; i < 16; ++i) mx16[i] = -std::numeric_limits<float>::infinity();
+  int64_t j = 0;
+  for (; j + 16 <= V; j += 16)
+    for (int i = 0; i < 16; ++i) mx16[i] = x[j + i] > mx16[i] ? x[j + i] : mx16[i];
+  for (int i = 0; j < V; ++j, ++i) mx16[i] = x[j] > mx16[i] ? x[j] : mx16[i];
+  float m = mx16[0];
+  for (int i = 1; i < 16; ++i) m = mx16[i] > m ? mx16[i] : m;
+  return m;
+}
+
+// sum of exp(x[j] - m) over [j0, j1): 16 lanes, then a fixed tree.
+FORKV_INLINE float exp_sum(const float* x, int64_t j0, int64_t j1, float m) {
+  float acc[16] = {};
+  int64_t j = j0;
+  for (; j + 16 <= j1; j += 16)
+    for (int i = 0; i < 16; ++i) acc[i] += vexp(x[j + i] - m);
+  for (int i = 0; j < j1; ++j, ++i) acc[i] += vexp(x[j] - m);
+  for (int w = 8; w >= 1; w /= 2)
+    for (int i = 0; i < w; ++i) acc[i] += acc[i + w];
+  return acc[0];
+}
+
+// The row's draw (see sample() in activation.h): block sums first, then the scan walks the
+// blocks and, inside the one where the running sum passes u * total, the tokens one by one.
+// Float rounding can leave that walk short of the target: the block's last token with any
+// weight is taken then. A row with no finite score (all excluded, or NaN) gives token 0.
+FORKV_INLINE int32_t sample_row(const float* x, int64_t V, float u, float* blocks) {
+  const float m = row_max(x, V);
+  if (!std::isfinite(m)) return 0;
+  const int64_t nb = (V + kSampleBlock - 1) / kSampleBlock;
+  float total = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    blocks[b] = exp_sum(x, b * kSampleBlock, std::min(V, (b + 1) * kSampleBlock), m);
+    total += blocks[b];
+  }
+  const float target = u * total;
+  float run = 0.0f;
+  int64_t b = 0;
+  for (; b < nb - 1 && (blocks[b] == 0.0f || run + blocks[b] <= target); ++b) run += blocks[b];
+  while (b > 0 && blocks[b] == 0.0f) run -= blocks[--b];  // (rounding ran past the weights)
+  int64_t last = -1;
+  for (int64_t j = b * kSampleBlock, j1 = std::min(V, (b + 1) * kSampleBlock); j < j1; ++j) {
+    const float w = vexp(x[j] - m);
+    if (w == 0.0f) continue;
+    last = j;
+    run += w;
+    if (run > target) return int32_t(j);
+  }
+  return int32_t(last < 0 ? 0 : last);
+}
+
+T512F int32_t sample512(const float* x, int64_t V, float u, float* b) {
+  return sample_row(x, V, u, b);
+}
+T256F int32_t sample256(const float* x, int64_t V, float u, float* b) {
+  return sample_row(x, V, u, b);
+}
+int32_t sample_portable(const float* x, int64_t V, float u, float* b) {
+  return sample_row(x, V, u, b);
+}
+
 }  // namespace
+
+void Sample::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  auto& out = outputs[0];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  encoder.set_input_array(inputs[0]);
+  encoder.set_input_array(inputs[1]);
+  encoder.set_output_array(out);
+  encoder.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]),
+                    u = mx::array::unsafe_weak_copy(inputs[1]),
+                    out = mx::array::unsafe_weak_copy(out), isa = isa_]() mutable {
+    thread_local std::vector<float> buf, ubuf, blocks;
+    const float* xp = row_major(x, buf);
+    const float* up = row_major(u, ubuf);
+    const int64_t V = x.shape(-1), rows = int64_t(out.size());
+    blocks.resize(size_t((V + kSampleBlock - 1) / kSampleBlock) + 1);
+    auto* fn = by_isa(isa, &sample512, &sample256, &sample_portable);
+    int32_t* y = out.data<int32_t>();
+    for (int64_t r = 0; r < rows; ++r) y[r] = fn(xp + r * V, V, up[r], blocks.data());
+  });
+}
+
+void Sample::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error("forkv's sample runs on the CPU only.");
+}
+
+bool Sample::is_equivalent(const mx::Primitive& other) const {
+  return isa_ == static_cast<const Sample&>(other).isa_;
+}
+
+std::vector<mx::Shape> Sample::output_shapes(const std::vector<mx::array>& inputs) {
+  auto shape = inputs[0].shape();
+  shape.pop_back();
+  return {shape};
+}
+
+mx::array sample(const mx::array& scores, const mx::array& u) {
+  if (scores.ndim() < 1 || scores.shape(-1) < 1)
+    throw std::invalid_argument("forkv sample: scores must have a non-empty last axis");
+  if (scores.dtype() != mx::float32 || u.dtype() != mx::float32)
+    throw std::invalid_argument("forkv sample: scores and u must be float32");
+  auto shape = scores.shape();
+  shape.pop_back();
+  if (u.shape() != shape)
+    throw std::invalid_argument("forkv sample: u must hold one number per row of scores");
+  return mx::array(shape, mx::int32,
+                   std::make_shared<Sample>(mx::to_stream(mx::Device::cpu), current_isa()),
+                   {scores, u});
+}
 
 void LogSumExp::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   auto& out = outputs[0];

@@ -39,6 +39,26 @@ class LogSumExp : public mlx::core::Primitive {
   Isa isa_;
 };
 
+// One draw per row of `scores` [..., V] (float32: log-weights, -inf for excluded tokens):
+// the first token whose running sum of exp(score - max), in token order, passes u * total,
+// with `u` [...] (float32, uniform in [0, 1), one per row) — inverse-CDF sampling, so a draw
+// needs one random number rather than mlx's categorical's Gumbel noise for every token
+// (~2.6 ms a row over Gemma 3's 262,144 logits here, ~0.3 ms this way). int32 [...].
+mlx::core::array sample(const mlx::core::array& scores, const mlx::core::array& u);
+
+class Sample : public mlx::core::Primitive {
+ public:
+  Sample(mlx::core::Stream s, Isa isa) : mlx::core::Primitive(s), isa_(isa) {}
+  void eval_cpu(const std::vector<mlx::core::array>& in, std::vector<mlx::core::array>& out) override;
+  void eval_gpu(const std::vector<mlx::core::array>& in, std::vector<mlx::core::array>& out) override;
+  const char* name() const override { return "ForkvSample"; }
+  bool is_equivalent(const mlx::core::Primitive& other) const override;
+  std::vector<mlx::core::Shape> output_shapes(const std::vector<mlx::core::array>& in) override;
+
+ private:
+  Isa isa_;
+};
+
 class Activation : public mlx::core::Primitive {
  public:
   Activation(mlx::core::Stream s, Act act, Isa isa)

@@ -21,6 +21,7 @@ NB_MODULE(_forkv_native, m) {
         "causal"_a = false, "rot"_a = 0);
   m.def("activation", &forkv::activation, "x"_a, "kind"_a, "mul"_a = nb::none());
   m.def("logsumexp", &forkv::logsumexp, "x"_a);
+  m.def("sample", &forkv::sample, "scores"_a, "u"_a);
   m.def("rms_norm", &forkv::rms_norm, "x"_a, "w"_a, "eps"_a, "offset"_a = 0.0f);
   m.def("rope", &forkv::rope, "x"_a, "dims"_a, "traditional"_a, "base"_a, "scale"_a,
         "offset"_a = 0, "offsets"_a = nb::none());
