@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import json
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from forkv.graph import GraphError, Node, Tree
@@ -41,7 +42,29 @@ def _parser(fmt: ToolFormat) -> Callable[[str, Any], Any]:
     module = importlib.import_module(f"mlx_lm.tool_parsers.{fmt.name}")
     # the tags forkv splits on must be the ones mlx-lm's parser was written for
     assert (module.tool_call_start, module.tool_call_end) == (fmt.start, fmt.end), fmt.name
+    if fmt.name == "function_gemma":
+        return partial(_braces_in_strings, module.parse_tool_call, fmt.quote)
     return module.parse_tool_call
+
+
+_BRACE = "\ue000"  # a private-use character: stands in for "}" while mlx-lm parses
+
+
+def _braces_in_strings(parse: Callable, quote: str, body: str, tools: Any = None):
+    """mlx-lm's function_gemma parser ends a call's arguments at the first "}", even one inside
+    a quoted string (`topic:<escape>a}b<escape>`): hide those from it, then put them back."""
+    parts = body.split(quote)
+    if _BRACE in body or len(parts) < 3:
+        return parse(body, tools)
+    # odd parts lie between a pair of quotes
+    masked = quote.join(p.replace("}", _BRACE) if i % 2 else p for i, p in enumerate(parts))
+    parsed = parse(masked, tools)
+    for item in parsed if isinstance(parsed, list) else [parsed]:
+        args = item.get("arguments")
+        if isinstance(args, dict):
+            item["arguments"] = {k: v.replace(_BRACE, "}") if isinstance(v, str) else v
+                                 for k, v in args.items()}
+    return parsed
 
 
 def parse_tool_calls(text: str, fmt: ToolFormat, tools: list[ToolSpec],

@@ -164,3 +164,14 @@ def test_parse_reports_bad_calls():
     assert len(problems) == 3 and "'city' is a required property" in problems[0]
     assert "not a declared tool" in problems[1] and "did not parse" in problems[2]
     assert json.loads(calls[0].to_openai()["function"]["arguments"]) == {"city": "Oslo"}
+
+
+def test_a_gemma_string_argument_may_hold_braces():
+    """mlx-lm's function_gemma parser ends the arguments at the first "}", even inside an
+    <escape>-quoted string; forkv hides those braces from it (a random demo model wrote one)."""
+    fmt = FORMATS["function_gemma"]
+    tools = [make_tool(get_weather)]
+    text = ("<start_function_call>call:get_weather{city:<escape>O}s{l}o<escape>,days:2}"
+            "<end_function_call>")
+    _, calls, problems = parse_tool_calls(text, fmt, tools, "c")
+    assert problems == [] and [c.arguments for c in calls] == [{"city": "O}s{l}o", "days": 2}]
