@@ -190,10 +190,14 @@ class Engine:
         deadline = None if timeout is None else time.monotonic() + timeout
         self._worker.call(setattr, self, "_hurry_jobs", True)
         self._worker.wake()
-        while self._worker.is_alive and self._worker.call(self._has_pending):
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"the engine still had work after {timeout} s")
-            time.sleep(0.005)
+        try:
+            while self._worker.is_alive and self._worker.call(self._has_pending):
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"the engine still had work after {timeout} s")
+                time.sleep(0.005)
+        finally:
+            if self._worker.is_alive:
+                self._worker.call(setattr, self, "_hurry_jobs", False)
 
     def _add(self, handle: RequestHandle, seq) -> None:
         self._requests[seq.id] = (handle, seq)
@@ -219,11 +223,8 @@ class Engine:
         return s is not None and (s.busy or self._jobs_due_in() == 0)
 
     def _has_pending(self) -> bool:
-        s = self.scheduler
-        if s is not None and s.has_work:
-            return True
-        self._hurry_jobs = False
-        return False
+        """Whether anything is left to do, record jobs that are not due yet included."""
+        return self.scheduler is not None and self.scheduler.has_work
 
     def _jobs_due_in(self) -> float | None:
         """Seconds until queued record jobs may run by themselves (None: none waits). They

@@ -61,6 +61,10 @@ class PrefixCache:
         # Text rows defer decoded blocks to jobs and keep live caches (vision rows cannot).
         self.defers = enabled and vision is None
         self.live = LivePool(lm.make_cache, live_bytes) if self.defers else None
+        # Exact prompts' caches are handed over (`_hand_off`) where every layer is global K/V
+        # and the batch merges copies of them (nothing writes into the one kept).
+        self.hands_off = (self.live is not None and mergeable
+                          and all(_kind_of(c) is GlobalKind for c in lm.make_cache()))
         self._make_seq = make_seq
         self.jobs = RecordJobs(self._job_seq, self._match_job, self._is_recorded,
                                self._writes, block_size)
@@ -148,7 +152,7 @@ class PrefixCache:
         """Start an exact request from an exact prompt's live cache (live.py) at the last
         canonical cut they share, where no record could restore further; whether it did."""
         live, ck, plan, B = self.live, self.ck, seq.plan, self.block_size
-        if live is None or not live.enabled or not count:  # (record jobs restore from records)
+        if not self.hands_off or not live.enabled or not count:  # (jobs restore from records)
             return False
         n = seq.prompt_len
         cuts = sorted({*range(B, n, B), *(e for e in plan.turn_ends if e < n)})
@@ -241,15 +245,13 @@ class PrefixCache:
         self._keep_live(seq, cache, seq.pos)
 
     def _keep_canonical(self, seq, take_cache: Callable[[], list]) -> bool:
-        """Keep an exact request's prompt cache for the next turn (`_hand_off`), where every
-        layer is global K/V; whether it was offered."""
+        """Keep an exact request's prompt cache for the next turn (`_hand_off`); whether it
+        was offered."""
         plan = seq.plan
-        if (self.live is None or plan.fast or plan.live_from or not self.mergeable
+        if (not self.hands_off or plan.fast or plan.live_from
                 or seq.finish_reason is not None or seq.pos != seq.prompt_len):
             return False
-        cache = take_cache()  # (the batch merges a copy: nothing writes into this one)
-        if not all(_kind_of(c) is GlobalKind for c in cache):
-            return False
+        cache = take_cache()
         tokens = seq.tokens[:seq.pos]
         self.live.put(tokens, cache, plan.keyer.tag, self._writes_tokens(tokens, plan.keyer),
                       canonical_to=seq.pos)

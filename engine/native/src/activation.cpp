@@ -47,31 +47,6 @@ void act_portable(Act a, const float* x, const float* m, float* y, int64_t i0, i
   act_range(a, x, m, y, i0, i1);
 }
 
-FORKV_INLINE float lse_row(const float* x, int64_t V) {
-  float mx16[16];
-  for (int i = 0; i < 16; ++i) mx16[i] = -std::numeric_limits<float>::infinity();
-  int64_t j = 0;
-  for (; j + 16 <= V; j += 16)
-    for (int i = 0; i < 16; ++i) mx16[i] = x[j + i] > mx16[i] ? x[j + i] : mx16[i];
-  for (int i = 0; j < V; ++j, ++i) mx16[i] = x[j] > mx16[i] ? x[j] : mx16[i];
-  float m = mx16[0];
-  for (int i = 1; i < 16; ++i) m = mx16[i] > m ? mx16[i] : m;
-  if (!std::isfinite(m)) return m;  // all -inf (-inf), any +inf (+inf), NaN
-  float acc[16] = {};
-  for (j = 0; j + 16 <= V; j += 16)
-    for (int i = 0; i < 16; ++i) acc[i] += vexp(x[j + i] - m);
-  for (int i = 0; j < V; ++j, ++i) acc[i] += vexp(x[j] - m);
-  for (int w = 8; w >= 1; w /= 2)
-    for (int i = 0; i < w; ++i) acc[i] += acc[i + w];
-  return m + std::log(acc[0]);
-}
-
-T512F float lse512(const float* x, int64_t V) { return lse_row(x, V); }
-T256F float lse256(const float* x, int64_t V) { return lse_row(x, V); }
-float lse_portable(const float* x, int64_t V) { return lse_row(x, V); }
-
-constexpr int64_t kSampleBlock = 1024;  // the scan's coarse step
-
 FORKV_INLINE float row_max(const float* x, int64_t V) {
   float mx16[16];
   for (int i = 0; i < 16; ++i) mx16[i] = -std::numeric_limits<float>::infinity();
@@ -95,6 +70,19 @@ FORKV_INLINE float exp_sum(const float* x, int64_t j0, int64_t j1, float m) {
     for (int i = 0; i < w; ++i) acc[i] += acc[i + w];
   return acc[0];
 }
+
+// log(sum(exp(x))) over a row: its max, then 16 lanes of exp sums and a fixed tree.
+FORKV_INLINE float lse_row(const float* x, int64_t V) {
+  const float m = row_max(x, V);
+  if (!std::isfinite(m)) return m;  // all -inf (-inf), any +inf (+inf), NaN
+  return m + std::log(exp_sum(x, 0, V, m));
+}
+
+T512F float lse512(const float* x, int64_t V) { return lse_row(x, V); }
+T256F float lse256(const float* x, int64_t V) { return lse_row(x, V); }
+float lse_portable(const float* x, int64_t V) { return lse_row(x, V); }
+
+constexpr int64_t kSampleBlock = 1024;  // the scan's coarse step
 
 // The row's draw (see sample() in activation.h): block sums first, then the scan walks the
 // blocks and, inside the one where the running sum passes u * total, the tokens one by one.
