@@ -20,7 +20,9 @@ from forkv.errors import ForkvError
 from forkv.security import StoreSettings
 from forkv.security.settings import parse_bool
 
-__all__ = ["EngineConfig", "EngineConfigError"]
+__all__ = ["SPECULATE_MODES", "EngineConfig", "EngineConfigError"]
+
+SPECULATE_MODES = ("auto", "on", "off")
 
 _STORE_FIELDS = frozenset(f.name for f in fields(StoreSettings))
 
@@ -46,6 +48,10 @@ class EngineConfig(BaseModel):
         "or fast (also continue a recently finished request's cache at any token)")
     live_cache_mib: int = Field(
         512, ge=0, description="RAM for the caches fast reuse continues (0: none kept)")
+    speculate: str = Field(
+        "auto", description="draft tokens from the request, its tree and its namespace's "
+        "recent outputs and verify them (the same tokens either way): auto (where verifying "
+        "is exact and pays), on (wherever it is exact), off")
     dtype: str = Field("auto", description="weights dtype: auto, float32, bfloat16, float16")
     quantized: str = Field(
         "auto", description="quantized weights: auto (dequantize on the CPU when they fit in "
@@ -64,6 +70,13 @@ class EngineConfig(BaseModel):
     def _reuse(cls, value: str) -> str:
         if value not in ("exact", "fast"):
             raise ValueError("must be exact or fast")
+        return value
+
+    @field_validator("speculate")
+    @classmethod
+    def _speculate(cls, value: str) -> str:
+        if value not in SPECULATE_MODES:
+            raise ValueError("must be one of " + ", ".join(SPECULATE_MODES))
         return value
 
     @field_validator("quantized")

@@ -27,7 +27,7 @@ from .cache.checkpoint import Checkpointer
 from .cache.live import REUSE_MODES
 from .cache.prefix_cache import PrefixCache
 from .cache.recordstore import RecordStore
-from .config import EngineConfig
+from .config import SPECULATE_MODES, EngineConfig
 from .errors import ForkvWarning, GenerationError, check_context
 from .events import GenerationEvent, GenerationResult
 from .handle import RequestHandle
@@ -35,6 +35,7 @@ from .models.chat_template import require_chat_template, use_chat_template
 from .models.loader import LoadedModel, load_model
 from .models.special_tokens import encode_text
 from .request.batchcache import merge_blocker
+from .request.drafts import DraftSources
 from .request.runner import make_runner
 from .request.sampling import SamplingParams, vocab_limit
 from .request.scheduler import Scheduler, StepReport
@@ -106,6 +107,9 @@ class Engine:
             family = getattr(getattr(self.runner, "vision", None), "family", None)
             self._never = frozenset({family.placeholder_id, family.image_token_id}
                                     if family is not None else ())
+            self.drafts = DraftSources()  # namespaces' recent outputs, for speculation
+            if self.config.speculate != "off":  # the one-time probe, not on a first request
+                self._worker.call(_spec_blocker, self.lm, self.config.speculate)
             # Everything about reuse: keys, records, live caches (fast reuse), record jobs.
             self.prefix = PrefixCache(
                 self.lm, self.checkpointer, self.block_size, make_seq=self._job_sequence,
@@ -145,6 +149,7 @@ class Engine:
     # -- the request path --------------------------------------------------------------------
     def submit(self, prompt, params: SamplingParams | None = None, images=None, *,
                namespace: str | None = None, progress=None, reuse: str | None = None,
+               speculate: str | None = None, drafts: Sequence = (),
                **kwargs) -> RequestHandle:
         """Queue a completion of `prompt` and return its handle at once (safe from any thread
         or event loop). Keyword arguments build a SamplingParams. `images` (bytes, paths or
@@ -158,6 +163,9 @@ class Engine:
         if reuse is not None and reuse not in REUSE_MODES:
             raise GenerationError(f"reuse={reuse!r} is not a reuse mode; use 'exact' (records "
                                   "only, bit for bit a fresh run) or 'fast'.")
+        if speculate is not None and speculate not in SPECULATE_MODES:
+            raise GenerationError(f"speculate={speculate!r} is not a mode; use 'auto' (where it "
+                                  "is exact and pays), 'on' (wherever it is exact) or 'off'.")
         if params is not None and kwargs:
             raise GenerationError("Pass either a SamplingParams or sampling keywords, not both.")
         params = params or SamplingParams(**kwargs)
@@ -167,7 +175,9 @@ class Engine:
         handle = RequestHandle(rid, tokens, params, self._cancel, plan.keys)
         seq = make_sequence(rid, tokens, params, self.lm, self._vocab_limit, self._never)
         seq.request, seq.progress, seq.plan = request, progress, plan
-        self._worker.post(self._add, handle, seq)
+        seq.namespace = namespace or ""
+        extra = [self.encode(d) if isinstance(d, str) else list(d) for d in drafts if d]
+        self._worker.post(self._add, handle, seq, speculate or self.config.speculate, extra)
         return handle
 
     def stream(self, prompt, params: SamplingParams | None = None, images=None,
@@ -199,9 +209,16 @@ class Engine:
             if self._worker.is_alive:
                 self._worker.call(setattr, self, "_hurry_jobs", False)
 
-    def _add(self, handle: RequestHandle, seq) -> None:
+    def _add(self, handle: RequestHandle, seq, speculate: str = "off", extra=()) -> None:
         self._requests[seq.id] = (handle, seq)
+        if seq.sampler.can_verify and _spec_blocker(self.lm, speculate) is None:
+            seq.drafter = self.drafts.drafter(seq.tokens, extra, seq.namespace)
         self.scheduler.add(seq)
+
+    def speculation(self, mode: str | None = None) -> str | None:
+        """None when requests speculate in `mode` (None: the engine's setting), else why not
+        (probing the model once, on the engine thread)."""
+        return self._worker.call(_spec_blocker, self.lm, mode or self.config.speculate)
 
     def _cancel(self, handle: RequestHandle) -> bool:
         if not self._worker.is_alive:
@@ -265,6 +282,8 @@ class Engine:
         handle.push(event)
         if event.finish_reason is not None:
             del self._requests[seq.id]
+            if seq.drafter is not None:
+                self.drafts.finished(seq.namespace, seq.tokens[seq.prompt_len:])
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[Engine]:
@@ -364,6 +383,12 @@ def make_record_store(settings=None, block_size: int = DEFAULT_BLOCK_SIZE) -> Re
     disk = BlobStore(settings) if settings.disk else None
     return RecordStore(settings.ram_budget, disk, block_size,
                        tenant_ram_budget=settings.tenant_ram_budget)
+
+
+def _spec_blocker(lm, mode: str) -> str | None:
+    from .request.speculate import blocker  # imports mlx: after the BLAS shim is bound
+
+    return blocker(lm, mode)
 
 
 def generate_batch(engine: Engine, prompts: Sequence,

@@ -15,6 +15,8 @@ class Timings:
     prefill_s: float = 0.0
     first_token_s: float = 0.0  # from the call to the first sampled token
     decode_s: float = 0.0
+    drafted_tokens: int = 0  # draft tokens verified (speculative decoding)
+    accepted_tokens: int = 0  # of those, the ones the model drew itself
 
     @property
     def prefill_tps(self) -> float:

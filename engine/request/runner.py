@@ -30,6 +30,16 @@ class TextRunner:
     def decode(self, rows, inputs, caches):
         return self.engine.lm.model(inputs, cache=caches)
 
+    def verify(self, seq, tokens: list[int], caches):
+        """The logits of a verify chunk (one row: its last token and a draft), each position
+        with one-token decode's bits (speculate.py)."""
+        import mlx.core as mx
+
+        from .speculate import rowwise
+
+        with rowwise():
+            return self.engine.lm.model(mx.array([tokens]), cache=caches)
+
 
 class VisionRunner:
     def __init__(self, engine):

@@ -170,6 +170,10 @@ class Sampler:
         self._kernels = kernels if kernels is not None and mx.default_device() == mx.cpu else None
         seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(4), "little")
         self._key = mx.random.key(seed)
+        # (next key, this draw's key) for the draws ahead of the last one taken: the key of
+        # the i-th draw is a function of the seed and i alone, so a verified draft position
+        # draws what one-token decode would (speculation changes no seeded token)
+        self._ahead: list = []
         # Padded vocabularies have ids the tokenizer cannot decode; never sample them.
         self._vocab_limit = vocab_limit
         # Ids no answer may hold: a vision model's image placeholder, which would turn the
@@ -187,9 +191,33 @@ class Sampler:
             p.presence_penalty or None, p.penalty_context,
             p.frequency_penalty or None, p.penalty_context)
 
-    def __call__(self, logits, tokens: Sequence[int] = ()):
+    @property
+    def can_verify(self) -> bool:
+        """Whether a row's draw at a position ahead is a pure function of the tokens before it
+        (a constraint's matcher keeps state as it walks the output)."""
+        return self._matcher is None
+
+    def advance(self, n: int) -> None:
+        """`n` draws taken through `ahead=` (positions 0 .. n-1) are consumed."""
+        if self.params.temperature == 0 or n <= 0:
+            return
+        self._key_at(n - 1)
+        self._key = self._ahead[n - 1][0]
+        del self._ahead[:n]
+
+    def _key_at(self, i: int):
+        import mlx.core as mx
+
+        while len(self._ahead) <= i:
+            key = self._ahead[-1][0] if self._ahead else self._key
+            nxt, sub = mx.random.split(key)
+            self._ahead.append((nxt, sub))
+        return self._ahead[i][1]
+
+    def __call__(self, logits, tokens: Sequence[int] = (), ahead: int | None = None):
         """`tokens`: the sequence so far (prompt, then generated tokens), for penalties and
-        constraints."""
+        constraints. `ahead=i` draws with the key of the i-th draw from now without taking it
+        (a draft position; `advance` takes the accepted ones); None takes the next draw."""
         import mlx.core as mx
 
         logits = logits.astype(mx.float32)
@@ -209,7 +237,11 @@ class Sampler:
         p = self.params
         if p.temperature == 0:
             return mx.argmax(logprobs, axis=-1), logprobs
-        return self._draw(logprobs / p.temperature), logprobs
+        if ahead is not None:
+            return self._draw(logprobs / p.temperature, self._key_at(ahead)), logprobs
+        sub = self._key_at(0)
+        self.advance(1)
+        return self._draw(logprobs / p.temperature, sub), logprobs
 
     def _process(self, logits, tokens: Sequence[int]):
         """mlx-lm's logits processors take a [1, vocab] row and the tokens they look back on."""
@@ -221,9 +253,9 @@ class Sampler:
             row = proc(recent, row)
         return row[0]
 
-    def _draw(self, scores):
+    def _draw(self, scores, sub):
         """Filter tempered scores (top-k, top-p, min-p; at least one token survives), then
-        draw with this request's key."""
+        draw with `sub`, this draw's key."""
         import mlx.core as mx
         from mlx_lm.sample_utils import apply_top_k
 
@@ -234,7 +266,6 @@ class Sampler:
             scores = _top_p(scores, p.top_p)
         if p.min_p > 0.0:
             scores = _min_p(scores, p.min_p)
-        self._key, sub = mx.random.split(self._key)
         if self._kernels is not None and scores.dtype == mx.float32:
             # one uniform number per draw (inverse CDF) instead of Gumbel noise per token
             return self._kernels.sample(scores, mx.random.uniform(key=sub))

@@ -202,6 +202,8 @@ class Scheduler:
         import mlx.core as mx
 
         rows, B = self.rows, self.block_size
+        if len(rows) == 1 and rows[0].drafter is not None and self._speculate(report):
+            return
         inputs = mx.array([[seq.tokens[-1]] for seq in rows])
         logits = self.runner.decode(rows, inputs, self.batch.caches)
         sampled = [seq.sampler(logits[i, -1], seq.tokens) for i, seq in enumerate(rows)]
@@ -231,6 +233,66 @@ class Scheduler:
                 # everything the row was fed (the last sampled token never was)
                 self.prefix.commit(seq, lambda i=i: swapped.get(i) or self.batch.extract(i))
         self._reshape(done, swapped)
+
+    def _speculate(self, report: StepReport) -> bool:
+        """One verify step for the batch's one row, if it has a draft: its last token and the
+        draft in one chunk, the draws at each position, the draft kept while they agree
+        (speculate.py). False (nothing done) when there is no draft."""
+        import mlx.core as mx
+
+        from .speculate import refeed, rollback, snapshot
+
+        seq, B = self.rows[0], self.block_size
+        held = len(seq.tokens) - 1  # tokens the cache holds: all but the last sampled one
+        # never past the next block boundary (the prefix cache records the row there) nor
+        # past what the request may still generate
+        room = min(B - held % B, seq.params.max_tokens - seq.timings.generated_tokens)
+        draft = seq.drafter.draft(room - 1)
+        if not draft:
+            return False
+        k, caches = len(draft), self.batch.caches
+        saved = snapshot(caches)
+        logits = self.runner.verify(seq, [seq.tokens[-1], *draft], caches)
+        seen = seq.tokens + draft
+        sampled = [seq.sampler(logits[0, i], seen[:held + 1 + i], ahead=i) for i in range(k + 1)]
+        tokens = mx.stack([t for t, _ in sampled])
+        picked = mx.stack([lp[t] for t, lp in sampled])
+        mx.eval(tokens, picked, self.batch.state())
+        tokens, picked = tokens.tolist(), picked.tolist()
+        agree = 0
+        while agree < k and tokens[agree] == draft[agree]:
+            agree += 1
+        seq.drafter.feedback(k, agree)
+        t = seq.timings
+        t.drafted_tokens += k
+        t.accepted_tokens += agree
+
+        events = []
+        for i in range(agree + 1):  # the agreed drafts, then the first draw that differs
+            event = seq.accept(tokens[i], picked[i],
+                               _top(sampled[i][1], seq.params.top_logprobs))
+            events.append(event)
+            if event.finish_reason is not None:
+                break
+        used = len(events)
+        seq.sampler.advance(used)
+        if not rollback(caches, k + 1 - used, k + 1, saved):
+            refeed(self.runner.engine.lm.model, seen[held:held + used], caches)
+        report.decoded = used
+        # the row holds all it was fed; at a block boundary the prefix cache records it
+        seq.pos = held + used
+        swapped: dict[int, list] = {}
+        row = self.prefix.decoded(seq, lambda: self.batch.extract(0))
+        if row is not None:
+            swapped[0] = row
+            report.recomputed += B
+        report.events.extend((seq, e) for e in events)
+        done = []
+        if events[-1].finish_reason is not None:
+            done.append(0)
+            self.prefix.commit(seq, lambda: swapped.get(0) or self.batch.extract(0))
+        self._reshape(done, swapped)
+        return True
 
     def _reshape(self, done: list[int], swapped: dict[int, list]) -> None:
         """Drop finished rows; move recomputed rows to the end with their canonical state."""

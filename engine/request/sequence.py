@@ -47,6 +47,8 @@ class Sequence:
     chunk_base: int = 0  # prefill chunks end at chunk_base + k * block_size (0: canonical cuts)
     # the prompt's last logits when it was restored whole (a turn end at its end): no prefill
     last_logits: object = None
+    drafter: object = None  # drafts.Drafter while the request may speculate
+    namespace: str = ""  # whose recent outputs it drafts from and adds to
 
     @property
     def is_prefilling(self) -> bool:

@@ -1,0 +1,207 @@
+"""Draft tokens without a draft model: n-gram lookup over what a request can see.
+
+A request drafts from its own tokens (prompt and output: prompt lookup), from the token
+sequences its caller hands it (other nodes of its conversation tree: sibling branches, earlier
+answers, tool outputs) and from a bounded index of its namespace's recent outputs (suffix
+decoding's global tree, as a FIFO). Never from another namespace: a draft from another
+tenant's text would leak it through timing.
+
+Each source is indexed by its trigrams; a lookup takes the last three tokens of the sequence,
+extends each earlier occurrence backwards to measure how long the match is, and drafts what
+followed the longest (most recent on ties). The draft's length follows the match length and
+the request's recent acceptance, and a request whose drafts keep failing stops drafting for
+a while (longer each time), so chatty text pays nothing. Knows nothing about models, caches or
+sampling: the scheduler verifies what this proposes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+__all__ = ["DraftSources", "Drafter", "NgramIndex", "RecentOutputs"]
+
+_N = 3  # the lookup key: the last three tokens
+_PER_KEY = 4  # occurrences kept per key (the most recent)
+_MAX_MATCH = 32  # how far back a match is measured
+MAX_DRAFT = 24  # tokens verified beside the last one, at most
+
+
+class NgramIndex:
+    """Token sequences indexed by trigram: which (sequence, end) followed each trigram."""
+
+    def __init__(self):
+        self.seqs: dict[int, list[int]] = {}
+        self._where: dict[tuple, list[tuple[int, int]]] = {}
+        self._indexed: dict[int, int] = {}  # sequence id -> tokens indexed so far
+        self._next_id = 0
+
+    def add(self, tokens: Sequence[int]) -> int:
+        """Index a sequence (kept by reference: `extend` it by appending and calling `grow`)."""
+        sid = self._next_id
+        self._next_id += 1
+        self.seqs[sid] = tokens if isinstance(tokens, list) else list(tokens)
+        self._indexed[sid] = 0
+        self.grow(sid)
+        return sid
+
+    def grow(self, sid: int) -> None:
+        """Index the tokens appended to sequence `sid` since the last call."""
+        seq, start = self.seqs[sid], self._indexed[sid]
+        where = self._where
+        for end in range(max(start, _N), len(seq) + 1):
+            key = tuple(seq[end - _N:end])
+            hits = where.get(key)
+            if hits is None:
+                where[key] = [(sid, end)]
+            else:
+                hits.append((sid, end))
+                if len(hits) > _PER_KEY:
+                    del hits[0]
+        self._indexed[sid] = len(seq)
+
+    def drop(self, sid: int) -> None:
+        self.seqs.pop(sid, None)
+        self._indexed.pop(sid, None)
+
+    def prune(self) -> None:
+        """Forget the occurrences of dropped sequences (bounded memory after evictions)."""
+        live = self.seqs
+        for key in list(self._where):
+            hits = [h for h in self._where[key] if h[0] in live]
+            if hits:
+                self._where[key] = hits
+            else:
+                del self._where[key]
+
+    def best(self, tail: Sequence[int], skip: tuple[int, int] | None = None
+             ) -> tuple[int, list[int], int] | None:
+        """(match length, the sequence, where the continuation starts) for the longest earlier
+        occurrence of the end of `tail`; `skip` = (sid, end) is the tail itself."""
+        if len(tail) < _N:
+            return None
+        hits = self._where.get(tuple(tail[-_N:]))
+        if not hits:
+            return None
+        best = None
+        for sid, end in reversed(hits):  # most recent first: it wins ties
+            if (sid, end) == skip:
+                continue
+            seq = self.seqs.get(sid)
+            if seq is None or end >= len(seq):
+                continue
+            n = _N
+            limit = min(_MAX_MATCH, end, len(tail))
+            while n < limit and seq[end - n - 1] == tail[-n - 1]:
+                n += 1
+            if best is None or n > best[0]:
+                best = (n, seq, end)
+        return best
+
+
+class RecentOutputs:
+    """A namespace's recent outputs, at most `max_tokens` of them, oldest dropped first."""
+
+    def __init__(self, max_tokens: int = 65536):
+        self.max_tokens = max_tokens
+        self.index = NgramIndex()
+        self._order: deque[tuple[int, int]] = deque()
+        self._tokens = 0
+        self._dropped = 0
+
+    def add(self, tokens: Sequence[int]) -> None:
+        if len(tokens) < _N + 1:
+            return
+        tokens = list(tokens[-self.max_tokens:])
+        self._order.append((self.index.add(tokens), len(tokens)))
+        self._tokens += len(tokens)
+        while self._tokens > self.max_tokens:
+            sid, n = self._order.popleft()
+            self.index.drop(sid)
+            self._tokens -= n
+            self._dropped += n
+        if self._dropped > self.max_tokens:  # stale occurrences outnumber live ones
+            self.index.prune()
+            self._dropped = 0
+
+
+class Drafter:
+    """Proposes draft tokens for one request and learns from how many were accepted."""
+
+    def __init__(self, tokens: list[int], extra: Sequence[Sequence[int]] = (),
+                 recent: RecentOutputs | None = None, max_draft: int = MAX_DRAFT):
+        self.own = NgramIndex()
+        self._sid = self.own.add(tokens)  # the request's live token list, grown as it decodes
+        for seq in extra:
+            if len(seq) > _N:
+                self.own.add(list(seq))
+        self.recent = recent
+        self.max_draft = max_draft
+        self.cap = 8  # current draft length ceiling, adapted to acceptance
+        self.drafted = 0
+        self.accepted = 0
+        self._misses = 0  # verify steps in a row that accepted nothing
+        self._cool = 0  # steps left without drafting
+        self._backoff = 4
+
+    def draft(self, limit: int) -> list[int]:
+        """Up to `limit` tokens that may come next ([] when nothing worth verifying)."""
+        if self._cool:
+            self._cool -= 1
+            return []
+        if limit < 1:
+            return []
+        tokens = self.own.seqs[self._sid]
+        self.own.grow(self._sid)
+        found = self.own.best(tokens, skip=(self._sid, len(tokens)))
+        if self.recent is not None:
+            other = self.recent.index.best(tokens)
+            if other is not None and (found is None or other[0] > found[0]):
+                found = other
+        if found is None:
+            return []
+        n, seq, end = found
+        # longer matches earn longer drafts; the cap follows recent acceptance
+        k = min(limit, self.cap, self.max_draft, 2 * n)
+        return list(seq[end:end + k])
+
+    def feedback(self, drafted: int, accepted: int) -> None:
+        """`accepted` of `drafted` tokens were the model's own."""
+        self.drafted += drafted
+        self.accepted += accepted
+        if accepted == drafted:
+            self.cap = min(self.max_draft, self.cap * 2)
+        else:
+            self.cap = max(2, min(self.cap, accepted + 2))
+        if accepted == 0:
+            self._misses += 1
+            if self._misses >= 3:  # this text does not repeat: stop paying for verifies
+                self._cool, self._misses = self._backoff, 0
+                self._backoff = min(256, self._backoff * 2)
+        else:
+            self._misses = 0
+            self._backoff = 4
+
+
+class DraftSources:
+    """An engine's draft sources beyond a request's own: each namespace's recent outputs."""
+
+    def __init__(self, max_namespaces: int = 64, max_tokens: int = 65536):
+        self.max_namespaces = max_namespaces
+        self.max_tokens = max_tokens
+        self._recent: dict[str, RecentOutputs] = {}  # insertion order = least recently used
+
+    def _of(self, namespace: str) -> RecentOutputs:
+        recent = self._recent.pop(namespace, None) or RecentOutputs(self.max_tokens)
+        self._recent[namespace] = recent
+        while len(self._recent) > self.max_namespaces:
+            del self._recent[next(iter(self._recent))]
+        return recent
+
+    def drafter(self, tokens: list[int], extra: Sequence[Sequence[int]], namespace: str
+                ) -> Drafter:
+        return Drafter(tokens, extra, self._of(namespace))
+
+    def finished(self, namespace: str, output: Sequence[int]) -> None:
+        """A request of `namespace` generated `output`: later ones may draft from it."""
+        self._of(namespace).add(output)

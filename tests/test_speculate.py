@@ -1,0 +1,168 @@
+"""Speculative decoding changes no token: the same requests with speculation on and off give
+the same tokens and logprobs, greedy and seeded, on sliding-window (Gemma 3), global-only
+(Qwen 3), hybrid recurrent (Qwen 3.5) and the registry's real models; drafts are accepted and
+rejected along the way (the test hands the request drafts that agree in part), and rejected
+tokens leave nothing in any cache kind (the rows go on to the same tokens, past block
+boundaries and wrapped windows). Plus the drafter's and the sampler's pieces on their own.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import scoped_engine
+
+from forkv.engine.models.named import NAMED_MODELS
+from forkv.engine.request.drafts import Drafter, DraftSources, NgramIndex, RecentOutputs
+
+# A prompt that repeats itself, so prompt lookup drafts too.
+_PROMPT = [5 + (i * 37) % 60 for i in range(40)] * 3
+
+
+def _corrupt(tokens: list[int], every: int = 9) -> list[int]:
+    """The tokens with every `every`-th one changed: drafts from it agree, then fail."""
+    return [t if i % every else (t + 1) % 500 + 3 for i, t in enumerate(tokens)]
+
+
+def _same(engine, prompt, n: int, **params):
+    params.setdefault("logit_bias", {t: -100.0 for t in engine.lm.eos_token_ids})  # run long
+    off = engine.generate(prompt, max_tokens=n, speculate="off", **params)
+    runs = []
+    # its own prompt and output; the right answer as a tree draft; drafts that agree in part
+    # (in a namespace of their own, whose recent outputs hold no right answer)
+    for drafts, ns in (([], None), ([off.token_ids], None), ([_corrupt(off.token_ids)], "x")):
+        on = engine.generate(prompt, max_tokens=n, speculate="on", drafts=drafts,
+                             namespace=ns, **params)
+        assert on.token_ids == off.token_ids, (drafts and "with drafts", params)
+        assert on.logprobs == off.logprobs
+        assert on.finish_reason == off.finish_reason
+        runs.append(on.timings)
+    return runs
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "qwen3", "qwen3_5"])
+def test_same_tokens_on_and_off(arch):
+    # 300 tokens after a 120-token prompt: past a block boundary (256) and, on Gemma 3's
+    # sliding layers, past their 128-token window
+    engine = scoped_engine(f"demo:{arch}:tiny", max_seqs=1)
+    assert engine.speculation("on") is None
+    exact, partial = _same(engine, _PROMPT, 300)[1:]
+    assert exact.accepted_tokens > 100
+    assert partial.drafted_tokens > partial.accepted_tokens > 100  # taken, and some refused
+    _same(engine, _PROMPT, 120, temperature=0.9, seed=11)
+    _same(engine, _PROMPT, 60, temperature=0.7, top_p=0.9, seed=3, top_logprobs=3)
+
+
+def test_same_tokens_in_a_batch_and_with_records():
+    # rows beside others decode one token a step (speculation waits); checkpoints recorded
+    # while speculating restore to the same continuation
+    engine = scoped_engine("demo:gemma3:tiny")
+    long = {"max_tokens": 200, "logit_bias": {t: -100.0 for t in engine.lm.eos_token_ids}}
+    off = engine.generate(_PROMPT, speculate="off", **long)
+    handles = [engine.submit(_PROMPT, speculate="on", drafts=[off.token_ids], **long)
+               for _ in range(2)]
+    for h in handles:
+        assert h.result().token_ids == off.token_ids
+    alone = engine.generate(_PROMPT, speculate="on", drafts=[off.token_ids], **long)
+    assert alone.token_ids == off.token_ids and alone.timings.accepted_tokens > 100
+    engine.drain()
+    long["max_tokens"] = 50
+    again = engine.generate(_PROMPT + off.token_ids[:150], speculate="off", **long)
+    assert again.timings.reused_tokens == 256  # the block decoded while speculating
+    assert again.token_ids == off.token_ids[150:]
+
+
+def test_stops_inside_an_accepted_draft():
+    engine = scoped_engine("demo:qwen3:tiny")
+    bias = {t: -100.0 for t in engine.lm.eos_token_ids}
+    off = engine.generate(_PROMPT, max_tokens=40, speculate="off", logit_bias=bias)
+    on = engine.generate(_PROMPT, max_tokens=37, speculate="on", drafts=[off.token_ids],
+                         logit_bias=bias)
+    assert on.token_ids == off.token_ids[:37] and on.finish_reason == "length"
+    assert on.timings.accepted_tokens > 20
+
+
+def test_off_and_bad_modes():
+    engine = scoped_engine("demo:qwen3:tiny")
+    r = engine.generate(_PROMPT, max_tokens=30, speculate="off", drafts=[_PROMPT])
+    assert r.timings.drafted_tokens == 0
+    with pytest.raises(Exception, match="speculate='sometimes' is not a mode"):
+        engine.generate(_PROMPT, max_tokens=3, speculate="sometimes")
+
+
+def test_vision_models_say_why_not():
+    engine = scoped_engine("demo:gemma3_vl:tiny")
+    assert "vision" in engine.speculation("on")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m"])
+def test_real_models_same_tokens(name):
+    if not NAMED_MODELS[name].is_local():
+        pytest.skip(f"{name} is not on this machine (forkv pull {name})")
+    engine = scoped_engine(name, max_seqs=1)
+    assert engine.speculation("auto") is None  # on the kernels: on by default
+    src = "\n".join(f"def f{i}(a, b):\n    return a * {i} + b\n" for i in range(30))
+    prompt = src + "\n# The same module again:\n" + src[:300]
+    own, exact, partial = _same(engine, prompt, 160)
+    assert own.accepted_tokens > 50 and partial.drafted_tokens > partial.accepted_tokens
+    _same(engine, prompt, 60, temperature=0.8, seed=5)
+
+
+# -- the pieces ------------------------------------------------------------------------------
+def test_index_finds_the_longest_most_recent_match():
+    idx = NgramIndex()
+    idx.add([1, 2, 3, 4, 9, 9])
+    idx.add([7, 2, 3, 4, 5, 6])
+    n, seq, end = idx.best([0, 7, 2, 3, 4])
+    assert (n, seq[end:]) == (4, [5, 6])
+    n, seq, end = idx.best([8, 2, 3, 4])  # a tie at three: the most recent wins
+    assert seq[end:] == [5, 6]
+    assert idx.best([1, 2]) is None and idx.best([3, 3, 3]) is None
+
+
+def test_drafter_grows_with_its_tokens_and_backs_off():
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8]
+    d = Drafter(tokens)
+    assert d.draft(10) == []
+    tokens += [1, 2, 3]
+    assert d.draft(10) == [4, 5, 6, 7, 8, 1]  # 2 x the match length
+    assert d.draft(2) == [4, 5]
+    for _ in range(3):
+        d.feedback(4, 0)
+    assert d.draft(10) == []  # three misses in a row: a pause
+    d.feedback(4, 4)
+    assert d.cap >= 2
+
+
+def test_namespaces_draft_from_their_own_outputs_only():
+    sources = DraftSources()
+    sources.finished("a", [10, 11, 12, 13, 14, 15])
+    mine = sources.drafter([1, 10, 11, 12], [], "a")
+    theirs = sources.drafter([1, 10, 11, 12], [], "b")
+    assert mine.draft(5) == [13, 14, 15]
+    assert theirs.draft(5) == []
+
+
+def test_recent_outputs_stay_bounded():
+    recent = RecentOutputs(max_tokens=100)
+    for i in range(50):
+        recent.add(list(range(i * 30, i * 30 + 30)))
+    assert sum(len(s) for s in recent.index.seqs.values()) <= 100
+    assert recent.index.best([1470, 1471, 1472]) is not None
+    assert recent.index.best([0, 1, 2]) is None
+
+
+def test_draws_ahead_are_the_draws_decode_takes():
+    import mlx.core as mx
+
+    from forkv.engine.request.sampling import Sampler, SamplingParams
+
+    logits = mx.random.normal((64,), key=mx.random.key(0))
+    params = SamplingParams(temperature=1.0, seed=42)
+    one, ahead = Sampler(params), Sampler(params)
+    plain = [one(logits)[0].item() for _ in range(6)]
+    looked = [ahead(logits, ahead=i)[0].item() for i in range(4)]
+    ahead.advance(2)
+    rest = [ahead(logits, ahead=i)[0].item() for i in range(4)]
+    assert looked == plain[:4] and rest == plain[2:6]
