@@ -283,7 +283,7 @@ class Engine:
         if event.finish_reason is not None:
             del self._requests[seq.id]
             if seq.drafter is not None:
-                self.drafts.finished(seq.namespace, seq.tokens[seq.prompt_len:])
+                self.drafts.finished(seq.namespace, seq.tokens, seq.prompt_len)
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[Engine]:

@@ -67,6 +67,9 @@ class GenSettings(BaseModel):
     constraint: Constraint | None = None
     tool_choice: str = Field("auto", pattern=r"^[A-Za-z_][A-Za-z0-9_\-]{0,63}$")
     parallel_tool_calls: bool = True
+    # Draft tokens and verify them (the same tokens either way): "auto" where it is exact and
+    # pays, "on" wherever it is exact, "off"; None: the engine's setting.
+    speculate: Literal["auto", "on", "off"] | None = None
 
     @property
     def forces_call(self) -> bool:
@@ -194,6 +197,8 @@ class NodeStats(BaseModel):
     tokens_reused: int = Field(0, ge=0)
     tokens_computed: int = Field(0, ge=0)
     tokens_generated: int = Field(0, ge=0)
+    tokens_drafted: int = Field(0, ge=0)  # draft tokens verified (speculation)
+    tokens_accepted: int = Field(0, ge=0)  # of those, the ones the model drew itself
 
 
 class NodeResult(BaseModel):

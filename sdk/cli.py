@@ -54,6 +54,15 @@ locally, no download). FORKV_QUANTIZED=auto|keep|dequantize: quantized weights (
 dequantizes on the CPU when they fit in memory)."""
 
 
+def add_speculate_option(p) -> None:
+    """`--speculate`, shared by generate, run and serve (None: FORKV_SPECULATE, else auto)."""
+    p.add_argument("--speculate", choices=("auto", "on", "off"), default=None,
+                   help="draft tokens from the prompt, the conversation tree and recent outputs "
+                        "and verify them in one step; the tokens are the same either way. auto "
+                        "(default): where verifying is exact and pays; on: wherever it is "
+                        "exact; off (FORKV_SPECULATE)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="forkv", description="Conversation graphs with exact block checkpoints on MLX.",

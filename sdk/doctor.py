@@ -21,7 +21,6 @@ def report(model: str | None = None) -> dict:
 
     info = blas.activate()
     import mlx.core as mx
-
     from forkv.engine import EngineConfig
     from forkv.engine.models.loader import pick_dtype
 
@@ -41,6 +40,9 @@ def report(model: str | None = None) -> dict:
         "kernels": kernels_line(mx.default_device() == mx.cpu),
         "dtype": pick_dtype("auto", "bfloat16") + " (auto, for a bfloat16 model)",
         "quantized": _quantized_policy(config.quantized, mx.default_device() == mx.cpu),
+        "speculate": f"{config.speculate} (FORKV_SPECULATE; --speculate on generate, run, "
+                     "serve): drafts from the prompt, the tree and recent outputs, verified "
+                     "exactly" + ("" if config.speculate != "off" else ": off"),
     }
     if model:
         from forkv.engine import load_model
@@ -50,6 +52,11 @@ def report(model: str | None = None) -> dict:
                    model_dtype=lm.dtype, quantization=lm.quantization,
                    quant_reason=lm.quantization_reason,
                    cache_layout=lm.layout.describe(), checkpoints=lm.layout.can_checkpoint)
+        from forkv.engine.request.speculate import blocker
+
+        why = blocker(lm, config.speculate)
+        out["speculate"] = (f"{config.speculate}: on for this model" if why is None else
+                            f"{config.speculate}: off for this model: {why}")
     return out
 
 

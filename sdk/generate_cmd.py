@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import sys
 
+from .cli import add_speculate_option
+
 __all__ = ["DEFAULT_MODEL", "add_arguments", "read_prompt", "run_generate",
            "sampling_from_args"]
 
@@ -44,6 +46,7 @@ def add_arguments(p) -> None:
     g.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="stop before this text; repeatable")
     p.add_argument("--no-progress", action="store_true", help="no prefill progress bar")
+    add_speculate_option(p)
 
 
 def read_prompt(arg: str, stdin=None) -> str:
@@ -91,7 +94,8 @@ def run_generate(args) -> int:
     if args.chat:
         prompt = ([{"role": "system", "content": args.system}] if args.system else []) + [
             {"role": "user", "content": text}]
-    engine = forkv.load(args.model, chat_template=getattr(args, "chat_template", None))
+    engine = forkv.load(args.model, chat_template=getattr(args, "chat_template", None),
+                        speculate=getattr(args, "speculate", None))
     event, last = None, None  # the last character printed
     try:
         with PrefillBar(force=False if args.no_progress else None) as bar:
@@ -108,5 +112,7 @@ def run_generate(args) -> int:
     t = event.timings
     print(f"[{event.finish_reason}] prompt {t.prompt_tokens} tok ({t.reused_tokens} restored), "
           f"prefill {t.prefill_tps:.0f} tok/s, decode {t.decode_tps:.1f} tok/s, first token "
-          f"{t.first_token_s * 1000:.0f} ms", file=sys.stderr)
+          f"{t.first_token_s * 1000:.0f} ms" + (
+              f", drafted {t.drafted_tokens} accepted {t.accepted_tokens}"
+              if t.drafted_tokens else ""), file=sys.stderr)
     return 0

@@ -12,6 +12,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from .cli import add_speculate_option
+
 __all__ = ["SCORERS", "add_arguments", "run_spec"]
 
 # Keep rules may name these scorers (higher is better); mean_logprob needs the session.
@@ -25,6 +27,7 @@ def add_arguments(p) -> None:
     p.add_argument("--save", default=None, metavar="TREE.json",
                    help="where to save the tree (default: SPEC's name + .tree.json, here)")
     p.add_argument("--no-progress", action="store_true", help="no prefill progress bar")
+    add_speculate_option(p)
 
 
 def run_spec(args) -> int:
@@ -43,7 +46,8 @@ def run_spec(args) -> int:
     out = Path(args.save) if args.save else Path(path.name).with_suffix(".tree.json")
     t0 = time.perf_counter()
     template = getattr(args, "chat_template", None)
-    with forkv.Session(model, tree=spec.build(), chat_template=template) as session:
+    with forkv.Session(model, tree=spec.build(), chat_template=template,
+                       speculate=getattr(args, "speculate", None)) as session:
         session.tree.model_id = session.model_id  # pin the fingerprint in what we save
         print(f"{path.name}: {len(spec.nodes)} spec nodes on {session.model_id}", flush=True)
         scorers = {"mean_logprob": session.mean_logprob,

@@ -30,9 +30,9 @@ from forkv.graph import (
 
 from .tools import attach_tool_calls
 
-
 __all__ = ["NodeEvent", "NodeRun", "gen_settings", "node_failed", "path_images",
-           "reasoning_format", "record_render", "run_job", "sampling_params", "submit_job"]
+           "reasoning_format", "record_render", "run_job", "sampling_params", "submit_job",
+           "tree_drafts"]
 
 
 @dataclass(slots=True)
@@ -128,7 +128,26 @@ def submit_job(engine: Engine, tree: Tree, job: Job, progress=None,
     if hasattr(engine, "submit_path"):  # remote backends send the path as chat messages
         return engine.submit_path(tree, job, namespace=namespace, progress=on_chunk)
     return engine.submit(job.prompt.token_ids, sampling_params(job.gen),
-                         images=images or None, namespace=namespace, progress=on_chunk)
+                         images=images or None, namespace=namespace, progress=on_chunk,
+                         speculate=job.gen.speculate, drafts=tree_drafts(tree, job.node_id))
+
+
+def tree_drafts(tree: Tree, node_id: str, limit: int = 8) -> list[list[int]]:
+    """What a node may draft from besides its own prompt: the tokens other generated nodes of
+    its tree produced off its path (its siblings first, then the newest), at most `limit`."""
+    node = tree[node_id]
+    on_path = {n.id for n in tree.path(node)}
+    parent = tree.parent(node)
+    siblings = tree.children(parent) if parent is not None else []
+    others = [n for n in reversed(list(tree)) if n not in siblings]
+    out = []
+    for n in [*siblings, *others]:
+        if n.id in on_path or n.result is None or not n.result.token_ids:
+            continue
+        out.append(n.result.token_ids)
+        if len(out) == limit:
+            break
+    return out
 
 
 class NodeRun:
@@ -168,7 +187,8 @@ class NodeRun:
         timings = {k: v for k, v in t.as_dict().items() if isinstance(v, (int, float))}
         timings["wall_s"] = time.perf_counter() - self.t0
         stats = NodeStats(tokens_reused=t.reused_tokens, tokens_computed=t.computed_tokens,
-                          tokens_generated=t.generated_tokens)
+                          tokens_generated=t.generated_tokens, tokens_drafted=t.drafted_tokens,
+                          tokens_accepted=t.accepted_tokens)
         tree.attach(node_id, text, ids, finish, timings, stats)
         # a final node's tool calls
         attach_tool_calls(engine.lm.tokenizer, tree, node_id, self.call_prefix)

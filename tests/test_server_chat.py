@@ -193,6 +193,25 @@ def test_errors_through_the_client_and_no_500(client, url):
     assert metric(url, "forkv_requests_total", 'endpoint="chat",status="500"') == 0
 
 
+def test_speculation_changes_no_token_and_is_counted(client, url):
+    # the second request drafts from the first one's output (its namespace's recent outputs)
+    body = {"model": MODEL, "max_tokens": 120, "temperature": 0,
+            "messages": [{"role": "user", "content": "Count: 1 2 3 4 5 6 7 8 9 10"}]}
+    bias = {"logit_bias": no_eos(MODEL)}
+    off = client.chat.completions.create(**body, extra_body={"speculate": "off", **bias})
+    assert off.usage.completion_tokens_details.accepted_prediction_tokens == 0
+    runs = [client.chat.completions.create(**body, extra_body={"speculate": "on", **bias})
+            for _ in range(2)]
+    for on in runs:
+        assert on.choices[0].message.content == off.choices[0].message.content
+    details = runs[1].usage.completion_tokens_details
+    assert details.accepted_prediction_tokens > 50
+    assert details.rejected_prediction_tokens >= 0
+    assert metric(url, "forkv_tokens_drafted_total") >= details.accepted_prediction_tokens
+    status, _ = http("POST", f"{url}/v1/chat/completions", {**body, "speculate": "maybe"})
+    assert status == 400
+
+
 def test_models_health_metrics(client, url):
     assert MODEL in [m.id for m in client.models.list().data]
     assert http("GET", f"{url}/health")[0] == 200

@@ -23,7 +23,7 @@ class _SlowBackend:
     def __init__(self):
         self.entered, self.release, self.handles = threading.Event(), threading.Event(), []
 
-    def submit(self, tokens, params, images, namespace):
+    def submit(self, tokens, params, images, namespace, speculate=None, drafts=()):
         self.entered.set()
         self.release.wait(10)
         handle = _Handle()

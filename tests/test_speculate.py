@@ -9,9 +9,7 @@ boundaries and wrapped windows). Plus the drafter's and the sampler's pieces on 
 from __future__ import annotations
 
 import pytest
-
 from conftest import scoped_engine
-
 from forkv.engine.models.named import NAMED_MODELS
 from forkv.engine.request.drafts import Drafter, DraftSources, NgramIndex, RecentOutputs
 
@@ -104,7 +102,7 @@ def test_real_models_same_tokens(name):
     assert engine.speculation("auto") is None  # on the kernels: on by default
     src = "\n".join(f"def f{i}(a, b):\n    return a * {i} + b\n" for i in range(30))
     prompt = src + "\n# The same module again:\n" + src[:300]
-    own, exact, partial = _same(engine, prompt, 160)
+    own, _, partial = _same(engine, prompt, 160)
     assert own.accepted_tokens > 50 and partial.drafted_tokens > partial.accepted_tokens
     _same(engine, prompt, 60, temperature=0.8, seed=5)
 
@@ -137,11 +135,13 @@ def test_drafter_grows_with_its_tokens_and_backs_off():
 
 def test_namespaces_draft_from_their_own_outputs_only():
     sources = DraftSources()
-    sources.finished("a", [10, 11, 12, 13, 14, 15])
+    sources.finished("a", [7, 8, 9, 10, 11, 12, 13, 14, 15], prompt_len=3)
     mine = sources.drafter([1, 10, 11, 12], [], "a")
     theirs = sources.drafter([1, 10, 11, 12], [], "b")
     assert mine.draft(5) == [13, 14, 15]
     assert theirs.draft(5) == []
+    again = sources.drafter([5, 7, 8, 9], [], "a")  # the same prompt: drafts from its start
+    assert again.draft(5) == [10, 11, 12, 13, 14]
 
 
 def test_recent_outputs_stay_bounded():
@@ -155,7 +155,6 @@ def test_recent_outputs_stay_bounded():
 
 def test_draws_ahead_are_the_draws_decode_takes():
     import mlx.core as mx
-
     from forkv.engine.request.sampling import Sampler, SamplingParams
 
     logits = mx.random.normal((64,), key=mx.random.key(0))

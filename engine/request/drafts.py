@@ -6,9 +6,11 @@ answers, tool outputs) and from a bounded index of its namespace's recent output
 decoding's global tree, as a FIFO). Never from another namespace: a draft from another
 tenant's text would leak it through timing.
 
-Each source is indexed by its trigrams; a lookup takes the last three tokens of the sequence,
-extends each earlier occurrence backwards to measure how long the match is, and drafts what
-followed the longest (most recent on ties). The draft's length follows the match length and
+Each source is indexed by its 12-, 6- and 3-grams; a lookup takes the longest of those the end
+of the sequence has occurred as, extends each earlier occurrence backwards to measure how long
+the match is, and drafts what followed the longest (most recent on ties). The longer keys find
+the right place in a run that repeats one token or phrase many times, where the last few
+occurrences of a trigram all sit at the run's end. The draft's length follows the match length and
 the request's recent acceptance, and a request whose drafts keep failing stops drafting for
 a while (longer each time), so chatty text pays nothing. Knows nothing about models, caches or
 sampling: the scheduler verifies what this proposes.
@@ -21,14 +23,16 @@ from collections.abc import Sequence
 
 __all__ = ["DraftSources", "Drafter", "NgramIndex", "RecentOutputs"]
 
-_N = 3  # the lookup key: the last three tokens
+_NS = (12, 6, 3)  # lookup keys: the last n tokens, longest first
+_N = _NS[-1]
 _PER_KEY = 4  # occurrences kept per key (the most recent)
 _MAX_MATCH = 32  # how far back a match is measured
 MAX_DRAFT = 24  # tokens verified beside the last one, at most
+_CONTEXT = 16  # prompt tokens kept before a recent output
 
 
 class NgramIndex:
-    """Token sequences indexed by trigram: which (sequence, end) followed each trigram."""
+    """Token sequences indexed by n-gram: at which (sequence, end) each n-gram ended."""
 
     def __init__(self):
         self.seqs: dict[int, list[int]] = {}
@@ -50,14 +54,17 @@ class NgramIndex:
         seq, start = self.seqs[sid], self._indexed[sid]
         where = self._where
         for end in range(max(start, _N), len(seq) + 1):
-            key = tuple(seq[end - _N:end])
-            hits = where.get(key)
-            if hits is None:
-                where[key] = [(sid, end)]
-            else:
-                hits.append((sid, end))
-                if len(hits) > _PER_KEY:
-                    del hits[0]
+            for n in _NS:
+                if n > end:
+                    continue
+                key = tuple(seq[end - n:end])
+                hits = where.get(key)
+                if hits is None:
+                    where[key] = [(sid, end)]
+                else:
+                    hits.append((sid, end))
+                    if len(hits) > _PER_KEY:
+                        del hits[0]
         self._indexed[sid] = len(seq)
 
     def drop(self, sid: int) -> None:
@@ -78,25 +85,26 @@ class NgramIndex:
              ) -> tuple[int, list[int], int] | None:
         """(match length, the sequence, where the continuation starts) for the longest earlier
         occurrence of the end of `tail`; `skip` = (sid, end) is the tail itself."""
-        if len(tail) < _N:
-            return None
-        hits = self._where.get(tuple(tail[-_N:]))
-        if not hits:
-            return None
-        best = None
-        for sid, end in reversed(hits):  # most recent first: it wins ties
-            if (sid, end) == skip:
+        for key_len in _NS:
+            if len(tail) < key_len:
                 continue
-            seq = self.seqs.get(sid)
-            if seq is None or end >= len(seq):
-                continue
-            n = _N
-            limit = min(_MAX_MATCH, end, len(tail))
-            while n < limit and seq[end - n - 1] == tail[-n - 1]:
-                n += 1
-            if best is None or n > best[0]:
-                best = (n, seq, end)
-        return best
+            best = None
+            for sid, end in reversed(self._where.get(tuple(tail[-key_len:]), ())):
+                # most recent first: it wins ties
+                if (sid, end) == skip:
+                    continue
+                seq = self.seqs.get(sid)
+                if seq is None or end >= len(seq):
+                    continue
+                n = key_len
+                limit = min(_MAX_MATCH, end, len(tail))
+                while n < limit and seq[end - n - 1] == tail[-n - 1]:
+                    n += 1
+                if best is None or n > best[0]:
+                    best = (n, seq, end)
+            if best is not None:
+                return best
+        return None
 
 
 class RecentOutputs:
@@ -202,6 +210,9 @@ class DraftSources:
                 ) -> Drafter:
         return Drafter(tokens, extra, self._of(namespace))
 
-    def finished(self, namespace: str, output: Sequence[int]) -> None:
-        """A request of `namespace` generated `output`: later ones may draft from it."""
-        self._of(namespace).add(output)
+    def finished(self, namespace: str, tokens: Sequence[int], prompt_len: int) -> None:
+        """A request of `namespace` generated `tokens[prompt_len:]`: later ones may draft
+        from it. The prompt's last tokens come along, so that a request that asks the same
+        again drafts from its first generated token on."""
+        if len(tokens) > prompt_len:
+            self._of(namespace).add(tokens[max(0, prompt_len - _CONTEXT):])

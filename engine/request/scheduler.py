@@ -62,6 +62,8 @@ class StepTotals:
     decoded_tokens: int = 0
     decode_s: float = 0.0  # batched decode steps (with any in-step boundary recompute)
     recomputed_tokens: int = 0
+    drafted_tokens: int = 0  # draft tokens verified (speculate.py)
+    accepted_tokens: int = 0  # of those, the ones the model drew itself
     record_jobs_s: float = 0.0  # deferred decode records (prefill-only jobs)
 
     def as_dict(self) -> dict:
@@ -266,6 +268,8 @@ class Scheduler:
         t = seq.timings
         t.drafted_tokens += k
         t.accepted_tokens += agree
+        self.totals.drafted_tokens += k
+        self.totals.accepted_tokens += agree
 
         events = []
         for i in range(agree + 1):  # the agreed drafts, then the first draw that differs

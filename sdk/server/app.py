@@ -43,6 +43,7 @@ class ServerConfig:
     max_queue: int = 64
     max_seqs: int = 8
     reuse: str = "fast"  # exact | fast: how requests reuse earlier computation (live.py)
+    speculate: str = "auto"  # auto | on | off: exact speculative decoding (speculate.py)
     max_body: int = DEFAULT_MAX_BODY
     reasoning: str = "auto"  # auto | on | off: emit reasoning items for thinking formats
     aliases: tuple[str, ...] = field(default_factory=tuple)

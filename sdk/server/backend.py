@@ -34,10 +34,11 @@ class Backend:
     """One model served to many tenants (see the module docstring)."""
 
     def __init__(self, lm, *, max_queue: int = 64, max_seqs: int = 8,
-                 engine: Engine | None = None, reuse: str | None = None):
+                 engine: Engine | None = None, reuse: str | None = None,
+                 speculate: str | None = None):
         self.lm = lm
         self.max_queue, self.max_seqs = max_queue, max_seqs
-        self.engine = engine or Engine(lm, max_seqs=max_seqs, reuse=reuse)
+        self.engine = engine or Engine(lm, max_seqs=max_seqs, reuse=reuse, speculate=speculate)
         self._live: set = set()  # handles not known to be done
         self._seen: OrderedDict[str, float] = OrderedDict()  # namespace -> last request
         self._lock = threading.Lock()
@@ -49,13 +50,15 @@ class Backend:
             self._live = {h for h in self._live if not h.done}
             return len(self._live)
 
-    def submit(self, prompt, params: SamplingParams, images=None, namespace: str = ""):
+    def submit(self, prompt, params: SamplingParams, images=None, namespace: str = "",
+               speculate: str | None = None, drafts=()):
         """Queue one completion for `namespace` and return its handle (`async for`,
         `cancel()`); blocking for the time it takes to tokenize. `QueueFull` past
         `max_queue`; `GenerationError` for bad input."""
         if self.in_flight >= self.max_queue:
             raise QueueFull
-        handle = self.engine.submit(prompt, params, images=images, namespace=namespace)
+        handle = self.engine.submit(prompt, params, images=images, namespace=namespace,
+                                    speculate=speculate, drafts=drafts)
         with self._lock:
             self._live.add(handle)
             self._seen[namespace] = time.monotonic()
@@ -78,6 +81,8 @@ class Backend:
         return {"hits": dict(st.get("hits", {})), "misses": dict(st.get("misses", {})),
                 "tokens_reused": st.get("tokens_reused", 0),
                 "tokens_computed": st.get("tokens_computed", 0),
+                "tokens_drafted": st["steps"]["drafted_tokens"],
+                "tokens_accepted": st["steps"]["accepted_tokens"],
                 "tier_bytes": {t: st.get(t, {}).get("bytes", 0) for t in ("ram", "disk")},
                 "waiting": st["queue"]["waiting"],
                 "running": st["queue"]["prefilling"] + st["queue"]["running"],

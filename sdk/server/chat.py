@@ -22,7 +22,14 @@ from starlette.responses import JSONResponse
 
 from .auth import namespace_of
 from .errors import APIError
-from .generation import collect, interleaved, start, stream_error, watch_disconnect
+from .generation import (
+    collect,
+    interleaved,
+    prediction_details,
+    start,
+    stream_error,
+    watch_disconnect,
+)
 from .inputs import Sampling, decode_image, parse_body, read_json, sampling_params
 from .sse import sse_response
 from .tools import CallStream, history, plan_tools
@@ -118,7 +125,8 @@ async def chat_completions(request: Request) -> Any:
                          state.template_kwargs, images)
     t0 = time.perf_counter()
     handles = await start(state, prompt, params, namespace, images or None, req.n,
-                          "max_completion_tokens" if req.max_completion_tokens else "max_tokens")
+                          "max_completion_tokens" if req.max_completion_tokens else "max_tokens",
+                          speculate=req.speculate)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": req.model, "system_fingerprint": state.fingerprint}
     tok = state.lm.tokenizer
@@ -136,8 +144,7 @@ async def chat_completions(request: Request) -> Any:
                 if req.logprobs else None,
                 "finish_reason": messages[i][1] or _finish(r.finish_reason)}
                for i, r in enumerate(results)]
-    usage = _usage(handles, [r.timings.reused_tokens for r in results],
-                   sum(len(r.token_ids) for r in results))
+    usage = _usage(handles, [r.timings for r in results], sum(len(r.token_ids) for r in results))
     return JSONResponse({**head, "object": "chat.completion", "choices": choices,
                          "usage": usage})
 
@@ -146,17 +153,20 @@ def _finish(reason: str | None) -> str:
     return "length" if reason == "length" else "stop"
 
 
-def _usage(handles, reused: list[int], completion: int) -> dict:
+def _usage(handles, finals: list, completion: int) -> dict:
+    """`finals`: each choice's last Timings (None while it runs)."""
     prompt = len(handles[0].prompt_tokens)
     # The choices share one prompt: count it once, cached as the first choice found it.
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": reused[0] if reused else 0}}
+            "prompt_tokens_details": {"cached_tokens": finals[0].reused_tokens
+                                      if finals and finals[0] else 0},
+            "completion_tokens_details": prediction_details(finals)}
 
 
 async def _stream(state, handles, head, include_usage: bool, logprobs: bool, tok, t0, plan):
     calls = [CallStream(plan) for _ in handles]  # holds back text once a tool call starts
-    reused, generated = [0] * len(handles), [0] * len(handles)
+    finals, generated = [None] * len(handles), [0] * len(handles)
 
     def chunk(choices, usage=None):
         body = {**head, "object": "chat.completion.chunk", "choices": choices}
@@ -184,9 +194,9 @@ async def _stream(state, handles, head, include_usage: bool, logprobs: bool, tok
                                             event.top_logprobs)
                       if logprobs else None, "finish_reason": None}
             if event.finish_reason is not None:
-                reused[i] = event.timings.reused_tokens
+                finals[i] = event.timings
                 choice["finish_reason"] = "tool_calls" if deltas else _finish(event.finish_reason)
             if text or event.finish_reason is not None or logprobs:
                 yield chunk([choice])
         if include_usage:
-            yield chunk([], _usage(handles, reused, sum(generated)))
+            yield chunk([], _usage(handles, finals, sum(generated)))

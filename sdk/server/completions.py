@@ -19,15 +19,21 @@ import uuid
 from dataclasses import replace
 from typing import Any
 
+from forkv.engine.request.sampling import vocab_limit
 from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from forkv.engine.request.sampling import vocab_limit
-
 from .auth import namespace_of
 from .errors import APIError
-from .generation import collect, interleaved, start, stream_error, watch_disconnect
+from .generation import (
+    collect,
+    interleaved,
+    prediction_details,
+    start,
+    stream_error,
+    watch_disconnect,
+)
 from .inputs import Sampling, parse_body, read_json, sampling_params
 from .sse import sse_response
 
@@ -133,7 +139,8 @@ async def completions(request: Request) -> Any:
     handles: list = []
     try:
         for where, prompt in prompts:
-            handles += await _start(state, where, prompt, params, namespace, req.n)
+            handles += await _start(state, where, prompt, params, namespace, req.n,
+                                    req.speculate)
     except BaseException:
         for h in handles:
             if not h.done:
@@ -158,16 +165,17 @@ async def completions(request: Request) -> Any:
                                       len(echoes[i])) if with_logprobs else None,
                 "finish_reason": _finish(r.finish_reason)}
                for i, r in enumerate(results)]
-    usage = _usage(handles, req.n, [r.timings.reused_tokens for r in results],
+    usage = _usage(handles, req.n, [r.timings for r in results],
                    sum(len(r.token_ids) for r in results))
     return JSONResponse({**head, "object": "text_completion", "choices": choices,
                          "usage": usage})
 
 
-async def _start(state, where: str, prompt, params, namespace: str, n: int) -> list:
+async def _start(state, where: str, prompt, params, namespace: str, n: int,
+                 speculate: str | None) -> list:
     """`start()` for one prompt, its refusals naming that prompt (start speaks of messages)."""
     try:
-        return await start(state, prompt, params, namespace, None, n)
+        return await start(state, prompt, params, namespace, None, n, speculate=speculate)
     except APIError as e:
         if e.param != "messages":
             raise  # not about the prompt (a full queue, a huge max_tokens)
@@ -183,19 +191,21 @@ def _finish(reason: str | None) -> str:
     return "length" if reason == "length" else "stop"
 
 
-def _usage(handles, n: int, reused: list[int], completion: int) -> dict:
+def _usage(handles, n: int, finals: list, completion: int) -> dict:
+    """`finals`: each choice's last Timings (None while it runs)."""
     # Each prompt's n choices share it: count it once, cached as its first choice found it.
     firsts = range(0, len(handles), n)
     prompt = sum(len(handles[i].prompt_tokens) for i in firsts)
-    cached = sum(reused[i] for i in firsts if i < len(reused))
+    cached = sum(finals[i].reused_tokens for i in firsts if i < len(finals) and finals[i])
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+            "prompt_tokens_details": {"cached_tokens": cached},
+            "completion_tokens_details": prediction_details(finals)}
 
 
 async def _stream(state, handles, head, include_usage: bool, logprobs: bool, tok, t0,
                   echoes: list[str], n: int):
-    reused, generated = [0] * len(handles), [0] * len(handles)
+    finals, generated = [None] * len(handles), [0] * len(handles)
     offsets = [len(e) for e in echoes]  # characters sent per choice, for text_offset
 
     def chunk(choices, usage=None):
@@ -219,9 +229,9 @@ async def _stream(state, handles, head, include_usage: bool, logprobs: bool, tok
                                                     event.top_logprobs, offsets[i])
                 offsets[i] += sum(len(t) for t in lp["tokens"])
             if event.finish_reason is not None:
-                reused[i] = event.timings.reused_tokens
+                finals[i] = event.timings
                 choice["finish_reason"] = _finish(event.finish_reason)
             if event.text or event.finish_reason is not None or event.token_ids and logprobs:
                 yield chunk([choice])
         if include_usage:
-            yield chunk([], _usage(handles, n, reused, sum(generated)))
+            yield chunk([], _usage(handles, n, finals, sum(generated)))

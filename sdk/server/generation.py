@@ -21,8 +21,17 @@ from . import logs
 from .backend import QueueFull
 from .errors import APIError
 
-__all__ = ["Collected", "collect", "events", "interleaved", "start", "stream_error",
-           "watch_disconnect"]
+__all__ = ["Collected", "collect", "events", "interleaved", "prediction_details", "start",
+           "stream_error", "watch_disconnect"]
+
+
+def prediction_details(finals) -> dict:
+    """Speculation's draft tokens in OpenAI's names (`usage.completion_tokens_details`): the
+    accepted ones and the rejected ones, over the choices' last Timings (None: not done)."""
+    done = [t for t in finals if t is not None]
+    accepted = sum(t.accepted_tokens for t in done)
+    return {"accepted_prediction_tokens": accepted,
+            "rejected_prediction_tokens": sum(t.drafted_tokens for t in done) - accepted}
 
 
 def _too_long(e: ContextTooLong, max_param: str) -> APIError:
@@ -54,7 +63,8 @@ def _prepare(state, prompt, params: SamplingParams, images, namespace: str, max_
 
 
 async def start(state, prompt, params: SamplingParams, namespace: str, images=None,
-                n: int = 1, max_param: str = "max_tokens", follow_up: bool = False) -> list:
+                n: int = 1, max_param: str = "max_tokens", follow_up: bool = False,
+                speculate: str | None = None, drafts=()) -> list:
     """Submit `n` completions of `prompt` for `namespace`; their handles. `max_param` is the
     request's name for `params.max_tokens`, for a 400 that blames it. A `follow_up` prompt
     (a response's second node) is not counted again in the request's log line."""
@@ -63,7 +73,8 @@ async def start(state, prompt, params: SamplingParams, namespace: str, images=No
         p = replace(params, seed=params.seed + index) if index and params.seed is not None \
             else params
         try:
-            return state.backend.submit(tokens, p, images, namespace)
+            return state.backend.submit(tokens, p, images, namespace, speculate=speculate,
+                                        drafts=drafts)
         except QueueFull:
             raise APIError(429, f"The server's queue is full ({state.backend.max_queue} "
                                 "requests in flight); retry shortly.", "queue_full") from None

@@ -12,12 +12,11 @@ import base64
 import binascii
 import io
 import json
-from typing import Any
-
-from pydantic import BaseModel, ValidationError
-from starlette.requests import Request
+from typing import Any, Literal
 
 from forkv.engine import SamplingParams
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
 
 from .errors import APIError
 
@@ -75,6 +74,8 @@ class Sampling(BaseModel):
     seed: int | None = None
     stop: str | list[str] | None = None
     logit_bias: dict[str, float] | None = None  # chat's field; /v1/responses takes it too
+    # forkv's: draft and verify tokens (the same tokens either way); None: the server's setting
+    speculate: Literal["auto", "on", "off"] | None = None
 
 
 def sampling_params(req: Sampling, max_tokens: int | None, top_logprobs: int = 0) -> SamplingParams:

@@ -75,6 +75,8 @@ class _Record:
     prompt: int = 0
     cached: int = 0
     generated: int = 0
+    drafted: int = 0
+    accepted: int = 0
     first_token: float | None = None  # seconds after `start`
     error: str | None = None  # the error code a refusal sent
     firsts: set = field(default_factory=set)  # ids of each prompt's first handle
@@ -116,6 +118,9 @@ def note_event(handle, event) -> None:
     rec.generated += len(event.token_ids)
     if rec.first_token is None and (event.token_ids or event.finish_reason):
         rec.first_token = time.perf_counter() - rec.start
+    if event.finish_reason is not None and event.timings is not None:
+        rec.drafted += event.timings.drafted_tokens
+        rec.accepted += event.timings.accepted_tokens
     if event.finish_reason is not None and id(handle) in rec.firsts:
         rec.cached += event.timings.reused_tokens
 
@@ -127,6 +132,8 @@ def format_access(method: str, path: str, rec: _Record, total_s: float) -> str:
         ttft = "-" if rec.first_token is None else f"{rec.first_token:.3f}s"
         parts += [f"prompt={rec.prompt}", f"cached={rec.cached}",
                   f"generated={rec.generated}", f"ttft={ttft}"]
+        if rec.drafted:
+            parts.append(f"drafted={rec.drafted} accepted={rec.accepted}")
     parts.append(f"total={total_s:.3f}s")
     if rec.error:
         parts.append(f"error={rec.error}")

@@ -67,6 +67,10 @@ class Metrics:
         metric("tokens_computed_total", "counter", "Prompt tokens prefilled.",
                [({}, stats["tokens_computed"])])
         metric("tokens_generated_total", "counter", "Tokens generated.", [({}, generated)])
+        metric("tokens_drafted_total", "counter", "Draft tokens verified (speculation).",
+               [({}, stats.get("tokens_drafted", 0))])
+        metric("tokens_accepted_total", "counter", "Draft tokens the model drew itself.",
+               [({}, stats.get("tokens_accepted", 0))])
         metric("record_hits_total", "counter", "Checkpoint records found, by kind.",
                [({"kind": k}, n) for k, n in sorted(stats["hits"].items())])
         metric("record_misses_total", "counter", "Checkpoint records missing, by kind.",

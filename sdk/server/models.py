@@ -105,7 +105,7 @@ class ModelPool:
             aliases: tuple[str, ...] = ()) -> ServedModel:
         config = self.server.config
         backend = backend or Backend(lm, max_queue=config.max_queue, max_seqs=config.max_seqs,
-                                     reuse=config.reuse)
+                                     reuse=config.reuse, speculate=config.speculate)
         served = ServedModel(self.server, name, lm, backend, pinned, aliases)
         with self._lock:
             self._models[name] = served
@@ -220,6 +220,7 @@ class ModelPool:
     def stats(self) -> dict:
         """The backends' numbers summed, with the models loaded and loads/unloads so far."""
         total = {"hits": {}, "misses": {}, "tokens_reused": 0, "tokens_computed": 0,
+                 "tokens_drafted": 0, "tokens_accepted": 0,
                  "tier_bytes": {"ram": 0, "disk": 0}, "waiting": 0, "running": 0,
                  "in_flight": 0, "namespaces": 0}
         for m in self.loaded:
@@ -227,8 +228,8 @@ class ModelPool:
             for name in ("hits", "misses", "tier_bytes"):
                 for k, v in st[name].items():
                     total[name][k] = total[name].get(k, 0) + v
-            for name in ("tokens_reused", "tokens_computed", "waiting", "running", "in_flight",
-                         "namespaces"):
+            for name in ("tokens_reused", "tokens_computed", "tokens_drafted",
+                         "tokens_accepted", "waiting", "running", "in_flight", "namespaces"):
                 total[name] += st[name]
         total.update(models_loaded=len(self.loaded), model_loads=self.loads,
                      model_unloads=self.unloads)

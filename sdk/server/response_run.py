@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator
 
 from forkv.engine import GenerationEvent, Timings
 from forkv.graph import Job, render
-from forkv.runner import NodeEvent, NodeRun, path_images, sampling_params
+from forkv.runner import NodeEvent, NodeRun, path_images, sampling_params, tree_drafts
 from forkv.tools import call_content
 
 from .conversations import Stored
@@ -65,7 +65,9 @@ class ResponseRun:
         [handle] = await start(self.state, job.prompt.token_ids, sampling_params(job.gen),
                                self.stored.namespace,
                                path_images(self.tree, job.node_id) or None,
-                               max_param="max_output_tokens", follow_up=bool(self.handles))
+                               max_param="max_output_tokens", follow_up=bool(self.handles),
+                               speculate=job.gen.speculate,
+                               drafts=tree_drafts(self.tree, job.node_id))
         self.handles.append(handle)
         if self.cancelled:  # the client left while it was being submitted
             self.cancel()

@@ -18,19 +18,24 @@ import time
 import uuid
 from typing import Any
 
+from forkv.engine import SamplingParams
+from forkv.graph import ReasoningFormat
+from forkv.runner import gen_settings
 from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from forkv.engine import SamplingParams
-from forkv.graph import ReasoningFormat
-from forkv.runner import gen_settings
-
 from .auth import namespace_of
 from .conversations import Stored, Turn
 from .errors import APIError
-from .inputs import (DEFAULT_MAX_TOKENS, Sampling, decode_image, parse_body, read_json,
-                     sampling_params)
+from .inputs import (
+    DEFAULT_MAX_TOKENS,
+    Sampling,
+    decode_image,
+    parse_body,
+    read_json,
+    sampling_params,
+)
 from .response_events import stream_response
 from .response_run import Cancelled, ResponseRun
 from .tools import TOOL_ITEMS, ToolPlan, name_tool_results, plan_tools, tool_turn
@@ -109,7 +114,7 @@ async def create_response(request: Request) -> Any:
     params = sampling_params(req, req.max_output_tokens)
     turns = to_turns(req.input, state.can_see_images)
     first, gen_ids = conv.add_turns(ns, previous, req.instructions, turns,
-                                    _node_gens(params, plan, state.reasoning))
+                                    _node_gens(params, plan, state.reasoning, req.speculate))
     tree = conv.tree(ns)
     if plan.specs:  # declared on this request's first node: seen by what it generates
         tree[first].tools = plan.specs
@@ -152,16 +157,18 @@ async def create_response(request: Request) -> Any:
     return JSONResponse(run.finish())
 
 
-def _node_gens(params: SamplingParams, plan: ToolPlan, fmt: ReasoningFormat | None) -> dict:
+def _node_gens(params: SamplingParams, plan: ToolPlan, fmt: ReasoningFormat | None,
+               speculate: str | None = None) -> dict:
     """The settings of the nodes a response generates: every sampling field of the request
     (logit_bias, seed... as the sampler knows them) on each; the answer alone takes the stop
     strings, tool choice and output format, the thought stops at the close tag."""
     try:
         final = gen_settings(params, constraint=plan.constraint, tool_choice=plan.choice,
-                             parallel_tool_calls=plan.parallel)
+                             parallel_tool_calls=plan.parallel, speculate=speculate)
         if fmt is None:
             return {"final": final}
-        return {"reasoning": gen_settings(params, stop=(fmt.close_tag,)), "final": final}
+        return {"reasoning": gen_settings(params, stop=(fmt.close_tag,), speculate=speculate),
+                "final": final}
     except ValueError as e:  # a value the sampler takes but a node does not (pydantic's)
         raise APIError(400, f"The sampling settings do not fit a node: {e}",
                        "invalid_value") from None

@@ -13,6 +13,7 @@ import ipaddress
 import os
 import sys
 
+from forkv.cli import add_speculate_option
 from forkv.errors import ForkvError
 
 __all__ = ["BindRefused", "add_arguments", "check_bind", "run_serve", "serve"]
@@ -41,7 +42,6 @@ def check_bind(host: str, api_keys) -> None:
 def serve(config) -> None:
     """Load the pinned models of `config` (a `ServerConfig`) and serve until interrupted."""
     import uvicorn
-
     from forkv.engine import EngineConfig, load_model
     from forkv.engine.models.chat_template import require_chat_template, use_chat_template
 
@@ -95,6 +95,8 @@ def run_serve(args) -> int:
                           max_models=args.max_models, model_memory=memory,
                           max_body=args.max_body, reasoning=args.reasoning,
                           reuse=args.reuse or os.environ.get("FORKV_REUSE") or "fast",
+                          speculate=args.speculate or os.environ.get("FORKV_SPECULATE")
+                          or "auto",
                           chat_template=getattr(args, "chat_template", None))
     serve(config)  # BindRefused is a ValueError: the CLI prints it and exits 2
     return 0
@@ -144,6 +146,7 @@ def add_arguments(p) -> None:
                         "cache at any token, as llama.cpp continues a slot (logits within "
                         "rounding of a fresh run's); exact: restore records only, bit for bit "
                         "a fresh run with the same chunking (FORKV_REUSE)")
+    add_speculate_option(p)
     p.add_argument("--max-body", type=int, default=32 << 20, help="largest request body, bytes")
     p.add_argument("--reasoning", choices=("auto", "on", "off"), default="auto",
                    help="Responses API: split thinking into reasoning items (auto: when the "
