@@ -30,9 +30,10 @@ class TextRunner:
     def decode(self, rows, inputs, caches):
         return self.engine.lm.model(inputs, cache=caches)
 
-    def verify(self, seq, tokens: list[int], caches):
-        """The logits of a verify chunk (one row: its last token and a draft), each position
-        with one-token decode's bits (speculate.py)."""
+    def verify(self, seq, tokens: list[int], caches, offset: int):
+        """The logits of a verify chunk (one row: `tokens` from index `offset` of the
+        sequence on: its last token and a draft), each position with one-token decode's bits
+        (speculate.py). Also feeds the kept tokens again after a rollback that could not trim."""
         import mlx.core as mx
 
         from .speculate import rowwise
@@ -55,6 +56,15 @@ class VisionRunner:
         # Each row at its own position state (e.g. M-RoPE), through the merged caches.
         return self.vision.decode_rows([s.model for s in rows],
                                        [len(s.tokens) - 1 for s in rows], inputs, caches)
+
+    def verify(self, seq, tokens: list[int], caches, offset: int):
+        """TextRunner.verify for a vision row, at its own position state."""
+        import mlx.core as mx
+
+        from .speculate import rowwise
+
+        with rowwise():
+            return self.vision.decode_rows([seq.model], [offset], mx.array([tokens]), caches)
 
 
 def make_runner(engine):

@@ -242,7 +242,7 @@ class Scheduler:
         (speculate.py). False (nothing done) when there is no draft."""
         import mlx.core as mx
 
-        from .speculate import refeed, rollback, snapshot
+        from .speculate import rollback, snapshot
 
         seq, B = self.rows[0], self.block_size
         held = len(seq.tokens) - 1  # tokens the cache holds: all but the last sampled one
@@ -254,7 +254,7 @@ class Scheduler:
             return False
         k, caches = len(draft), self.batch.caches
         saved = snapshot(caches)
-        logits = self.runner.verify(seq, [seq.tokens[-1], *draft], caches)
+        logits = self.runner.verify(seq, [seq.tokens[-1], *draft], caches, held)
         seen = seq.tokens + draft
         sampled = [seq.sampler(logits[0, i], seen[:held + 1 + i], ahead=i) for i in range(k + 1)]
         tokens = mx.stack([t for t, _ in sampled])
@@ -280,8 +280,9 @@ class Scheduler:
                 break
         used = len(events)
         seq.sampler.advance(used)
-        if not rollback(caches, k + 1 - used, k + 1, saved):
-            refeed(self.runner.engine.lm.model, seen[held:held + used], caches)
+        if not rollback(caches, k + 1 - used, k + 1, saved):  # put back: feed the kept again
+            self.runner.verify(seq, seen[held:held + used], caches, held)
+            mx.eval(self.batch.state())
         report.decoded = used
         # the row holds all it was fed; at a block boundary the prefix cache records it
         seq.pos = held + used

@@ -25,7 +25,7 @@ import contextvars
 import mlx.core as mx
 import mlx.nn as nn
 
-__all__ = ["blocker", "exactness", "refeed", "rollback", "rowwise", "snapshot"]
+__all__ = ["blocker", "exactness", "rollback", "rowwise", "snapshot"]
 
 # Float matmul weights above this run row by row in a verify, reading them once per row: there
 # the chunk costs about as much as decoding each of its tokens, and auto mode does not draft.
@@ -108,9 +108,14 @@ def _probe(lm) -> str | None:
     if getattr(lm, "kernels", None) is None or mx.default_device() != mx.cpu:
         return ("its matmuls run on mlx's kernels, whose sums depend on how many rows share a "
                 "call")
-    if getattr(lm, "is_vision", False):
-        return "vision models decode with per-row position state that a chunk does not carry"
     _use_rowwise(lm.model)
+    # a vision model's text decoding (images change positions, not how a chunk sums)
+    text_model = lm.model.language_model if getattr(lm, "is_vision", False) else lm.model
+
+    def forward(ids, cache):
+        out = text_model(mx.array(ids)[None], cache=cache)
+        return getattr(out, "logits", out)
+
     vocab = int(lm.config.get("vocab_size") or 256)
     ids = [(i * 7919 + 11) % max(vocab - 1, 2) + 1 for i in range(20)]
 
@@ -122,11 +127,13 @@ def _probe(lm) -> str | None:
         for i, n in enumerate(steps):
             saved = snapshot(cache)
             with rowwise() if i else contextlib.nullcontext():
-                logits = lm.model(mx.array(ids[pos:pos + n])[None], cache=cache)
+                logits = forward(ids[pos:pos + n], cache)
             keep = n - back if i == 1 else n  # the first chunk after the prompt: a rejection
             mx.eval(logits, [c.state for c in cache])
             if keep < n and not rollback(cache, n - keep, n, saved):
-                refeed(lm.model, ids[pos:pos + keep], cache)
+                with rowwise():
+                    forward(ids[pos:pos + keep], cache)
+                mx.eval([c.state for c in cache])
             out.append(logits[0, :keep])
             pos += keep
         return mx.concatenate(out, axis=0)[12:]
@@ -142,14 +149,6 @@ def _probe(lm) -> str | None:
     if not mx.array_equal(one, chunk).item():
         return "its chunks do not give one-token decode's bits (a verify could change tokens)"
     return None
-
-
-def refeed(model, tokens: list[int], caches) -> None:
-    """Feed the kept tokens of a verify chunk again into caches put back before it (row by
-    row as the chunk was, so the state gets the same bits)."""
-    with rowwise():
-        model(mx.array([tokens]), cache=caches)
-    mx.eval([c.state for c in caches])
 
 
 def _leaves(caches):

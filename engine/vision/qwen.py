@@ -142,5 +142,7 @@ class QwenFamily(VisionFamily):
 
         assert all(i >= s.positions.num_prompt for s, i in zip(seqs, offsets)), "decode only"
         pos = [s.positions.end_state + i - s.positions.num_prompt for s, i in zip(seqs, offsets)]
-        pos = mx.broadcast_to(mx.array(pos, mx.int32)[None, :, None], (3, len(seqs), 1))
+        n = inputs.shape[1]  # 1, or a verify chunk's tokens (speculate.py)
+        pos = mx.array(pos, mx.int32)[:, None] + mx.arange(n, dtype=mx.int32)[None]
+        pos = mx.broadcast_to(pos[None], (3, len(seqs), n))
         return self.language_model(inputs, cache=caches, position_ids=pos).logits
