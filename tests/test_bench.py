@@ -23,6 +23,7 @@ HEADLINES = {
     "restore": {"restore_vs_read", "read_ms", "build_ms", "restore_ms"},
     "contention": {"quiet_s", "slowdown_busy2"},
     "depth": {"depth_ratio", "overhead_depth_ratio", "turn_10_ms"},
+    "decode": {"edit_vs_off", "chat_spec_vs_off", "spec_identical", "llamacpp_ok"},
 }
 
 

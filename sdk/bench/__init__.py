@@ -27,11 +27,14 @@ BENCHMARKS = {
     "restore": ("restore", "run_restore_bench", ("demo:gemma3:small",)),
     "contention": ("contention", "run_contention_bench", ("demo:gemma3:small",)),
     "depth": ("depth", "run_depth_bench", ("demo:qwen3:tiny",)),
+    "decode": ("decode", "run_decode_bench", ("smollm2-135m", "gemma3-270m")),
 }
 
 # Benchmarks whose default is a named real model when its package is installed (the `gemma`
 # extra); --quick, or a machine without it, keeps the demo models above.
 _REAL_DEFAULTS = {"serve": "gemma3-270m", "restore": "gemma3-270m", "contention": "gemma3-270m"}
+# Benchmarks whose defaults are named real models: --quick runs this demo model instead.
+_QUICK_MODELS = {"decode": "demo:gemma3:tiny"}
 
 __all__ = ["BENCHMARKS", "available", "run_benchmark"]
 
@@ -70,7 +73,7 @@ def run_benchmark(name: str, models: list[str] | None = None, quick: bool = Fals
         if name in _REAL_DEFAULTS and not quick and _has_named(_REAL_DEFAULTS[name]):
             models = [_REAL_DEFAULTS[name]]
         elif quick:  # smoke tests: the tiny variant of the first default model
-            models = [models[0].replace(":small", ":tiny")]
+            models = [_QUICK_MODELS.get(name) or models[0].replace(":small", ":tiny")]
     runs = [fn(model=m, **kwargs) for m in models]
     if len(runs) == 1:
         return runs[0]

@@ -25,6 +25,7 @@ _WHAT = {
     "restore": "a long restore split into record reads, cache building and the rest",
     "contention": "one request's slowdown beside 2 and 4 busy processes vs its fair share",
     "depth": "per-turn cost of a linear conversation as it grows (render vs engine)",
+    "decode": "single-stream decode with exact speculation vs llama-server's spec types",
 }
 
 
