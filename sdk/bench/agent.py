@@ -1,19 +1,28 @@
 """`forkv bench agent`: agent workflows on forkv vs plain mlx-lm generation, in one run.
 
 Two workflows, each run by forkv (a `Session` on a fresh checkpoint store per rep) and then
-replayed by the baseline on the same loaded model, rep by rep:
+replayed by two baselines (agent_baseline.py), rep by rep:
 
 - branch_prune: system + a long user turn (code to review), then `turns` times: reason at
   length, answer, prune the reasoning (the answer kept verbatim), ask the next question.
 - tree_of_thought: a 2K-token prompt, k reasoning branches (short, sampled), the best by mean
   logprob answers.
 
-The baseline is what a user gets without forkv: mlx-lm's `generate_step` with one prompt cache
-(`make_prompt_cache`), reused when the next prompt extends the cached tokens, trimmed back
-(`can_trim_prompt_cache`/`trim_prompt_cache`) when the cache allows it, else recomputed from
-scratch. It replays the exact token sequences forkv saw (prompts and generated tokens, fed as
-its decode steps), so both sides do the same decode work and differ only in prefill. Prefill
-tokens are what each side feeds the model for prompts.
+Both baselines are mlx-lm's `generate_step` with one prompt cache (extended, else trimmed where
+the cache allows it, else recomputed), replaying the exact token sequences forkv saw (prompts
+and generated tokens, fed as its decode steps). They differ in the model they run:
+
+- mlx_lm, the headline (`speedup`, `prefill_ratio`, `turn_speedup`, `turn_ttft_speedup`,
+  `tot_speedup`, `tot_prefill_ratio`): what a user gets without forkv, the same folder loaded
+  by `mlx_lm.load` (its weights cast to forkv's dtype, dequantized where forkv dequantizes),
+  on mlx's own attention, norms, RoPE and activations. Matmuls run on the BLAS forkv put under
+  mlx for the whole process, so forkv's BLAS gain is not in it (`forkv bench blas`).
+- no_reuse (`reuse_*`): reuse alone, the replay on forkv's loaded model, whose float attention,
+  norms, RoPE and activations run on forkv's kernels: only checkpoint reuse differs.
+
+forkv decodes without speculation (`speculate="off"`), so every side does the same decode work,
+one token a step, and the sides differ in prefill (and, for mlx_lm, in kernels). Prefill tokens
+are what each side feeds the model for prompts.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, replace
 
+from .agent_baseline import Replay, Step, load_plain_model, replay
 from .common import ascii_only, result, summary
 
 SYSTEM = ("You are a careful senior engineer doing code review. Point out bugs first, then "
@@ -44,11 +54,12 @@ class Sizes:
 
 # An agent over a long document (a 4K-token module to review) asking short questions: the
 # regime where branch-and-prune pays, and where mlx-lm recomputes the document on every prune
-# of a sliding-window or hybrid model. Generated tokens cost the same on both sides, so longer
-# reasoning moves the whole-workflow ratio towards 1, and so does a slow first read (both sides
-# pay it once): the targets are per turn after a prune, `turn_speedup` (wall time) and
-# `turn_ttft_speedup` (time to the turn's first token). One `small` demo model takes about 4-8 minutes on 2 CPU cores,
-# most of it the baseline's recomputes.
+# of a sliding-window or hybrid model. Generated tokens cost the same on every side, so longer
+# reasoning moves the whole-workflow ratio towards 1, and so does a slow first read (every side
+# pays it once): the targets are per turn after a prune, `turn_speedup` (wall time) and
+# `turn_ttft_speedup` (time to the turn's first token). One `small` demo model takes about 10
+# minutes on 2 busy CPU cores, most of it the two baselines' recomputes (mlx's own attention
+# the slower).
 FULL = Sizes(context=4096, turns=4, reasoning=32, answer=16, tot_prompt=1990, tot_k=8,
              tot_reasoning=12, tot_answer=12)
 QUICK = Sizes(context=300, turns=2, reasoning=12, answer=4, tot_prompt=300, tot_k=3,
@@ -64,19 +75,6 @@ def _text_of(tokenizer, head: str, num_tokens: int) -> str:
     return "".join(lines)
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    return next((i for i in range(n) if a[i] != b[i]), n)
-
-
-@dataclass(slots=True)
-class _Step:
-    prompt: list[int]
-    generated: list[int]
-    parent: int | None = None  # the step whose generation this prompt continues
-    parent_text_tokens: int = 0  # tokens of that generation's text as re-encoded here
-
-
 # -- forkv ---------------------------------------------------------------------------------------
 class _Ours:
     """Times `session.run` per step (rendering the trace's prompt happens outside the clock)."""
@@ -85,7 +83,7 @@ class _Ours:
         self.session = session
         self.wall = 0.0
         self.prefill = self.reused = 0
-        self.trace: list[_Step] = []
+        self.trace: list[Step] = []
         self.steps: list[dict] = []
         self._index: dict[str, int] = {}  # node id -> its step
 
@@ -102,7 +100,7 @@ class _Ours:
             st = node.result.stats
             self.prefill += st.tokens_computed
             self.reused += st.tokens_reused
-            step = _Step(prompt, list(node.result.token_ids))
+            step = Step(prompt, list(node.result.token_ids))
             if node.parent_id in self._index:  # continues a generation of this trace
                 step.parent = self._index[node.parent_id]
                 step.parent_text_tokens = len(tokenizer.encode(node.parent.text or "",
@@ -119,7 +117,9 @@ def _session(lm, model: str):
     from forkv import Session
     from forkv.engine import Engine
 
-    return Session(Engine(lm))
+    # No speculation: a verified draft would decode several tokens in one step, which the
+    # replays cannot, and the figures are about prefill.
+    return Session(Engine(lm, speculate="off"))
 
 
 def _gen(lm, model: str, **settings) -> dict:
@@ -161,84 +161,31 @@ def _tree_of_thought(lm, model: str, sz: Sizes, problem: str) -> _Ours:
         s.engine.close()
 
 
-# -- baseline ------------------------------------------------------------------------------------
-class _Baseline:
-    """mlx-lm generation with one prompt cache, reused as far as mlx-lm can reuse it."""
-
-    def __init__(self, lm):
-        self.lm = lm
-        self.cache = None
-        self.tokens: list[int] = []  # what the cache holds
-        self.wall = 0.0
-        self.prefill = 0
-        self.steps: list[dict] = []
-
-    def run(self, prompt: list[int], generated: list[int]) -> None:
-        import mlx.core as mx
-        from mlx_lm.generate import generate_step
-        from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
-
-        t0 = time.perf_counter()
-        n = _common_prefix(self.tokens, prompt)
-        how = "extend"
-        if self.cache is None or n < len(self.tokens) or n == len(prompt):
-            n = min(n, len(prompt) - 1)  # at least one token to feed
-            if self.cache is not None and n > 0 and can_trim_prompt_cache(self.cache):
-                trim_prompt_cache(self.cache, len(self.tokens) - n)
-                how = "trim"
-            else:
-                self.cache, n, how = make_prompt_cache(self.lm.model), 0, "recompute"
-        forced = iter(generated)
-
-        def sampler(logprobs):
-            # Replays forkv's tokens; tied to the logits so each step is really computed.
-            token = next(forced, generated[-1] if generated else 0)
-            return mx.argmax(logprobs, axis=-1) * 0 + token
-
-        steps = generate_step(mx.array(prompt[n:]), self.lm.model, prompt_cache=self.cache,
-                              max_tokens=len(generated), sampler=sampler)
-        ttft = None
-        for _ in steps:
-            ttft = ttft if ttft is not None else time.perf_counter() - t0
-        wall = time.perf_counter() - t0
-        self.wall += wall
-        self.prefill += len(prompt) - n
-        self.tokens = prompt + generated  # generate_step feeds every token it yields
-        self.steps.append({"prompt": len(prompt), "reused": n, "computed": len(prompt) - n,
-                           "generated": len(generated), "cache": how, "wall_s": round(wall, 3),
-                           "ttft_s": round(wall if ttft is None else ttft, 4)})
-
-
-def _replay(lm, trace: list[_Step]) -> _Baseline:
-    base = _Baseline(lm)
-    for step in trace:
-        prompt = step.prompt
-        if step.parent is not None:
-            # A prompt that continues a generation holds its text re-encoded; give the baseline
-            # the generated tokens themselves, so it can extend its cache as with a real model.
-            pp, pg = trace[step.parent].prompt, trace[step.parent].generated
-            if prompt[: len(pp)] == pp:
-                prompt = pp + pg + prompt[len(pp) + step.parent_text_tokens:]
-        base.run(prompt, step.generated)
-    return base
-
-
 # -- the benchmark -------------------------------------------------------------------------------
-def _warm_up(lm, model: str) -> None:
-    """Run both paths once on a short prompt, so first-call costs hit neither measurement."""
+_Sides = tuple[_Ours, Replay, Replay]  # forkv, mlx_lm (plain mlx-lm), no_reuse (forkv's kernels)
+
+
+def _warm_up(lm, model: str, plain) -> str:
+    """Run every path once on a short prompt, so first-call costs hit no measurement; returns
+    what speculate='auto' would do on this model."""
     s = _session(lm, model)
     try:
+        auto = s.engine.speculation("auto") or "would draft and verify"
         node = s.user("warm up " * 40).final(_gen(lm, model, max_tokens=2))
         s.run(node)
-        _replay(lm, [_Step(s.prompt(node.parent).token_ids, list(node.result.token_ids))])
+        trace = [Step(s.prompt(node.parent).token_ids, list(node.result.token_ids))]
+        replay(plain, trace)
+        replay(lm.model, trace)
+        return auto
     finally:
         s.engine.close()
 
 
 def run_agent_bench(model: str = "demo:gemma3:small", quick: bool = False,
                     reps: int | None = None, sizes: Sizes | None = None, **size: int) -> dict:
-    """Branch-and-prune and tree-of-thought, forkv vs plain mlx-lm, interleaved per rep.
-    `size` overrides fields of `sizes` (context=2048, turns=2, ...)."""
+    """Branch-and-prune and tree-of-thought, forkv vs plain mlx-lm (the headline) and vs the
+    same replay on forkv's kernels (`reuse_*`), interleaved per rep. `size` overrides fields
+    of `sizes` (context=2048, turns=2, ...)."""
     from forkv.engine import load_model
 
     unknown = set(size) - set(Sizes.__dataclass_fields__)
@@ -248,54 +195,80 @@ def run_agent_bench(model: str = "demo:gemma3:small", quick: bool = False,
     sz = replace(sizes or (QUICK if quick else FULL), **size)
     reps = reps or 1
     lm = load_model(model)
+    plain, plain_how = load_plain_model(lm)
     doc = _text_of(lm.tokenizer, "Review this module:\n\n", sz.context)
     problem = _text_of(lm.tokenizer, "Find the bug behind this failing test log:\n",
                        sz.tot_prompt)
-    _warm_up(lm, model)
-    runs: dict[str, list[tuple[_Ours, _Baseline]]] = {"branch_prune": [], "tree_of_thought": []}
+    auto = _warm_up(lm, model, plain)
+    runs: dict[str, list[_Sides]] = {"branch_prune": [], "tree_of_thought": []}
     for _ in range(reps):
-        ours = _branch_prune(lm, model, sz, doc)
-        runs["branch_prune"].append((ours, _replay(lm, ours.trace)))
-        ours = _tree_of_thought(lm, model, sz, problem)
-        runs["tree_of_thought"].append((ours, _replay(lm, ours.trace)))
-    cases = [_case(name, pairs) for name, pairs in runs.items()]
+        for name, workflow, text in (("branch_prune", _branch_prune, doc),
+                                     ("tree_of_thought", _tree_of_thought, problem)):
+            ours = workflow(lm, model, sz, text)
+            runs[name].append((ours, replay(plain, ours.trace), replay(lm.model, ours.trace)))
+    cases = [_case(name, sides) for name, sides in runs.items()]
     bp, tot = cases
     headline = {"speedup": bp["speedup"], "prefill_ratio": bp["prefill_ratio"],
                 "turn_speedup": bp["turn_speedup"], "turn_ttft_speedup": bp["turn_ttft_speedup"],
-                "tot_speedup": tot["speedup"], "tot_prefill_ratio": tot["prefill_ratio"]}
+                "tot_speedup": tot["speedup"], "tot_prefill_ratio": tot["prefill_ratio"],
+                "reuse_turn_speedup": bp["reuse_turn_speedup"],
+                "reuse_turn_ttft_speedup": bp["reuse_turn_ttft_speedup"],
+                "reuse_tot_speedup": tot["reuse_speedup"]}
     # The whole-workflow `speedup` is bound by decode and the first read of the document,
-    # which both sides pay alike: a reported figure, not a target.
+    # which every side pays: a reported figure, not a target.
+    settings = {**asdict(sz), "reps": reps, "quick": quick, "block_size": 256,
+                "speculate": "off", "speculate_auto": auto, "mlx_lm_model": plain_how,
+                "forkv_kernels": lm.quantization_reason}
     return result(
-        "agent", model, {**asdict(sz), "reps": reps, "quick": quick, "block_size": 256},
-        cases, headline,
+        "agent", model, settings, cases, headline,
         {"turn_speedup": ">= 5", "turn_ttft_speedup": ">= 20", "tot_speedup": ">= 5"},
-        notes=[("baseline: mlx-lm generate_step with one prompt cache (extend, else trim if "
-                "trimmable, else recompute), replaying forkv's exact tokens"),
+        notes=[("each baseline: mlx-lm generate_step with one prompt cache (extend, else trim "
+                "if trimmable, else recompute), replaying forkv's exact tokens"),
+               (f"mlx_lm side (speedup, prefill_ratio, turn_speedup, turn_ttft_speedup, "
+                f"tot_speedup, tot_prefill_ratio: mlx-lm ÷ forkv): what a user gets without "
+                f"forkv, the model folder loaded by {plain_how}, on mlx's own attention, "
+                f"norms, RoPE and activations; forkv's gain from reuse and kernels together "
+                f"(matmuls on the BLAS both share here: `forkv bench blas` measures that apart)"),
+               ("no_reuse side (reuse_turn_speedup, reuse_turn_ttft_speedup, "
+                "reuse_tot_speedup, and each case's reuse_*: no_reuse ÷ forkv): the same "
+                "replay on forkv's loaded model, its kernels included; reuse alone"),
+               (f"forkv decodes with speculate='off' (auto here: {auto}), so every side "
+                "decodes the same tokens one step at a time"),
                ("demo models sample ASCII bytes only, so generated text round-trips through the "
                 "tokenizer as a real model's does")],
         dtype=lm.dtype)
 
 
-def _case(name: str, pairs: list[tuple[_Ours, _Baseline]]) -> dict:
-    ours_wall = [o.wall for o, _ in pairs]
-    base_wall = [b.wall for _, b in pairs]
+def _case(name: str, sides: list[_Sides]) -> dict:
+    ours = sides[0][0]
+    out = {"workflow": name,
+           "forkv": {"wall_s": summary([o.wall for o, _, _ in sides]),
+                     "prefill_tokens": ours.prefill, "reused_tokens": ours.reused,
+                     "generated_tokens": sum(len(t.generated) for t in ours.trace),
+                     "steps": ours.steps}}
+    for side, prefix, i in (("mlx_lm", "", 1), ("no_reuse", "reuse_", 2)):
+        base = sides[0][i]
+        out[side] = {"wall_s": summary([s[i].wall for s in sides]),
+                     "prefill_tokens": base.prefill, "steps": base.steps}
+        out.update({prefix + k: v for k, v in _figures(name, [(s[0], s[i]) for s in sides])
+                    .items()})
+    return out
+
+
+def _figures(name: str, pairs: list[tuple[_Ours, Replay]]) -> dict:
+    """Baseline ÷ forkv: whole workflow wall time, prefill tokens and, for branch_prune, the
+    per-turn figures."""
+    ours_wall = summary([o.wall for o, _ in pairs])["median"]
+    base_wall = summary([b.wall for _, b in pairs])["median"]
     ours, base = pairs[0]
-    return {
-        "workflow": name,
-        "forkv": {"wall_s": summary(ours_wall), "prefill_tokens": ours.prefill,
-                  "reused_tokens": ours.reused,
-                  "generated_tokens": sum(len(t.generated) for t in ours.trace),
-                  "steps": ours.steps},
-        "mlx_lm": {"wall_s": summary(base_wall), "prefill_tokens": base.prefill,
-                   "steps": base.steps},
-        "speedup": round(summary(base_wall)["median"] / summary(ours_wall)["median"], 2),
-        "prefill_ratio": round(base.prefill / max(1, ours.prefill), 2),
-        "turn_speedup": _turn_speedup(pairs) if name == "branch_prune" else None,
-        "turn_ttft_speedup": _turn_ttft_speedup(pairs) if name == "branch_prune" else None,
-    }
+    bp = name == "branch_prune"
+    return {"speedup": round(base_wall / ours_wall, 2),
+            "prefill_ratio": round(base.prefill / max(1, ours.prefill), 2),
+            "turn_speedup": _turn_speedup(pairs) if bp else None,
+            "turn_ttft_speedup": _turn_ttft_speedup(pairs) if bp else None}
 
 
-def _turn_speedup(pairs: list[tuple[_Ours, _Baseline]]) -> float | None:
+def _turn_speedup(pairs: list[tuple[_Ours, Replay]]) -> float | None:
     """Median over the turns after a prune (reasoning + answer, both sides) of baseline wall
     over ours: what each later turn costs once the document has been read, which both sides
     pay once (the whole-workflow `speedup` includes that first read)."""
@@ -307,7 +280,7 @@ def _turn_speedup(pairs: list[tuple[_Ours, _Baseline]]) -> float | None:
     return round(summary(ratios)["median"], 2) if ratios else None
 
 
-def _turn_ttft_speedup(pairs: list[tuple[_Ours, _Baseline]]) -> float | None:
+def _turn_ttft_speedup(pairs: list[tuple[_Ours, Replay]]) -> float | None:
     """Median over the turns after a prune of baseline ÷ ours time to the first token of the
     turn (its reasoning step): what a user waits before a later turn starts to stream."""
     ratios = []
