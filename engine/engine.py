@@ -108,8 +108,9 @@ class Engine:
             self._never = frozenset({family.placeholder_id, family.image_token_id}
                                     if family is not None else ())
             self.drafts = DraftSources()  # namespaces' recent outputs, for speculation
+            self._spec_blockers: dict[str, str | None] = {}  # mode -> why it is off
             if self.config.speculate != "off":  # the one-time probe, not on a first request
-                self._worker.call(_spec_blocker, self.lm, self.config.speculate)
+                self._worker.call(self._spec_blocker, self.config.speculate)
             # Everything about reuse: keys, records, live caches (fast reuse), record jobs.
             self.prefix = PrefixCache(
                 self.lm, self.checkpointer, self.block_size, make_seq=self._job_sequence,
@@ -211,14 +212,22 @@ class Engine:
 
     def _add(self, handle: RequestHandle, seq, speculate: str = "off", extra=()) -> None:
         self._requests[seq.id] = (handle, seq)
-        if seq.sampler.can_verify and _spec_blocker(self.lm, speculate) is None:
+        if seq.sampler.can_verify and self._spec_blocker(speculate) is None:
             seq.drafter = self.drafts.drafter(seq.tokens, extra, seq.namespace)
         self.scheduler.add(seq)
 
     def speculation(self, mode: str | None = None) -> str | None:
         """None when requests speculate in `mode` (None: the engine's setting), else why not
         (probing the model once, on the engine thread)."""
-        return self._worker.call(_spec_blocker, self.lm, mode or self.config.speculate)
+        return self._worker.call(self._spec_blocker, mode or self.config.speculate)
+
+    def _spec_blocker(self, mode: str) -> str | None:
+        """`speculation(mode)` on the engine thread, worked out once per mode."""
+        if mode not in self._spec_blockers:
+            from .request.speculate import blocker  # imports mlx: after the BLAS shim is bound
+
+            self._spec_blockers[mode] = blocker(self.lm, mode)
+        return self._spec_blockers[mode]
 
     def _cancel(self, handle: RequestHandle) -> bool:
         if not self._worker.is_alive:
@@ -383,12 +392,6 @@ def make_record_store(settings=None, block_size: int = DEFAULT_BLOCK_SIZE) -> Re
     disk = BlobStore(settings) if settings.disk else None
     return RecordStore(settings.ram_budget, disk, block_size,
                        tenant_ram_budget=settings.tenant_ram_budget)
-
-
-def _spec_blocker(lm, mode: str) -> str | None:
-    from .request.speculate import blocker  # imports mlx: after the BLAS shim is bound
-
-    return blocker(lm, mode)
 
 
 def generate_batch(engine: Engine, prompts: Sequence,

@@ -47,6 +47,9 @@ class LoadedModel:
     quantization_reason: str = ""
     source: str = ""
     kernels: object = None  # forkv's kernels (engine/native) when the model runs on them
+    # whether a verify chunk gives one-token decode's bits (request/speculate.py's probe, run
+    # once): None until probed, "" when it does, else why not
+    chunk_exactness: str | None = None
 
     def make_cache(self) -> list:
         from mlx_lm.models.cache import make_prompt_cache

@@ -93,15 +93,9 @@ def blocker(lm, mode: str) -> str | None:
 def exactness(lm) -> str | None:
     """None when a verify chunk gives one-token decode's bits on `lm` (probed once), else why
     speculation stays off on it."""
-    why = getattr(lm, "_forkv_spec_blocker", False)
-    if why is not False:
-        return why
-    why = _probe(lm)
-    try:
-        lm._forkv_spec_blocker = why
-    except AttributeError:
-        pass
-    return why
+    if lm.chunk_exactness is None:
+        lm.chunk_exactness = _probe(lm) or ""
+    return lm.chunk_exactness or None
 
 
 def _probe(lm) -> str | None:
