@@ -87,6 +87,49 @@ def test_kernels_compute_their_arithmetic_on_every_isa(lib, bits, group_size):
         assert np.abs(y - ref).max() <= 1e-5 * np.abs(ref).max(), (isa, bits, group_size)
 
 
+def test_a_tied_embeddings_exact_groups_make_a_kernel_head(lib):
+    # A GGUF's Q6_K token_embd (groups of 16 mlx cannot hold) that is also the output head:
+    # lookups keep the float rows, the head runs on the kernels from the exact groups, the
+    # same bits as a kernel Linear over them; an untied model's embedding is left alone.
+    from forkv.engine.native.layers import (
+        NativeGroupsEmbedding,
+        NativeQuantizedLinear,
+        use_kernel_groups,
+    )
+
+    V, D = 96, 128
+    w, s, b = _quantize16(mx.random.normal((V, D), key=mx.random.key(7)), 6)
+    groups = {"embed": (w, s, b, 6, 16)}
+
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(V, D)
+
+    model = Tied()
+    floats = mx.array(model.embed.weight)
+    assert use_kernel_groups(model, lib, groups) == 1
+    emb = model.embed
+    assert type(emb) is NativeGroupsEmbedding
+    assert mx.array_equal(emb(mx.array([3, 5])), floats[mx.array([3, 5])]).item()
+    linear = NativeQuantizedLinear.__new__(NativeQuantizedLinear)
+    nn.Module.__init__(linear)
+    linear.group_size, linear.bits, linear.mode, linear._lib = 16, 6, "affine", lib
+    linear["weight"], linear["scales"] = emb["kernel_weight"], emb["kernel_scales"]
+    if "kernel_biases" in emb:
+        linear["biases"] = emb["kernel_biases"]
+    x = mx.random.normal((1, 5, D))
+    assert mx.array_equal(emb.as_linear(x), linear(x)).item()
+
+    class Untied(Tied):
+        def __init__(self):
+            super().__init__()
+            self.lm_head = nn.Linear(D, V, bias=False)
+
+    untied = Untied()
+    assert use_kernel_groups(untied, lib, groups) == 0 and type(untied.embed) is nn.Embedding
+
+
 @pytest.mark.parametrize("bits", [4, 5, 8])
 def test_a_rows_result_does_not_depend_on_the_rows_beside_it(lib, bits):
     # The exactness contract under the kernels: prefill chunked differently, or batched with
