@@ -4,10 +4,13 @@ how it is started, and what its responses say about prompt reuse.
 `llama_server_path` finds the binary: `FORKV_LLAMA_SERVER`, else `llama-server` on PATH, else
 the build cached at `<forkv cache>/llamacpp/<version>/bin/llama-server`; with `build=True` it
 builds that one from the `llama-cpp-python` sdist (which vendors llama.cpp at a fixed commit):
-pip downloads it, cmake builds only the server target, in a temporary folder beside the cache
-that is renamed into place at the end, so a killed build never leaves half a binary. The
-build's log stays in the cache folder; a failure raises with its tail.
-`python -m forkv.bench.llamacpp --build` does that once (`.ci/run` calls it).
+pip downloads it, cmake builds only the server target (and llama-quantize, below), in a
+temporary folder beside the cache that is renamed into place at the end, so a killed build never
+leaves half a binary. The build's log stays in the cache folder; a failure raises with its tail.
+`python -m forkv.bench.llamacpp --build` does that once (`.ci/run` calls it). The same build
+also makes `llama-quantize` (one more small target over the same libraries), and
+`llama_quantize_path` finds or builds it alone into the same version folder, so GGUFs made for
+the benches are quantized by the very llama.cpp that serves them (`forkv.bench.big_gguf`).
 
 `start_llama_server` runs it on a GGUF file with threads = cores, at its defaults or `tuned`
 for reuse (one slot per client, dense context checkpoints, full-size sliding-window caches, a
@@ -33,8 +36,9 @@ from pathlib import Path
 
 from .serve_procs import ServerProcess, _free_port
 
-__all__ = ["LLAMA_CPP_PYTHON", "LlamaServerMissing", "build_llama_server", "gguf_of",
-           "llama_counts", "llama_server_path", "repack_crashes", "start_llama_server"]
+__all__ = ["LLAMA_CPP_PYTHON", "LlamaServerMissing", "build_llama_quantize",
+           "build_llama_server", "gguf_of", "llama_counts", "llama_quantize_path",
+           "llama_server_path", "repack_crashes", "start_llama_server"]
 
 LLAMA_CPP_PYTHON = "0.3.36"  # the llama-cpp-python sdist whose vendored llama.cpp we build
 _BUILD_TIMEOUT_S = 1800
@@ -45,10 +49,10 @@ class LlamaServerMissing(RuntimeError):
     """No llama-server binary, or its build failed (the message says which and what to do)."""
 
 
-def _cached_binary() -> Path:
+def _cached_binary(name: str = "llama-server") -> Path:
     from forkv.engine.paths import cache_root
 
-    return cache_root() / "llamacpp" / LLAMA_CPP_PYTHON / "bin" / "llama-server"
+    return cache_root() / "llamacpp" / LLAMA_CPP_PYTHON / "bin" / name
 
 
 def llama_server_path(build: bool = False) -> Path:
@@ -84,15 +88,90 @@ def _run_logged(cmd: list[str], log, cwd: Path, deadline: float) -> None:
 
 
 def build_llama_server(timeout_s: float = _BUILD_TIMEOUT_S, jobs: int | None = None) -> Path:
-    """Build llama-server from the llama-cpp-python sdist into the cache (minutes: about 8
-    on 2 cores); returns the binary. Raises LlamaServerMissing with the log's tail."""
+    """Build llama-server (and llama-quantize beside it) from the llama-cpp-python sdist into
+    the cache (minutes: about 8 on 2 cores); returns the server binary. Raises
+    LlamaServerMissing with the log's tail."""
     target = _cached_binary()
     version_dir = target.parent.parent
-    version_dir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     log_path = version_dir.parent / f"build-{LLAMA_CPP_PYTHON}.log"
+
+    def place(built: Path, tmp: Path) -> None:
+        staged = tmp / "out" / "bin"
+        staged.mkdir(parents=True)
+        shutil.copy2(built / "llama-server", staged / "llama-server")
+        if (built / "llama-quantize").is_file():  # an extra: the server is what must be there
+            shutil.copy2(built / "llama-quantize", staged / "llama-quantize")
+        # One rename: a concurrent reader sees no version folder or a whole one.
+        if version_dir.exists():
+            shutil.rmtree(version_dir)
+        os.replace(tmp / "out", version_dir)
+
+    _build(("llama-server", "llama-quantize"), log_path, place, timeout_s, jobs)
+    return target
+
+
+def llama_quantize_path(build: bool = False) -> Path:
+    """The llama-quantize to run: FORKV_LLAMA_QUANTIZE, the one beside the llama-server that
+    `llama_server_path` finds, `llama-quantize` on PATH, the cached build, or (build=True) a
+    fresh build into the cache. Raises LlamaServerMissing when there is none."""
+    env = os.environ.get("FORKV_LLAMA_QUANTIZE")
+    if env:
+        if not os.access(env, os.X_OK):
+            raise LlamaServerMissing(f"FORKV_LLAMA_QUANTIZE={env!r} is not an executable file; "
+                                     "point it at a llama-quantize binary or unset it.")
+        return Path(env)
+    try:
+        beside = llama_server_path(build=False).with_name("llama-quantize")
+        if os.access(beside, os.X_OK):
+            return beside
+    except LlamaServerMissing:
+        pass
+    found = shutil.which("llama-quantize")
+    if found:
+        return Path(found)
+    cached = _cached_binary("llama-quantize")
+    if os.access(cached, os.X_OK):
+        return cached
+    if not build:
+        raise LlamaServerMissing(
+            f"no llama-quantize (FORKV_LLAMA_QUANTIZE, beside llama-server, PATH or {cached}); "
+            "build it once with `python -m forkv.bench.llamacpp --build-quantize`.")
+    return build_llama_quantize(timeout_s=_BUILD_TIMEOUT_S)
+
+
+def build_llama_quantize(timeout_s: float = _BUILD_TIMEOUT_S, jobs: int | None = None) -> Path:
+    """Build only llama-quantize from the same sdist into the cached version folder, beside a
+    llama-server already there (minutes); returns the binary. Raises LlamaServerMissing."""
+    target = _cached_binary("llama-quantize")
+    version_dir = target.parent.parent
+    log_path = version_dir.parent / f"build-quantize-{LLAMA_CPP_PYTHON}.log"
+
+    def place(built: Path, tmp: Path) -> None:
+        if not version_dir.exists():  # no server yet: a whole folder, renamed into place
+            (tmp / "out" / "bin").mkdir(parents=True)
+            shutil.copy2(built / "llama-quantize", tmp / "out" / "bin" / "llama-quantize")
+            try:
+                os.rename(tmp / "out", version_dir)
+                return
+            except OSError:
+                pass  # a server build renamed its folder first: add ours to it
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        staged = target.with_name(f".llama-quantize-{os.getpid()}")
+        shutil.copy2(built / "llama-quantize", staged)
+        os.replace(staged, target)  # one rename: never half a binary
+
+    _build(("llama-quantize",), log_path, place, timeout_s, jobs)
+    return target
+
+
+def _build(targets: tuple[str, ...], log_path: Path, place, timeout_s: float,
+           jobs: int | None) -> None:
+    """Download the sdist, configure llama.cpp and build `targets` in a temporary folder beside
+    the cache, then `place(build/bin, tmp)`; the folder is removed however it ends."""
+    log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     jobs = jobs or os.cpu_count() or 2
     deadline = time.monotonic() + timeout_s
-    tmp = Path(tempfile.mkdtemp(prefix=f".build-{LLAMA_CPP_PYTHON}-", dir=version_dir.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".build-{LLAMA_CPP_PYTHON}-", dir=log_path.parent))
     try:
         with open(log_path, "wb") as log:
             try:
@@ -109,32 +188,25 @@ def build_llama_server(timeout_s: float = _BUILD_TIMEOUT_S, jobs: int | None = N
                              "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_SERVER=ON",
                              "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF"],
                             log, tmp, deadline)
-                _run_logged(["cmake", "--build", "build", "--target", "llama-server",
+                _run_logged(["cmake", "--build", "build", "--target", *targets,
                              f"-j{jobs}"], log, tmp, deadline)
             except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError,
                     StopIteration, tarfile.TarError) as e:
                 log.write(f"\nfailed: {e!r}\n".encode())
                 log.flush()
-                raise LlamaServerMissing(_failure(e, log_path)) from None
-        staged = tmp / "out" / "bin"
-        staged.mkdir(parents=True)
-        shutil.copy2(tmp / "build" / "bin" / "llama-server", staged / "llama-server")
-        # One rename: a concurrent reader sees no version folder or a whole one.
-        if version_dir.exists():
-            shutil.rmtree(version_dir)
-        os.replace(tmp / "out", version_dir)
-        return target
+                raise LlamaServerMissing(_failure(e, log_path, targets[0])) from None
+        place(tmp / "build" / "bin", tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _failure(e: Exception, log_path: Path) -> str:
+def _failure(e: Exception, log_path: Path, what_built: str = "llama-server") -> str:
     try:
         tail = log_path.read_text(errors="replace")[-2500:]
     except OSError:
         tail = ""
     what = "timed out" if isinstance(e, subprocess.TimeoutExpired) else "failed"
-    return (f"building llama-server {what} (log: {log_path}); it needs cmake, a C++ compiler "
+    return (f"building {what_built} {what} (log: {log_path}); it needs cmake, a C++ compiler "
             f"and pip access to the llama-cpp-python=={LLAMA_CPP_PYTHON} sdist:\n{tail}")
 
 
@@ -212,9 +284,19 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m forkv.bench.llamacpp",
                                 description="Find or build llama-server for forkv bench serve.")
     p.add_argument("--build", action="store_true", help="build it into forkv's cache if absent")
+    p.add_argument("--build-quantize", action="store_true",
+                   help="build llama-quantize alone into forkv's cache if absent")
     p.add_argument("--timeout", type=float, default=_BUILD_TIMEOUT_S, help="build limit, s")
     args = p.parse_args(argv)
     try:
+        if args.build_quantize:
+            try:
+                quantize = llama_quantize_path(build=False)
+            except LlamaServerMissing:
+                quantize = build_llama_quantize(timeout_s=args.timeout)
+            print(quantize)
+            if not args.build:
+                return 0
         if args.build:
             try:
                 path = llama_server_path(build=False)
