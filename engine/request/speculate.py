@@ -34,16 +34,20 @@ _ROWWISE_AUTO_BYTES = 16 << 20
 _ROWWISE = contextvars.ContextVar("forkv_rowwise", default=False)
 
 
+def _by_rows(matmul, x):
+    """`matmul(x)`, one row of a chunk at a time inside `rowwise()`."""
+    if _ROWWISE.get() and x.ndim >= 2 and x.shape[-2] > 1:
+        return mx.concatenate([matmul(x[..., i:i + 1, :]) for i in range(x.shape[-2])],
+                              axis=-2)
+    return matmul(x)
+
+
 class RowwiseLinear(nn.Linear):
     """An `nn.Linear` that multiplies a chunk row by row inside `rowwise()`: BLAS picks other
     kernels (other sums) for more rows, and a verified position must get one row's bits."""
 
     def __call__(self, x):
-        if _ROWWISE.get() and x.ndim >= 2 and x.shape[-2] > 1:
-            rows = [super(RowwiseLinear, self).__call__(x[..., i:i + 1, :])
-                    for i in range(x.shape[-2])]
-            return mx.concatenate(rows, axis=-2)
-        return super().__call__(x)
+        return _by_rows(super().__call__, x)
 
 
 class RowwiseEmbedding(nn.Embedding):
@@ -51,11 +55,7 @@ class RowwiseEmbedding(nn.Embedding):
     `rowwise()`, as RowwiseLinear."""
 
     def as_linear(self, x):
-        if _ROWWISE.get() and x.ndim >= 2 and x.shape[-2] > 1:
-            rows = [super(RowwiseEmbedding, self).as_linear(x[..., i:i + 1, :])
-                    for i in range(x.shape[-2])]
-            return mx.concatenate(rows, axis=-2)
-        return super().as_linear(x)
+        return _by_rows(super().as_linear, x)
 
 
 @contextlib.contextmanager

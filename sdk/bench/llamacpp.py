@@ -55,15 +55,23 @@ def _cached_binary(name: str = "llama-server") -> Path:
     return cache_root() / "llamacpp" / LLAMA_CPP_PYTHON / "bin" / name
 
 
+def _from_env(var: str, binary: str) -> Path | None:
+    """The executable `var` names (None when unset); LlamaServerMissing when it is not one."""
+    env = os.environ.get(var)
+    if not env:
+        return None
+    if not os.access(env, os.X_OK):
+        raise LlamaServerMissing(f"{var}={env!r} is not an executable file; point it at a "
+                                 f"{binary} binary or unset it.")
+    return Path(env)
+
+
 def llama_server_path(build: bool = False) -> Path:
     """The llama-server to run: FORKV_LLAMA_SERVER, PATH, the cached build, or (build=True)
     a fresh build into the cache. Raises LlamaServerMissing when there is none."""
-    env = os.environ.get("FORKV_LLAMA_SERVER")
+    env = _from_env("FORKV_LLAMA_SERVER", "llama-server")
     if env:
-        if not os.access(env, os.X_OK):
-            raise LlamaServerMissing(f"FORKV_LLAMA_SERVER={env!r} is not an executable file; "
-                                     "point it at a llama-server binary or unset it.")
-        return Path(env)
+        return env
     found = shutil.which("llama-server")
     if found:
         return Path(found)
@@ -114,12 +122,9 @@ def llama_quantize_path(build: bool = False) -> Path:
     """The llama-quantize to run: FORKV_LLAMA_QUANTIZE, the one beside the llama-server that
     `llama_server_path` finds, `llama-quantize` on PATH, the cached build, or (build=True) a
     fresh build into the cache. Raises LlamaServerMissing when there is none."""
-    env = os.environ.get("FORKV_LLAMA_QUANTIZE")
+    env = _from_env("FORKV_LLAMA_QUANTIZE", "llama-quantize")
     if env:
-        if not os.access(env, os.X_OK):
-            raise LlamaServerMissing(f"FORKV_LLAMA_QUANTIZE={env!r} is not an executable file; "
-                                     "point it at a llama-quantize binary or unset it.")
-        return Path(env)
+        return env
     try:
         beside = llama_server_path(build=False).with_name("llama-quantize")
         if os.access(beside, os.X_OK):
