@@ -201,3 +201,23 @@ def test_draws_ahead_are_the_draws_decode_takes():
     ahead.advance(2)
     rest = [ahead(logits, ahead=i)[0].item() for i in range(4)]
     assert looked == plain[:4] and rest == plain[2:6]
+
+
+@kernels
+def test_a_regenerated_node_drafts_from_its_sibling():
+    # Session: a second answer to the same turn (a sibling) drafts from the first one's tokens,
+    # in a namespace whose recent outputs do not hold them, and gives the same text
+    import forkv
+
+    engine = scoped_engine("demo:qwen3:tiny")
+    bias = {t: -100.0 for t in engine.lm.eos_token_ids}
+    gen = {"max_tokens": 80, "logit_bias": bias, "speculate": "on"}
+    with forkv.Session(engine, namespace="a") as session:
+        user = session.system("Be brief.").user("Count to ten.")
+        first = user.final(gen)
+        session.run(first)
+    with forkv.Session(engine, tree=session.tree, namespace="b") as other:
+        again = other.tree[user.id].final(gen)  # node objects belong to the tree
+        other.run(again)
+    assert again.result.token_ids == first.result.token_ids
+    assert again.result.stats.tokens_accepted > 40
