@@ -291,7 +291,9 @@ class Engine:
         handle.push(event)
         if event.finish_reason is not None:
             del self._requests[seq.id]
-            if seq.drafter is not None:
+            # every answer of a speculating engine is a draft source for its namespace's next
+            # requests, whether or not this one speculated
+            if seq.drafter is not None or self.config.speculate != "off":
                 self.drafts.finished(seq.namespace, seq.tokens, seq.prompt_len)
 
     @contextlib.contextmanager

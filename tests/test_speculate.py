@@ -97,6 +97,15 @@ def test_a_model_whose_chunks_are_not_exact_does_not_speculate():
     assert r.timings.drafted_tokens == 0
 
 
+@kernels
+def test_an_answer_made_without_speculation_is_a_draft_source_too():
+    engine = scoped_engine("demo:qwen3:tiny")
+    bias = {t: -100.0 for t in engine.lm.eos_token_ids}
+    off = engine.generate(_PROMPT, max_tokens=60, speculate="off", logit_bias=bias)
+    on = engine.generate(_PROMPT, max_tokens=60, speculate="on", logit_bias=bias)
+    assert on.token_ids == off.token_ids and on.timings.accepted_tokens > 30
+
+
 def test_off_and_bad_modes():
     engine = scoped_engine("demo:qwen3:tiny")
     r = engine.generate(_PROMPT, max_tokens=30, speculate="off", drafts=[_PROMPT])
