@@ -42,7 +42,7 @@ class StepReport:
 
     prefilled: dict[int, int] = field(default_factory=dict)
     recomputed: int = 0  # decoded tokens recomputed as chunks to record them
-    decoded: int = 0  # rows that decoded one token
+    decoded: int = 0  # tokens decoded: one per row, or what a verify step kept
     events: list[tuple[Sequence, GenerationEvent]] = field(default_factory=list)
     delivered: int = 0  # events already handed to `Scheduler.deliver` during the step
 
