@@ -12,6 +12,7 @@ node. Does not plan, render prompts or choose what runs together: `Session` does
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -139,9 +140,10 @@ def tree_drafts(tree: Tree, node_id: str, limit: int = 8) -> list[list[int]]:
     on_path = {n.id for n in tree.path(node)}
     parent = tree.parent(node)
     siblings = tree.children(parent) if parent is not None else []
-    others = [n for n in reversed(list(tree)) if n not in siblings]
+    skip = on_path | {n.id for n in siblings}
+    others = (n for n in reversed(list(tree)) if n.id not in skip)
     out = []
-    for n in [*siblings, *others]:
+    for n in itertools.chain(siblings, others):
         if n.id in on_path or n.result is None or not n.result.token_ids:
             continue
         out.append(n.result.token_ids)

@@ -17,8 +17,8 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-__all__ = ["NativeGroupsEmbedding", "NativeQuantizedEmbedding", "NativeQuantizedLinear", "kernel_keys", "unsupported",
-           "use_kernel_groups", "use_native"]
+__all__ = ["NativeGroupsEmbedding", "NativeQuantizedEmbedding", "NativeQuantizedLinear",
+           "kernel_keys", "unsupported", "use_kernel_groups", "use_native"]
 
 _BITS = (4, 5, 6, 8)
 _GROUPS = (32, 64, 128)

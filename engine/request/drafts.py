@@ -146,8 +146,6 @@ class Drafter:
         self.recent = recent
         self.max_draft = max_draft
         self.cap = 8  # current draft length ceiling, adapted to acceptance
-        self.drafted = 0
-        self.accepted = 0
         self._misses = 0  # verify steps in a row that accepted nothing
         self._cool = 0  # steps left without drafting
         self._backoff = 4
@@ -175,8 +173,6 @@ class Drafter:
 
     def feedback(self, drafted: int, accepted: int) -> None:
         """`accepted` of `drafted` tokens were the model's own."""
-        self.drafted += drafted
-        self.accepted += accepted
         if accepted == drafted:
             self.cap = min(self.max_draft, self.cap * 2)
         else:

@@ -164,7 +164,9 @@ def _rotates(c) -> bool:
 
 
 def _copy(v):
-    return mx.array(v) if isinstance(v, mx.array) else v
+    """A copy of a small array (offsets, paddings: mlx-lm updates those in place); a cache's
+    K/V or state arrays are kept by reference (a chunk replaces them)."""
+    return mx.array(v) if isinstance(v, mx.array) and v.ndim <= 1 else v
 
 
 def snapshot(caches) -> list | None:
