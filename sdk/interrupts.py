@@ -9,8 +9,9 @@ every engine thread, closes every store, flushes, and leaves with `os._exit`, so
 or C++ destructor runs while the interpreter shuts down; after a normal run it only makes a
 late Ctrl-C leave at once instead of raising inside an exit handler (which would skip the
 engine join). A KeyboardInterrupt raised inside a `__del__` (a regex compiled while a
-tokenizer loads) is printed as "Exception ignored" and lost, so `take_over`'s handler also
-notes the Ctrl-C and `check` raises it again before a command starts its long-running loop.
+tokenizer loads) would be printed as "Exception ignored" with a traceback and lost, so
+`take_over`'s handler also notes the Ctrl-C, its unraisable hook keeps that traceback off the
+terminal, and `check` raises it again before a command starts its long-running loop.
 Knows nothing about commands or models.
 """
 
@@ -61,10 +62,18 @@ def _interrupt(signum=None, frame=None) -> None:
     raise KeyboardInterrupt
 
 
+def _unraisable(info) -> None:
+    """A Ctrl-C that a `__del__` took is already noted for `check`: no traceback for it."""
+    if isinstance(info.exc_value, KeyboardInterrupt) and _pending:
+        return
+    sys.__unraisablehook__(info)
+
+
 def take_over() -> None:
     """The CLI's try block has begun: SIGINT raises KeyboardInterrupt again (and is noted)."""
     if signal.getsignal(signal.SIGINT) is _leave_now:
         signal.signal(signal.SIGINT, _interrupt)
+        sys.unraisablehook = _unraisable
 
 
 def check() -> None:

@@ -135,3 +135,32 @@ def test_a_ctrl_c_swallowed_in_a_del_is_raised_again_before_serving(monkeypatch)
     Swallows()  # the Ctrl-C lands in a __del__ and is lost there
     with pytest.raises(KeyboardInterrupt):
         interrupts.check()
+
+
+def test_a_ctrl_c_taken_by_a_del_prints_no_traceback(monkeypatch, capsys):
+    # Python printed "Exception ignored in: <function Group.__del__ ...>" and a traceback on the
+    # serve log before the one "forkv: interrupted" line; other unraisable errors still print.
+    import gc
+
+    from forkv import interrupts
+
+    def info(exc):  # the hook's argument as Python builds it, from a __del__ that raises
+        caught, hook = [], sys.unraisablehook
+        sys.unraisablehook = caught.append
+
+        class Raises:
+            def __del__(self):
+                raise exc
+
+        try:
+            Raises()
+            gc.collect()
+        finally:
+            sys.unraisablehook = hook
+        return caught[0]
+
+    monkeypatch.setattr(interrupts, "_pending", True)
+    interrupts._unraisable(info(KeyboardInterrupt()))
+    assert capsys.readouterr().err == ""
+    interrupts._unraisable(info(ValueError("a real bug")))
+    assert "a real bug" in capsys.readouterr().err
