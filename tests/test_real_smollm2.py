@@ -121,6 +121,21 @@ def test_restores_are_bit_exact_on_smollm2():
     engine.close()
 
 
+def test_the_streaming_detokenizer_decodes_as_the_tokenizer():
+    import random
+
+    from forkv.engine import load_model
+    from forkv.engine.request.textstream import plain_decode
+
+    tok = load_model(NAME).tokenizer
+    decode, rng = plain_decode(tok), random.Random(3)
+    assert decode is not tok.decode  # the tokenizers backend's own decode
+    for n in (1, 3, 30):
+        for _ in range(50):
+            ids = [rng.randrange(len(tok.get_vocab())) for _ in range(n)]
+            assert decode(ids) == tok.decode(ids), ids
+
+
 README = (__import__("pathlib").Path(__file__).resolve().parents[1] / "README.md").read_text()
 
 

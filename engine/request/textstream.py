@@ -17,6 +17,29 @@ _REPLACEMENT = "\ufffd"
 _BYTE_TOKENS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def plain_decode(tokenizer):
+    """`tokenizer.decode` for a list of ids, as a function. For a `tokenizers`-backed
+    transformers tokenizer that cleans up no spaces (every model forkv ships), that is the
+    backend's own `decode`, skipping transformers' per-call conversions (half of the
+    streaming detokenizer's cost, which runs twice a generated token); any other tokenizer,
+    or one whose class changes decoding, keeps its `decode`."""
+    hf = getattr(tokenizer, "_tokenizer", tokenizer)  # under mlx-lm's TokenizerWrapper
+    raw = getattr(hf, "_tokenizer", None)
+    try:
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:
+        return tokenizer.decode
+    cls = type(hf)
+    if (raw is None or not callable(getattr(raw, "decode", None))
+            or hf.clean_up_tokenization_spaces is not False
+            or cls.decode is not PreTrainedTokenizerBase.decode
+            or getattr(cls, "_decode", None) is not TokenizersBackend._decode):
+        return tokenizer.decode
+    decode = raw.decode
+    return lambda ids: decode(ids, skip_special_tokens=False)
+
+
 def byte_token_ids(tokenizer) -> frozenset[int]:
     """The ids of the byte-fallback tokens `<0x00>` ... `<0xFF>` (empty for byte-level BPE),
     looked up once per tokenizer."""
@@ -48,7 +71,7 @@ class IncrementalDecoder:
     """
 
     def __init__(self, tokenizer):
-        self._decode = tokenizer.decode
+        self._decode = plain_decode(tokenizer)
         self._bytes = byte_token_ids(tokenizer)
         self.ids: list[int] = []
         self._start = 0  # the window: ids[_start:] are decoded on each add
