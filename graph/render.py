@@ -3,7 +3,8 @@
 Knows how node kinds map to chat roles, how a reasoning node is written around the model's
 generation prompt (`ReasoningFormat`), how to find each node's token span, and which blocks
 overlap each span. Tools declared on the path go to the template as `tools=`; a final node's
-tool calls become its message's `tool_calls` (the template writes them in its own syntax). Knows tokenizers only through a duck-typed protocol
+tool calls become its message's `tool_calls` (the template writes them in its own syntax).
+Knows tokenizers only through a duck-typed protocol
 (`apply_chat_template(messages, tokenize=False, add_generation_prompt=...)` and
 `encode(text, add_special_tokens=False)`), which Hugging Face tokenizers and mlx-lm's
 TokenizerWrapper satisfy. Does not key blocks, cache or run anything.
@@ -13,14 +14,15 @@ the previous node's ended. Node i's end: render the path up to and including nod
 text is a prefix of the whole render, the end is the longest common token prefix of its tokens
 and the whole render's tokens (BPE merges across the boundary go to the later node). If a later
 turn changed how node i renders (many templates drop old reasoning), find node i's content
-followed by its end-of-turn text in the whole render after the previous node and end there; if
-that text is gone (the dropped reasoning itself), fall back to the longest common token prefix,
-which leaves such a node only what both renders share - often just the role header. Reuse is
-decided on tokens, never on these spans.
+followed by its end-of-turn text in the whole render after the previous node, ending no later
+than it ends in node i's own render, and end there; if that text is gone (the dropped reasoning
+itself), fall back to the longest common token prefix, which leaves such a node only what both
+renders share - often just the role header. Reuse is decided on tokens, never on these spans.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -32,6 +34,7 @@ from .gen_prompt import generation_suffix
 from .render_cache import (
     NodeEnd,
     PathState,
+    RenderCache,
     common_prefix,
     render_cache,
     reusable_ends,
@@ -162,12 +165,15 @@ def _messages(nodes: Sequence[Node], calls: ToolFormat | None = None) -> list[di
 
 class _Renderer:
     def __init__(self, tokenizer: Tokenizer, fmt: ReasoningFormat, kw: dict[str, Any],
-                 tools: list[dict[str, Any]] | None = None):
+                 tools: list[dict[str, Any]] | None = None, cache: RenderCache | None = None):
         self.tok, self.fmt, self.kw = tokenizer, fmt, kw
         if tools:  # only then: templates without tool support keep working
             self.kw = {**kw, "tools": tools}
         self.calls = detect_format(getattr(tokenizer, "chat_template", None))
+        self.cache = cache
+        self.settings = (fmt, self.kw)
         self._prompted: tuple[tuple[str, ...], str] | None = None  # the last prompt render
+        self._known: dict[str, array] = {}  # tokens of texts taken from cached renders
 
     def template(self, nodes: Sequence[Node], gen_prompt: bool) -> str:
         ids = tuple(n.id for n in nodes)
@@ -186,10 +192,25 @@ class _Renderer:
             self._prompted = (ids, text)
         return text
 
+    def _cached(self, nodes: Sequence[Node], kind: str) -> PathState | None:
+        if self.cache is None:
+            return None
+        return self.cache.path_state(self.tok, self.settings, nodes, kind)
+
     def path_text(self, nodes: Sequence[Node]) -> str:
-        """Text of done `nodes`; a trailing reasoning node is written as its final's prompt."""
+        """Text of done `nodes`; a trailing reasoning node is written as its final's prompt.
+        Taken from the tree's cached render of that path where there is one."""
+        state = self._cached(nodes, "done")
+        if state is not None:
+            self._known[state.text] = state.tokens
+            return state.text
         if nodes and nodes[-1].kind == "reasoning":
-            head = self.template(nodes[:-1], True)
+            # Its own prompt's render, as cached, is the head (the same chat with the prompt).
+            state = self._cached(nodes, "prompt")
+            if state is not None and state.text.endswith(self.fmt.open):
+                head = state.text[: len(state.text) - len(self.fmt.open)]
+            else:
+                head = self.template(nodes[:-1], True)
             return head + self.fmt.open + (nodes[-1].text or "") + self.fmt.close
         return self.template(nodes, False)
 
@@ -202,10 +223,15 @@ class _Renderer:
         return self.template(nodes, True) + self.fmt.empty
 
     def encode(self, text: str) -> list[int]:
+        known = self._known.get(text)
+        if known is not None:
+            return list(known)
         return list(self.tok.encode(text, add_special_tokens=False))
 
     def encode_from(self, text: str, old_text: str, old_tokens: Sequence[int]) -> list[int]:
         """encode(`text`), reusing `old_tokens` (old_text's) up to their shared special token."""
+        if text in self._known:
+            return self.encode(text)
         tokens = extend_encoding(self.tok, self.encode, text, old_text, old_tokens)
         return self.encode(text) if tokens is None else tokens
 
@@ -215,7 +241,10 @@ def _char_end(prefix: str, content: str, full: str, start: int) -> int | None:
 
     If `prefix` is a prefix of `full`, at its end. Otherwise a later turn changed how earlier
     turns render: look for the node's content plus the end-of-turn text that follows it in
-    `prefix`, from `start` on (the first match after the previous node is taken).
+    `prefix`, from `start` on, ending no later than it ends in `prefix` (later turns may make
+    a node render shorter, as dropped reasoning does; the first such match is taken). So a
+    node's end never depends on text far below it: a later turn with the same content is no
+    match, and a render that extends a cached one keeps the ends of the nodes above.
     """
     if full.startswith(prefix):
         return len(prefix)
@@ -223,7 +252,7 @@ def _char_end(prefix: str, content: str, full: str, start: int) -> int | None:
     if k < 0:
         return None
     tail = prefix[k:]
-    j = full.find(tail, start)
+    j = full.find(tail, start, len(prefix))
     return j + len(tail) if j >= 0 else None
 
 
@@ -246,9 +275,7 @@ def _node_end(r: _Renderer, done: Sequence[Node], i: int, text: str, tokens: lis
         return NodeEnd(max(prev, raw), how, char_end, raw, len(enc), len(prefix))
     enc = r.encode_from(prefix, text, tokens)
     raw = common_prefix(enc, tokens)
-    k = prefix.rfind(content) if content else -1
-    return NodeEnd(max(prev, raw), "lost", None, raw, len(enc), len(prefix),
-                   prefix[k:] if k >= 0 else None)
+    return NodeEnd(max(prev, raw), "lost", None, raw, len(enc), len(prefix))
 
 
 def render(
@@ -281,16 +308,15 @@ def render(
                 n.id,
             )
     tools = [t.to_openai() for t in visible_tools(path)]
-    r = _Renderer(tokenizer, fmt, dict(template_kwargs or {}), tools)
-    text = r.prompt_text(done, target) if is_prompt else r.path_text(done)
     cache = render_cache(tree)
-    settings = (fmt, r.kw)
+    r = _Renderer(tokenizer, fmt, dict(template_kwargs or {}), tools, cache)
+    text = r.prompt_text(done, target) if is_prompt else r.path_text(done)
+    settings = r.settings
     base = cache.base_for(tokenizer, settings, done, target)
     tokens = (r.encode_from(text, base.text, base.tokens) if base is not None
               else r.encode(text))
     kept = token_array(tokens)  # the cache's own copy: callers may change `tokens`
-    ends = reusable_ends(base, text, kept) if base is not None else None
-    ends = ends or []
+    ends = reusable_ends(base, text, kept) if base is not None else []
     if ends and len(ends) == len(done) and not is_prompt:  # the same whole path again
         ends[-1] = NodeEnd(len(tokens), "last")
     prev = ends[-1].end if ends else 0

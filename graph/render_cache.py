@@ -2,10 +2,13 @@
 
 A render of a path finds each node's span by re-rendering and re-encoding the path up to that
 node (see render.py): one template call and one encode per node, O(depth^2) over a
-conversation. The spans of the nodes a parent's render covered stay valid in a child's render
-whenever the parent's text is a prefix of the child's and the parent's token ends fall inside
-the tokens both renders share; only the new nodes are then worked out. A `PathState` is one
-render's text, tokens and per-node end records; a tree's `RenderCache` keeps recent ones.
+conversation. The span of a node a parent's render covered stays valid in a child's render
+whenever the node's own path text lies inside the text both renders share (so the child's text
+need not extend the parent's: a template that drops old reasoning changes only the last turn)
+and its token end inside the tokens they share; only the nodes from the first one that fails
+are then worked out, and their own path texts and tokens come from cached renders where the
+cache has them (`path_state`). A `PathState` is one render's text, tokens and per-node end
+records; a tree's `RenderCache` keeps recent ones.
 
 Entries are checked, not trusted: a state serves only a path whose nodes still render the same
 (kind, text, status, images, tool calls, ...: `signature`) under the same tokenizer, reasoning
@@ -42,9 +45,9 @@ class NodeEnd:
     content and end-of-turn text found after the previous node), "lost" (neither: the longest
     common token prefix of its own render), "none" (its path could not be rendered alone: it
     ends where the previous node did) or "last" (the last node of a whole path: the end of
-    the tokens). `char_end` is the character end for prefix/found; `tail` the searched text
-    for lost; `prefix_len` the length of its own path's text; `raw` the common token prefix
-    before clamping to the previous end, over an encoding of `enc_len` tokens.
+    the tokens). `char_end` is the character end for prefix/found; `prefix_len` the length of
+    its own path's text; `raw` the common token prefix before clamping to the previous end,
+    over an encoding of `enc_len` tokens.
     """
 
     end: int
@@ -53,7 +56,6 @@ class NodeEnd:
     raw: int = 0
     enc_len: int = 0
     prefix_len: int = 0
-    tail: str | None = None
 
 
 @dataclass(slots=True)
@@ -97,28 +99,37 @@ def token_array(tokens: Sequence[int]) -> array:
     return array("i", tokens)
 
 
-def reusable_ends(base: PathState, text: str, tokens: array) -> list[NodeEnd] | None:
-    """The end records of `base`'s nodes as they hold in a render with `text` and `tokens`
-    (which continues base's path; `token_array`), or None where the whole computation must
-    run."""
-    if not base.text or not text.startswith(base.text):
-        return None  # a later turn changed how earlier ones render
+def reusable_ends(base: PathState, text: str, tokens: array) -> list[NodeEnd]:
+    """The end records of `base`'s first nodes as they hold in a render of a path through them
+    with `text` and `tokens` (`token_array`): up to the first record that may differ there,
+    which `render` works out again with every one after it.
+
+    `text` need not extend base's text (a later turn may change how earlier ones render: many
+    templates drop old reasoning); only the text and tokens the two renders share count. A
+    node's record holds where its own path's text is no longer than the shared text (so it
+    starts both texts or parts from both at the same place, and where its content is found -
+    never past that length - is the same in both) and its token end lies inside the shared
+    tokens (or its own tokens end there).
+    """
+    if not base.text:
+        return []
+    chars = common_prefix(base.text, text)
     shared = common_prefix(base.tokens, tokens)
     out: list[NodeEnd] = []
     prev = 0
-    for i, e in enumerate(base.ends):
+    for e in base.ends:
         if e.how == "last":
-            # Its own path renders to base's whole text, a prefix of `text`: it ends where
-            # base's tokens and these part.
-            end = max(prev, shared)
-            e = NodeEnd(end, "prefix", len(base.text), shared, len(base.tokens), len(base.text))
-        elif e.how in ("found", "lost") and e.prefix_len > len(base.text):
-            return None  # its own render may now be a prefix of the longer text
-        elif e.how == "lost" and e.tail is not None and text.find(
-                e.tail, max(0, len(base.text) - len(e.tail) + 1)) >= 0:
-            return None  # its content may now be found past base's text
+            if chars < len(base.text):
+                break  # its own path's text (base's whole text) no longer starts `text`
+            # It ends where base's tokens and these part (its own tokens are base's).
+            e = NodeEnd(max(prev, shared), "prefix", len(base.text), shared, len(base.tokens),
+                        len(base.text))
+        elif e.how != "none" and e.prefix_len > chars:
+            # Its own text may start `text` now, part from it elsewhere, or its content (found
+            # only where it ends within its own text's length) may be found elsewhere.
+            break
         elif e.how != "none" and not (e.raw < shared or e.raw == e.enc_len <= shared):
-            return None  # its token end touches where base's tokens and these part
+            break  # its token end touches where base's tokens and these part
         out.append(e)
         prev = e.end
     return out
@@ -157,6 +168,20 @@ class RenderCache:
                         self._states.move_to_end(key)
                 return state
         return None
+
+    def path_state(self, tokenizer: Any, settings: tuple, nodes: Sequence[Node],
+                   kind: str = "done") -> PathState | None:
+        """The cached render under these settings of exactly `nodes` ("done": the whole path
+        ending at its last node) or of the prompt of the last node above the rest ("prompt")."""
+        if not nodes:
+            return None
+        state = self._states.get((kind, nodes[-1].id))
+        done = nodes if kind == "done" else nodes[:-1]
+        if (state is None or state.tokenizer is not tokenizer or state.settings != settings
+                or len(state.sigs) != len(done)
+                or not all(s == signature(n) for s, n in zip(state.sigs, done))):
+            return None
+        return state
 
     def put(self, key: tuple[str, str], state: PathState) -> None:
         with self._lock:

@@ -59,12 +59,13 @@ def same(a, b):
         b.prompt_text, b.token_ids, b.spans, b.images, b.messages)
 
 
-def _grow(tree, rng, nodes, step):
+def _grow(tree, rng, nodes, step, repeat=False):
     live = [n for n in nodes if n.id in tree]
     parent = rng.choice(live[-3:]) if rng.random() < 0.8 else rng.choice(live)
     if parent.is_pending:
         return None
-    text = rng.choice(["aa", "x", "bb b", "", "ccc"]) + f" {step} " + "dd" * rng.randrange(3)
+    text = rng.choice(["aa", "x", "bb b", "", "ccc"]) + ("" if repeat else f" {step} ") + (
+        "dd" * rng.randrange(3))
     if parent.kind == "tool":
         return parent.final(text="after the tool" + text)
     if parent.kind in ("system", "final"):
@@ -102,8 +103,9 @@ def _edit(tree, rng, nodes):
 @pytest.mark.parametrize("tok", [ToyTokenizer(), ToyTokenizer(keep_old_reasoning=True),
                                  MergingTokenizer()],
                          ids=["drops-old-reasoning", "keeps-reasoning", "merging"])
-def test_incremental_equals_full_on_random_trees(tok):
-    rng = random.Random(7)
+@pytest.mark.parametrize("repeat", [False, True], ids=["", "repeated-texts"])
+def test_incremental_equals_full_on_random_trees(tok, repeat):
+    rng = random.Random(7 + repeat)
     for trial in range(12):
         tree = Tree()
         nodes = [tree.system(f"sys {trial}", tools=[{"type": "function", "function": {
@@ -112,7 +114,7 @@ def test_incremental_equals_full_on_random_trees(tok):
             if rng.random() < 0.25:
                 _edit(tree, rng, nodes)
             else:
-                n = _grow(tree, rng, nodes, step)
+                n = _grow(tree, rng, nodes, step, repeat)
                 if n is not None:
                     nodes.append(n)
             live = [n for n in nodes if n.id in tree]
@@ -141,6 +143,32 @@ def test_a_turn_costs_the_same_template_calls_at_any_depth():
     # from scratch makes one per node on the path (81 at the last turn).
     assert max(calls[1:]) <= 3 and calls[-1] == calls[5]
     assert same(render(tree, node, tok), full_render(tree, node, tok))
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["drops-old-reasoning", "keeps-reasoning"])
+def test_a_thinking_turn_costs_the_same_template_calls_at_any_depth(keep):
+    # The Responses API's turns: user, reasoning, final, each rendered as its prompt and as
+    # the whole path once attached. A template that drops old reasoning changes how the last
+    # turn renders once a user turn follows: the nodes above it still keep their ends.
+    tok = CountingTokenizer(keep_old_reasoning=keep)
+    tree = Tree()
+    node = tree.system("S")
+    calls = []
+    for turn in range(30):
+        thought = node.user(f"question {turn}").reasoning()
+        made = 0
+        for pending, text in ((thought, f"thinking {turn}"), (thought.final(), f"A{turn}")):
+            for _ in range(2):  # the prompt, then the whole path once attached
+                tok.calls = 0
+                got = render(tree, pending, tok)
+                made += tok.calls
+                assert same(got, full_render(tree, pending, tok)), (turn, pending.id)
+                if pending.is_pending:
+                    tree.attach(pending, text)
+        calls.append(made)
+        node = tree.children(thought)[0]
+    # A render from scratch makes one call per node on the path (91 at the last prompt).
+    assert max(calls[1:]) <= 6 and calls[-1] == calls[5], calls
 
 
 def test_dropped_reasoning_falls_back_and_edits_are_seen():
@@ -188,23 +216,46 @@ def _state(text, tokens, ends):
     return PathState(None, (), [], text, tokens, ends)
 
 
-def test_reusable_ends_refuses_ends_where_the_tokens_part():
+def test_reusable_ends_stop_at_the_first_end_where_the_tokens_part():
     # A node whose own tokens ran to where the base's tokens and the new ones part (a merge
-    # across the boundary) may end elsewhere now: recompute.
+    # across the boundary) may end elsewhere now: it and every node after it are recomputed.
     base = _state("abcd", [1, 2, 3, 4], [NodeEnd(2, "prefix", 2, 2, 2, 2),
                                          NodeEnd(4, "prefix", 4, 4, 4, 4)])
     assert reusable_ends(base, "abcdef", [1, 2, 3, 4, 5]) == base.ends
-    assert reusable_ends(base, "abcdef", [1, 2, 3, 9, 5]) is None  # parts at 3 < 4
-    assert reusable_ends(base, "abXd", [1, 2, 3, 4]) is None  # not an extension
+    assert reusable_ends(base, "abcdef", [1, 2, 3, 9, 5]) == base.ends[:1]  # parts at 3 < 4
+    assert reusable_ends(base, "abcdef", [1, 9, 3, 9, 5]) == []
     last = _state("abcd", [1, 2, 3, 4], [NodeEnd(2, "prefix", 2, 2, 2, 2), NodeEnd(4, "last")])
     assert [e.end for e in reusable_ends(last, "abcdef", [1, 2, 3, 7, 5])] == [2, 3]
 
 
-def test_reusable_ends_refuses_a_lost_node_whose_content_shows_up_later():
-    base = _state("<u>q</u>", [1, 2, 3], [NodeEnd(1, "lost", None, 1, 5, 7, "thought</r>"),
-                                          NodeEnd(3, "last")])
-    assert reusable_ends(base, "<u>q</u><a>x</a>", [1, 2, 3, 4, 5]) is not None
-    assert reusable_ends(base, "<u>q</u>thought</r>", [1, 2, 3, 4, 5]) is None
+def test_reusable_ends_keep_the_nodes_inside_the_text_both_renders_share():
+    # A later turn changed how the end renders (old reasoning dropped): the nodes whose own
+    # text lies inside the shared text keep their ends, the rest are worked out again.
+    base = _state("abcd", [1, 2, 3, 4], [NodeEnd(2, "prefix", 2, 2, 2, 2),
+                                         NodeEnd(3, "prefix", 3, 3, 3, 3), NodeEnd(4, "last")])
+    assert reusable_ends(base, "abXd", [1, 2, 7, 4]) == base.ends[:1]
+    assert reusable_ends(base, "abcX", [1, 2, 3, 7]) == base.ends[:2]
+    found = _state("abcd", [1, 2, 3, 4], [NodeEnd(2, "found", 2, 2, 2, 3),
+                                          NodeEnd(4, "last")])
+    assert reusable_ends(found, "abcX", [1, 2, 3, 7]) == found.ends[:1]
+    assert reusable_ends(found, "abX", [1, 2, 7]) == []  # its own text may start this one
+
+
+def test_a_later_turn_with_the_same_content_is_no_match():
+    # Dropped reasoning is lost, even where a later turn's reasoning has the same text: a
+    # node's end never depends on text far below it, so each turn keeps the ends above it.
+    tok = ToyTokenizer()
+    tree = Tree()
+    node = tree.system("S")
+    for turn in range(6):
+        thought = node.user(f"q{turn}").reasoning(text="same thought")
+        node = thought.final(text="same answer")
+        got = render(tree, thought, tok)
+        assert same(got, full_render(tree, thought, tok))
+        old = tree.path(thought)[2]  # the first turn's reasoning, dropped once a user follows
+        if turn:
+            assert got.spans[old.id][1] - got.spans[old.id][0] <= len("assistant\n") + 1
+    assert same(render(tree, node, tok), full_render(tree, node, tok))
 
 
 def test_cache_keeps_its_own_tokens_within_a_token_budget(monkeypatch):
