@@ -1,7 +1,8 @@
 """The ASGI application: server state, routes, request metrics, lifetime.
 
 `make_app(state)` returns a Starlette app serving /v1/chat/completions, /v1/completions,
-/v1/responses(/{id}), /v1/models, /health and /metrics. `ServerState` holds what every route
+/v1/responses(/{id}), /v1/models, /health, /metrics and the web app (`webapp`: / and
+/v1/forkv/conversations). `ServerState` holds what every route
 needs: the config, tenants and metrics, and the models (`models.ModelPool`; a route gets the
 `ServedModel` its request names with `await state.model(name)`). Knows how the pieces are
 wired, not what any endpoint does.
@@ -28,6 +29,7 @@ from .logs import AccessLog, note_model
 from .metrics import Metrics
 from .models import DEFAULT_MAX_MODELS, ModelPool, ServedModel, model_card
 from .responses import create_response, delete_response, get_response
+from .webapp import WEBAPP_ROUTES
 
 __all__ = ["ServerConfig", "ServerState", "make_app"]
 
@@ -178,6 +180,7 @@ def make_app(state: ServerState) -> Starlette:
         Route("/v1/responses", create_response, methods=["POST"]),
         Route("/v1/responses/{response_id}", get_response, methods=["GET"]),
         Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
+        *WEBAPP_ROUTES,  # the web app at / and its conversation listing (webapp.py)
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.forkv = state

@@ -66,6 +66,10 @@ class Conversations:
                            "response_not_found", "previous_response_id")
         return stored
 
+    def responses(self, namespace: str) -> list[Stored]:
+        """The responses kept in `namespace`, oldest first."""
+        return list(self._responses.get(namespace, {}).values())
+
     def add_turns(self, namespace: str, previous: Stored | None, instructions: str | None,
                   turns: list[Turn], gens: dict[str, Any]) -> tuple[str, list[str]]:
         """Add `turns` and a pending node per entry of `gens` (kind -> its settings, in order)

@@ -1,0 +1,311 @@
+// The app: state, the server calls, and wiring of the views (chat.js, tree.js).
+// A conversation is the server's tree of responses; the page keeps only which branch is on
+// screen. Nothing of a conversation is written to browser storage.
+
+import {ApiError, call, setApiKey, streamResponse} from "./api.js";
+import {renderChat, turnStats} from "./chat.js";
+import {renderMarkdown} from "./markdown.js";
+import {renderTree, statsLine} from "./tree.js";
+
+const $ = (id) => document.getElementById(id);
+const S = {
+  model: "", cid: null, conv: null, byId: new Map(), kids: new Map(),
+  choice: new Map(), // parent key ("" for roots) -> the child on screen
+  branchAt: undefined, // undefined: continue the path; null: a new first message; id: after it
+  folded: new Set(), streaming: null,
+};
+
+function notice(text) {
+  $("notice").textContent = text || "";
+}
+
+const parentKey = (turn) => (turn.previous && S.byId.has(turn.previous) ? turn.previous : "");
+
+function index(conv) {
+  S.conv = conv;
+  S.byId = new Map();
+  S.kids = new Map();
+  for (const t of conv ? conv.turns : []) S.byId.set(t.id, t);
+  for (const t of conv ? conv.turns : []) {
+    const key = parentKey(t);
+    if (!S.kids.has(key)) S.kids.set(key, []);
+    S.kids.get(key).push(t.id);
+  }
+}
+
+// The turns on screen: from a root down, each step the chosen (else newest) child.
+function path() {
+  const out = [];
+  let key = "";
+  for (;;) {
+    const list = S.kids.get(key);
+    if (!list) break;
+    const pick = list.includes(S.choice.get(key)) ? S.choice.get(key) : list[list.length - 1];
+    out.push(S.byId.get(pick));
+    key = pick;
+  }
+  if (S.branchAt === undefined) return out;
+  if (S.branchAt === null) return [];
+  return out.slice(0, out.findIndex((t) => t.id === S.branchAt) + 1);
+}
+
+function show(id) {
+  for (let t = S.byId.get(id); t; t = S.byId.get(t.previous)) S.choice.set(parentKey(t), t.id);
+}
+
+function siblings(turn) {
+  return S.kids.get(parentKey(turn)) || [turn.id];
+}
+
+function system() {
+  const roots = path();
+  return roots.length ? roots[0].instructions : null;
+}
+
+function render() {
+  const turns = path();
+  const shown = S.streaming ? [...turns, S.streaming.turn] : turns;
+  renderChat($("messages"), shown, {siblings, onAction: act}, system());
+  $("model").disabled = Boolean(S.conv);
+  const at = S.branchAt;
+  $("branching").hidden = at === undefined;
+  if (at !== undefined) {
+    const t = at && S.byId.get(at);
+    $("branch-label").textContent = t ? "The next message starts a branch after: "
+      + (t.input.split("\n")[0].slice(0, 60) || "(empty)")
+      : "The next message starts a new first turn.";
+  }
+  renderTreePanel(turns);
+  const box = $("messages");
+  box.scrollTop = box.scrollHeight;
+}
+
+function renderTreePanel(turns) {
+  const items = (S.conv ? S.conv.turns : []).map((t) => ({
+    id: t.id, parent: t.previous, label: t.input.split("\n")[0].slice(0, 48),
+    stats: statsLine(turnStats(t)), cls: t.status === "completed" ? "" : "incomplete",
+  }));
+  renderTree($("tree"), items, {
+    active: new Set(turns.map((t) => t.id)), folded: S.folded,
+    current: turns.length ? turns[turns.length - 1].id : null,
+    onPick: (id) => { S.branchAt = undefined; show(id); render(); scrollTo(id); },
+    onFold: (id) => { S.folded.has(id) ? S.folded.delete(id) : S.folded.add(id); render(); },
+  });
+}
+
+function scrollTo(id) {
+  const msg = document.querySelector(`.msg[data-turn="${CSS.escape(id)}"]`);
+  if (msg) msg.scrollIntoView({block: "nearest"});
+}
+
+// -- server calls --------------------------------------------------------------------------
+async function loadModels() {
+  const list = await call("GET", "/v1/models");
+  const select = $("model");
+  select.replaceChildren();
+  for (const m of list.data) {
+    const opt = document.createElement("option");
+    opt.value = m.id;
+    opt.textContent = m.id + (m.status && m.status !== "loaded" ? " (" + m.status + ")" : "");
+    select.append(opt);
+  }
+  S.model = select.value;
+}
+
+async function loadConversations() {
+  const list = await call("GET", "/v1/forkv/conversations");
+  const ul = $("conv-list");
+  ul.replaceChildren();
+  for (const c of list.data) {
+    const li = ul.appendChild(document.createElement("li"));
+    const b = li.appendChild(document.createElement("button"));
+    b.type = "button";
+    b.textContent = c.title || "(untitled)";
+    b.title = c.model + " · " + c.turns + " turns";
+    if (c.id === S.cid) b.className = "on";
+    b.addEventListener("click", () => openConversation(c.id));
+  }
+}
+
+async function openConversation(cid) {
+  if (S.streaming) return;
+  S.cid = cid;
+  S.choice = new Map();
+  S.branchAt = undefined;
+  S.folded = new Set();
+  await reload();
+}
+
+async function reload() {
+  if (S.cid) {
+    try {
+      index(await call("GET", "/v1/forkv/conversations/" + encodeURIComponent(S.cid)));
+      S.model = S.conv.model;
+      $("model").value = S.model;
+    } catch (e) {
+      if (!(e instanceof ApiError && e.status === 404)) throw e;
+      S.cid = null;
+      index(null);
+    }
+  } else {
+    index(null);
+  }
+  render();
+  await loadConversations();
+}
+
+function newConversation() {
+  if (S.streaming) return;
+  S.cid = null;
+  S.branchAt = undefined;
+  index(null);
+  $("model").disabled = false;
+  render();
+  loadConversations();
+  $("input").focus();
+}
+
+// Send `text` as a new turn under `previous` (null: a first turn); the reply streams in.
+async function send(text, previous, instructions) {
+  if (S.streaming || !S.model) return;
+  if (!S.cid) S.cid = "conv_" + crypto.randomUUID().replaceAll("-", "");
+  const controller = new AbortController();
+  const turn = {id: "pending", pending: true, input: text, output: "", reasoning: null,
+    previous, model: S.model};
+  S.streaming = {controller, turn};
+  setBusy(true);
+  notice("");
+  render();
+  const body = {model: S.model, input: text, metadata: {conversation: S.cid},
+    max_output_tokens: Number($("max-tokens").value) || undefined,
+    temperature: Number($("temperature").value)};
+  if (previous) body.previous_response_id = previous;
+  else if (instructions) body.instructions = instructions;
+  let id = null, frame = 0;
+  const paint = () => {
+    frame = 0;
+    const msg = document.querySelector(".msg.model.streaming");
+    if (!msg) return;
+    msg.querySelector(".text.md").replaceChildren(renderMarkdown(turn.output));
+    const think = msg.querySelector(".reasoning .text");
+    if (think) think.textContent = turn.reasoning;
+    const box = $("messages");
+    box.scrollTop = box.scrollHeight;
+  };
+  try {
+    await streamResponse(body, controller.signal, (type, ev) => {
+      if (type === "response.created") id = ev.response.id;
+      else if (type === "response.reasoning_text.delta") {
+        if (turn.reasoning === null) { turn.reasoning = ""; render(); }
+        turn.reasoning += ev.delta;
+      } else if (type === "response.output_item.added" && ev.item.type === "reasoning") {
+        if (turn.reasoning === null) { turn.reasoning = ""; render(); }
+      } else if (type === "response.output_text.delta") turn.output += ev.delta;
+      else if (type === "response.failed") notice("failed: " + ev.response.error.message);
+      if (!frame) frame = requestAnimationFrame(paint);
+    });
+  } catch (e) {
+    if (controller.signal.aborted) {
+      notice("Stopped: the partial reply was not kept.");
+      $("input").value = text;
+    } else {
+      notice(e.message);
+      if (!id) $("input").value = text;
+    }
+  } finally {
+    S.streaming = null;
+    setBusy(false);
+  }
+  if (id) { S.branchAt = undefined; }
+  await reload();
+  if (id && S.byId.has(id)) { show(id); render(); }
+}
+
+function setBusy(busy) {
+  $("send").hidden = busy;
+  $("stop").hidden = !busy;
+  document.body.classList.toggle("busy", busy);
+}
+
+function stop() {
+  if (S.streaming) S.streaming.controller.abort();
+}
+
+async function act(action, id, extra) {
+  const t = id ? S.byId.get(id) : null;
+  if (action === "show") { S.branchAt = undefined; show(id); render(); return; }
+  if (action === "branch") { S.branchAt = id; render(); $("input").focus(); return; }
+  if (S.streaming) return;
+  if (action === "regenerate" || action === "edit") {
+    const text = action === "edit" ? extra : t.input;
+    await send(text, t.previous, t.previous ? undefined : t.instructions);
+  } else if (action === "delete") {
+    try {
+      const r = await call("DELETE", "/v1/responses/" + encodeURIComponent(id));
+      notice(`Deleted ${r.deleted_responses.length} turn(s); released ${r.released_records} `
+        + "checkpoint record(s).");
+    } catch (e) {
+      notice(e.message);
+    }
+    if (S.branchAt === id) S.branchAt = undefined;
+    await reload();
+  }
+}
+
+// -- wiring --------------------------------------------------------------------------------
+function submit() {
+  const input = $("input");
+  const text = input.value;
+  if (!text.trim() || S.streaming) return;
+  input.value = "";
+  const turns = path();
+  let previous = turns.length ? turns[turns.length - 1].id : null;
+  if (S.branchAt !== undefined) previous = S.branchAt;
+  const root = previous === null;
+  send(text, previous, root ? ($("system").value.trim() || system() || undefined) : undefined);
+}
+
+function wire() {
+  $("composer").addEventListener("submit", (e) => { e.preventDefault(); submit(); });
+  $("input").addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); submit(); }
+  });
+  document.addEventListener("keydown", (e) => {
+    if (e.key === "Escape" && S.streaming) { e.preventDefault(); stop(); }
+  });
+  $("stop").addEventListener("click", stop);
+  $("new").addEventListener("click", newConversation);
+  $("model").addEventListener("change", () => { S.model = $("model").value; });
+  $("branch-cancel").addEventListener("click", () => { S.branchAt = undefined; render(); });
+  $("toggle-tree").addEventListener("click", () => {
+    const hidden = document.body.classList.toggle("no-tree");
+    $("toggle-tree").setAttribute("aria-pressed", String(!hidden));
+  });
+  $("key-form").addEventListener("submit", async (e) => {
+    e.preventDefault();
+    setApiKey($("key").value);
+    $("key").value = "";
+    await start();
+  });
+}
+
+async function start() {
+  try {
+    await loadModels();
+    $("key-box").hidden = true;
+    await reload();
+    document.body.dataset.ready = "1";
+  } catch (e) {
+    if (e instanceof ApiError && e.status === 401) {
+      $("key-box").hidden = false;
+      $("key-error").textContent = $("key-box").dataset.tried ? e.message : "";
+      $("key-box").dataset.tried = "1";
+      $("key").focus();
+    } else {
+      notice(e.message);
+    }
+  }
+}
+
+wire();
+start();
