@@ -11,15 +11,22 @@ the thought left; none: it ends at once with `length`), `usage` counts the first
 its cached tokens once and sums the generated tokens, the metrics time the first token once.
 
 What a generated node means (text, token ids, stats, tool calls) is `forkv.runner.NodeRun`'s;
-this module runs nodes on the event loop and writes the Responses body. Knows no SSE.
+this module runs nodes from the event loop and writes the Responses body. The tree work of a
+node (rendering its prompt, its path's keys, the drafts; attaching the result and rendering the
+whole path) runs in a worker thread, one at a time per tree (`tree_work`), so that a deep
+conversation never holds up another client's stream; a render extends its parent's
+(`forkv.graph.render`), so each costs about the turn's own tokens. Knows no SSE.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import uuid
-from collections.abc import AsyncIterator
+import weakref
+from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
 
 from forkv.engine import GenerationEvent, Timings
 from forkv.graph import Job, render
@@ -30,7 +37,30 @@ from .conversations import Stored
 from .generation import events, start
 from .tools import response_call_items
 
-__all__ = ["Cancelled", "ResponseRun", "message_item", "reasoning_item"]
+__all__ = ["Cancelled", "ResponseRun", "message_item", "reasoning_item", "tree_lock",
+           "tree_work"]
+
+T = TypeVar("T")
+_locks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_locks_lock = threading.Lock()
+
+
+def tree_lock(tree) -> threading.Lock:
+    """The lock that the work on `tree` (adding, rendering, attaching, removing) holds."""
+    with _locks_lock:
+        return _locks.setdefault(tree, threading.Lock())
+
+
+async def tree_work(tree, fn: Callable[..., T], *args) -> T:
+    """`fn(*args)` in a worker thread, holding `tree`'s lock (its renders, attaches and key
+    records run one at a time; the event loop never waits on them)."""
+    lock = tree_lock(tree)
+
+    def locked() -> T:
+        with lock:
+            return fn(*args)
+
+    return await asyncio.to_thread(locked)
 
 
 class Cancelled(Exception):
@@ -61,22 +91,29 @@ class ResponseRun:
                         template_kwargs=self.state.template_kwargs)
         return Job(node_id, node.kind, 0, gen, (), prompt)
 
-    async def _submit(self, job: Job):
+    def _prepare(self, node_id: str, max_tokens: int | None = None):
+        """(Job, images, drafts) of a node to submit: tree work, run in `tree_work`."""
+        return (self._job(node_id, max_tokens), path_images(self.tree, node_id) or None,
+                tree_drafts(self.tree, node_id))
+
+    def _node_run(self, job: Job, call_prefix: str | None = None) -> NodeRun:
+        return NodeRun(self.state.backend.engine, self.tree, job, job.prompt, self.state.format,
+                       self.state.template_kwargs, self.stored.namespace, call_prefix)
+
+    async def _submit(self, node_id: str, max_tokens: int | None = None):
+        job, images, drafts = await tree_work(self.tree, self._prepare, node_id, max_tokens)
         [handle] = await start(self.state, job.prompt.token_ids, sampling_params(job.gen),
-                               self.stored.namespace,
-                               path_images(self.tree, job.node_id) or None,
+                               self.stored.namespace, images,
                                max_param="max_output_tokens", follow_up=bool(self.handles),
-                               speculate=job.gen.speculate,
-                               drafts=tree_drafts(self.tree, job.node_id))
+                               speculate=job.gen.speculate, drafts=drafts)
         self.handles.append(handle)
         if self.cancelled:  # the client left while it was being submitted
             self.cancel()
-        return handle
+        return job, handle
 
     async def begin(self) -> None:
         """Render and submit the first node, so that a refusal (400, 429) is the request's."""
-        job = self._job(self.gen_ids[0])
-        self._first = job, await self._submit(job)
+        self._first = await self._submit(self.gen_ids[0])
 
     async def nodes(self) -> AsyncIterator[NodeEvent]:
         """Every node's `NodeEvent`s in turn, results attached as each ends; `Cancelled` if
@@ -89,31 +126,31 @@ class ResponseRun:
             if i == 0:
                 job, handle = self._first
             elif left <= 0:  # the thought spent the budget: the answer ends at once
-                self.last[node_id] = self._spent(self._job(node_id))
+                self.last[node_id] = await tree_work(self.tree, self._spent, node_id)
                 yield self.last[node_id]
                 continue
             else:
-                job = self._job(node_id, left)
-                handle = await self._submit(job)
-            run = NodeRun(self.state.backend.engine, self.tree, job, job.prompt,
-                          self.state.format, self.state.template_kwargs, self.stored.namespace,
-                          f"call_{node_id}_{uuid.uuid4().hex[:6]}")  # unique across restarts
+                job, handle = await self._submit(node_id, left)
+            # NodeRun records the prompt's keys; its last event attaches and renders the path.
+            run = await tree_work(self.tree, self._node_run, job,
+                                  f"call_{node_id}_{uuid.uuid4().hex[:6]}")  # unique anywhere
             async with contextlib.aclosing(events(self.state, handle, self.t0,
                                                   follow_up=i > 0)) as stream:
                 async for event in stream:
                     if event.finish_reason == "cancelled":
                         raise Cancelled
-                    out = run.feed(event)
-                    if out.is_last:
-                        self.last[node_id] = out
-                        left -= out.stats.tokens_generated
+                    if event.finish_reason is None:
+                        yield run.feed(event)
+                        continue
+                    out = await tree_work(self.tree, run.feed, event)
+                    self.last[node_id] = out
+                    left -= out.stats.tokens_generated
                     yield out
 
-    def _spent(self, job: Job) -> NodeEvent:
-        run = NodeRun(self.state.backend.engine, self.tree, job, job.prompt, self.state.format,
-                      self.state.template_kwargs, self.stored.namespace)
-        return run.feed(GenerationEvent("", [], [], "length",
-                                        Timings(prompt_tokens=job.prompt.num_tokens)))
+    def _spent(self, node_id: str) -> NodeEvent:
+        job = self._job(node_id)
+        return self._node_run(job).feed(
+            GenerationEvent("", [], [], "length", Timings(prompt_tokens=job.prompt.num_tokens)))
 
     def cancel(self) -> None:
         """Stop the response: the running node's request, and no node after it."""
@@ -167,7 +204,8 @@ class ResponseRun:
         self.finished = True
         stored = self.stored
         try:
-            _, keys = self.state.conversations.remove(stored.namespace, stored.first)
+            with tree_lock(self.tree):  # at most one render of this tree to wait for
+                _, keys = self.state.conversations.remove(stored.namespace, stored.first)
         except Exception:  # noqa: BLE001 - already removed (a DELETE got there first)
             return
         self.state.backend.release(keys, stored.namespace)

@@ -37,7 +37,7 @@ from .inputs import (
     sampling_params,
 )
 from .response_events import stream_response
-from .response_run import Cancelled, ResponseRun
+from .response_run import Cancelled, ResponseRun, tree_work
 from .tools import TOOL_ITEMS, ToolPlan, name_tool_results, plan_tools, tool_turn
 
 __all__ = ["create_response", "delete_response", "get_response"]
@@ -113,12 +113,17 @@ async def create_response(request: Request) -> Any:
     previous = conv.get(ns, req.previous_response_id) if req.previous_response_id else None
     params = sampling_params(req, req.max_output_tokens)
     turns = to_turns(req.input, state.can_see_images)
-    first, gen_ids = conv.add_turns(ns, previous, req.instructions, turns,
-                                    _node_gens(params, plan, state.reasoning, req.speculate))
+    gens = _node_gens(params, plan, state.reasoning, req.speculate)
     tree = conv.tree(ns)
-    if plan.specs:  # declared on this request's first node: seen by what it generates
-        tree[first].tools = plan.specs
-    name_tool_results(tree, [n.id for n in tree.path(gen_ids[0])])
+
+    def add() -> tuple[str, list[str]]:
+        first, gen_ids = conv.add_turns(ns, previous, req.instructions, turns, gens)
+        if plan.specs:  # declared on this request's first node: seen by what it generates
+            tree[first].tools = plan.specs
+        name_tool_results(tree, [n.id for n in tree.path(gen_ids[0])])
+        return first, gen_ids
+
+    first, gen_ids = await tree_work(tree, add)  # beside other requests' renders of this tree
     stored = Stored(f"resp_{uuid.uuid4().hex}", ns, first, gen_ids[-1])
     body = {"id": stored.id, "object": "response", "created_at": int(time.time()),
             "status": "in_progress", "model": req.model, "output": [],
@@ -136,7 +141,7 @@ async def create_response(request: Request) -> Any:
     try:
         await run.begin()
     except BaseException:
-        conv.remove(ns, first)
+        await tree_work(tree, conv.remove, ns, first)
         raise
     conv.keep(stored)  # visible (in progress) so a fork cannot race ahead of it
     if req.stream:
@@ -188,11 +193,16 @@ async def delete_response(request: Request) -> Any:
     tenant = state.tenants.tenant(request.headers.get("authorization"))
     ns = namespace_of(tenant, request.query_params.get("cache_salt"))
     state, stored = state.find_response(ns, request.path_params["response_id"])
-    busy = state.conversations.busy_under(ns, stored.first)
-    if busy:
-        raise APIError(400, f"Response {busy[0]!r} in this subtree is still generating; delete "
-                            "once it has finished.", "response_in_progress")
-    gone, keys = state.conversations.remove(ns, stored.first)
+    conv = state.conversations
+
+    def remove() -> tuple[list[str], set[str]]:
+        busy = conv.busy_under(ns, stored.first)
+        if busy:
+            raise APIError(400, f"Response {busy[0]!r} in this subtree is still generating; "
+                                "delete once it has finished.", "response_in_progress")
+        return conv.remove(ns, stored.first)
+
+    gone, keys = await tree_work(conv.tree(ns), remove)
     released = state.backend.release(keys, ns)
     return JSONResponse({"id": stored.id, "object": "response", "deleted": True,
                          "deleted_responses": gone, "released_records": released})
