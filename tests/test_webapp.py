@@ -43,7 +43,7 @@ def test_no_inline_script_or_style_and_nothing_fetched_from_elsewhere():
 
 def test_scripts_never_parse_html_nor_touch_browser_storage():
     for path in STATIC.glob("*.js"):
-        text = re.sub(r"^\s*//.*$", "", path.read_text(), flags=re.M)  # code, not comments
+        text = re.sub(r"^\s*//.*$", "", path.read_text(), flags=re.MULTILINE)  # code, not comments
         for banned in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write",
                        "eval(", "new Function", "localStorage", "sessionStorage", "indexedDB",
                        "document.cookie", "DOMParser", "createContextualFragment"):

@@ -79,7 +79,7 @@ def conversation_id(stored: Stored, by_id: dict[str, Stored]) -> str:
 def turn_of(tree, stored: Stored) -> dict:
     """One response as a turn: its input and generated nodes' texts, usage, per-node stats."""
     nodes = []
-    node = tree[stored.last] if stored.last in tree else None
+    node = tree[stored.last] if stored.last in tree else None  # noqa: SIM401 - a Tree
     while node is not None:
         nodes.append(node)
         if node.id == stored.first:

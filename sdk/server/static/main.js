@@ -67,6 +67,7 @@ function render() {
   const shown = S.streaming ? [...turns, S.streaming.turn] : turns;
   renderChat($("messages"), shown, {siblings, onAction: act}, system());
   $("model").disabled = Boolean(S.conv);
+  document.body.dataset.conversation = S.cid || "";
   const at = S.branchAt;
   $("branching").hidden = at === undefined;
   if (at !== undefined) {
