@@ -31,6 +31,7 @@ _COMMANDS = {
     "bench": "forkv.bench.cli:run_cli",
     "doctor": "forkv.cli:_doctor",
     "serve": "forkv.server.serve:run_serve",
+    "chat": "forkv.chat_cmd:run_chat",
     "convert": "forkv.convert_cmd:run_convert",
     "pull": "forkv.cli:_pull",
 }
@@ -42,6 +43,7 @@ _EPILOG = """examples:
   forkv show tree.json                       draw a saved tree as an HTML page
   forkv bench rewind --quick                 one benchmark, as a table (--json PATH)
   forkv serve --model demo:gemma3            OpenAI-compatible server on 127.0.0.1:8000
+  forkv chat --model smollm2-135m            chat and branch in the browser (web app)
   forkv doctor                               BLAS, dtype, device and versions
   forkv convert model.gguf out --q-bits 4    write an MLX folder from any model name
   forkv pull smollm2-135m                    fetch and convert a model once, ahead of use
@@ -119,6 +121,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve models over the OpenAI API (endpoints below), on 127.0.0.1:8000 "
                     "by default;\nanother --host needs --api-key."))
 
+    from .chat_cmd import add_arguments as add_chat
+
+    add_chat(sub.add_parser(
+        "chat", help="chat in the browser: serve on a free loopback port and open the web app",
+        description="Start forkv serve on a free loopback port, print the web app's URL and "
+                    "open it in a browser; the options are serve's."))
+
     from .convert_cmd import add_arguments as add_convert
 
     add_convert(sub.add_parser(
@@ -146,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arch", action="append", default=None, metavar="NAME",
                    help="check only this architecture (repeatable)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    for name in ("generate", "run", "serve"):  # the commands that render chat messages
+    for name in ("generate", "run", "serve", "chat"):  # the commands that render chat messages
         sub.choices[name].add_argument(
             "--chat-template", metavar="FILE", type=Path, default=None,
             help="a Jinja chat template (or a chat_template.json) for a model without one, "

@@ -101,7 +101,7 @@ def test_chat_regenerate_edit_branch_delete_and_the_tree_counts_equal_usage(page
     assert user.text_content() == "Hello **there**, first question"  # plain, not markdown
     conv = conversation(url, page)
     [turn] = conv["turns"]
-    status, response = http("GET", f"{url}/v1/responses/{turn['id']}")
+    response = http("GET", f"{url}/v1/responses/{turn['id']}")[1]
     usage = response["usage"]
     cached = usage["input_tokens_details"]["cached_tokens"]
     row = page.locator(f".trow[data-id='{turn['id']}'] .stats").text_content()
