@@ -10,9 +10,11 @@ with the reason, where Chromium or Playwright is missing (.ci/run installs both)
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import time
+from pathlib import Path
 
 import pytest
 from server_proc import TINY, http, no_eos, running_server, shared_server
@@ -135,6 +137,16 @@ def test_chat_regenerate_edit_branch_delete_and_the_tree_counts_equal_usage(page
     conv = conversation(url, page)
     assert len(conv["turns"]) == 5
     assert page.locator(".trow").count() == 5 and page.locator(".trow.on").count() == 2
+
+    # Two branches side by side: the tree row's "beside" button on the other follow-up.
+    other = next(t for t in conv["turns"] if t["input"] == "A follow-up")
+    page.locator(f".trow[data-id='{other['id']}'] .beside").click()
+    columns = page.locator("#messages.split > .column")
+    assert columns.count() == 2
+    assert [c.locator(".msg.user .text").last.text_content() for c in columns.all()] == [
+        "Another follow-up", "A follow-up"]
+    page.click(".close-beside")
+    assert page.locator("#messages .column").count() == 0
 
     alt = page.locator(".msg.model >> nth=1").get_attribute("data-turn")
     page.locator(".msg.model >> nth=1").locator(".act[title^='delete']").click()
@@ -299,7 +311,7 @@ def test_reasoning_is_folded_and_streams_on_a_thinking_model(browser):
 
 
 @pytest.mark.slow  # loads smollm2-135m (installed by `forkv pull smollm2-135m`)
-def test_chat_on_smollm2(browser):
+def test_chat_on_smollm2(browser, tmp_path):
     from forkv.engine.models.sources import local_models
 
     if "smollm2-135m" not in {name for name, _ in local_models()}:
@@ -323,4 +335,14 @@ def test_chat_on_smollm2(browser):
             f"↺{cached} +{usage['input_tokens'] - cached} · →{usage['output_tokens']} · ")
         assert cached > 0  # the first turn's prompt came back from the engine's checkpoints
         assert page.locator(".msg.system").text_content().endswith("one sentence.")
+        page.locator(".msg.model").first.locator(".act[title^='branch']").click()
+        send(page, "Name a famous French painter.", count=2)
+        page.set_viewport_size({"width": 1400, "height": 820})
+        page.click("#settings summary")  # folded again, for the picture
+        shot = tmp_path / "webapp.png"
+        page.screenshot(path=shot)
+        assert shot.stat().st_size > 20_000
+        keep = os.environ.get("FORKV_APP_PNG")  # FORKV_APP_PNG=docs/webapp.png refreshes docs
+        if keep:
+            shutil.copyfile(shot, Path(keep))
         assert page.errors == []

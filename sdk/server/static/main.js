@@ -13,6 +13,7 @@ const S = {
   choice: new Map(), // parent key ("" for roots) -> the child on screen
   branchAt: undefined, // undefined: continue the path; null: a new first message; id: after it
   folded: new Set(), streaming: null,
+  beside: null, // a turn whose branch is shown beside the one on screen
 };
 
 function notice(text) {
@@ -34,23 +35,31 @@ function index(conv) {
 }
 
 // The turns on screen: from a root down, each step the chosen (else newest) child.
-function path() {
+function path(choice = S.choice) {
   const out = [];
   let key = "";
   for (;;) {
     const list = S.kids.get(key);
     if (!list) break;
-    const pick = list.includes(S.choice.get(key)) ? S.choice.get(key) : list[list.length - 1];
+    const pick = list.includes(choice.get(key)) ? choice.get(key) : list[list.length - 1];
     out.push(S.byId.get(pick));
     key = pick;
   }
+  if (choice !== S.choice) return out;
   if (S.branchAt === undefined) return out;
   if (S.branchAt === null) return [];
   return out.slice(0, out.findIndex((t) => t.id === S.branchAt) + 1);
 }
 
-function show(id) {
-  for (let t = S.byId.get(id); t; t = S.byId.get(t.previous)) S.choice.set(parentKey(t), t.id);
+function show(id, choice = S.choice) {
+  for (let t = S.byId.get(id); t; t = S.byId.get(t.previous)) choice.set(parentKey(t), t.id);
+}
+
+// The branch through `id` (down to its newest leaf), for the side-by-side view.
+function besidePath(id) {
+  const choice = new Map();
+  show(id, choice);
+  return path(choice);
 }
 
 function siblings(turn) {
@@ -65,7 +74,26 @@ function system() {
 function render() {
   const turns = path();
   const shown = S.streaming ? [...turns, S.streaming.turn] : turns;
-  renderChat($("messages"), shown, {siblings, onAction: act}, system());
+  if (S.beside && !S.byId.has(S.beside)) S.beside = null;
+  const box = $("messages");
+  box.classList.toggle("split", Boolean(S.beside));
+  if (S.beside) {
+    const [left, right] = [document.createElement("div"), document.createElement("div")];
+    left.className = right.className = "column";
+    renderChat(left, shown, {siblings, onAction: act}, system());
+    const other = besidePath(S.beside);
+    renderChat(right, other, {siblings, onAction: act},
+      other.length ? other[0].instructions : null);
+    const close = document.createElement("button");
+    close.type = "button";
+    close.className = "close-beside";
+    close.textContent = "close the side-by-side view";
+    close.addEventListener("click", () => { S.beside = null; render(); });
+    right.prepend(close);
+    box.replaceChildren(left, right);
+  } else {
+    renderChat(box, shown, {siblings, onAction: act}, system());
+  }
   $("model").disabled = Boolean(S.conv);
   document.body.dataset.conversation = S.cid || "";
   const at = S.branchAt;
@@ -77,7 +105,6 @@ function render() {
       : "The next message starts a new first turn.";
   }
   renderTreePanel(turns);
-  const box = $("messages");
   box.scrollTop = box.scrollHeight;
 }
 
@@ -91,6 +118,7 @@ function renderTreePanel(turns) {
     current: turns.length ? turns[turns.length - 1].id : null,
     onPick: (id) => { S.branchAt = undefined; show(id); render(); scrollTo(id); },
     onFold: (id) => { S.folded.has(id) ? S.folded.delete(id) : S.folded.add(id); render(); },
+    onCompare: (id) => { S.beside = id; render(); },
   });
 }
 
@@ -134,6 +162,7 @@ async function openConversation(cid) {
   S.choice = new Map();
   S.branchAt = undefined;
   S.folded = new Set();
+  S.beside = null;
   await reload();
 }
 
@@ -159,6 +188,7 @@ function newConversation() {
   if (S.streaming) return;
   S.cid = null;
   S.branchAt = undefined;
+  S.beside = null;
   index(null);
   $("model").disabled = false;
   render();

@@ -5,7 +5,7 @@
 
 // items: [{id, parent, label, stats, cls}] (parent null or unknown: a root), in sibling order.
 // opts: {active: Set of ids to highlight, folded: Set of ids, current: id, onPick(id),
-// onFold(id)}. Returns the number of rows drawn.
+// onFold(id), onCompare(id) (a "beside" button on each row)}. Returns the number of rows drawn.
 export function renderTree(container, items, opts) {
   const kids = new Map();
   const known = new Set(items.map((it) => it.id));
@@ -63,6 +63,14 @@ function row(it, depth, index, numKids, active, folded, opts) {
   if (it.stats) pick.append(span("stats", it.stats));
   pick.addEventListener("click", () => opts.onPick && opts.onPick(it.id));
   if (folded.has(it.id) && numKids) line.append(span("hidden", "+" + numKids));
+  if (opts.onCompare) {
+    const beside = line.appendChild(document.createElement("button"));
+    beside.type = "button";
+    beside.className = "beside";
+    beside.textContent = "⇆";
+    beside.title = "show this branch beside the one on screen";
+    beside.addEventListener("click", () => opts.onCompare(it.id));
+  }
   return line;
 }
 
