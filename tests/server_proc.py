@@ -94,9 +94,10 @@ def http(method: str, url: str, body: bytes | dict | None = None,
         return status, raw.decode()
 
 
-def metric(url: str, name: str, labels: str = "") -> float:
-    """The value of one sample of GET /metrics (0 if absent)."""
-    _, text = http("GET", f"{url}/metrics")
+def metric(url: str, name: str, labels: str = "", key: str | None = None) -> float:
+    """The value of one sample of GET /metrics (0 if absent); `key`: the server's API key."""
+    _, text = http("GET", f"{url}/metrics",
+                   headers={"Authorization": f"Bearer {key}"} if key else None)
     key = f"{name}{{{labels}}}" if labels else name
     for line in text.splitlines():
         if line.startswith(key + " "):

@@ -143,9 +143,11 @@ def _fds(pid: int) -> tuple[int, int]:
 _GAUGES = {"forkv_namespaces": "namespaces", "forkv_requests_in_flight": "in_flight"}
 
 
-def read_metrics(url: str) -> dict[str, float]:
-    """The /metrics samples the soak follows, summed over labels where it matters."""
-    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as r:
+def read_metrics(url: str, key: str) -> dict[str, float]:
+    """The /metrics samples the soak follows, summed over labels where it matters (`key`: an
+    API key of the server, which guards /metrics too)."""
+    request = urllib.request.Request(f"{url}/metrics", headers={"Authorization": f"Bearer {key}"})
+    with urllib.request.urlopen(request, timeout=30) as r:
         text = r.read().decode()
     out = {"ram_bytes": 0.0, "disk_bytes": 0.0, "namespaces": 0.0, "in_flight": 0.0,
            "server_5xx": 0.0}
@@ -163,7 +165,7 @@ def read_metrics(url: str) -> dict[str, float]:
     return out
 
 
-def take_sample(pid: int, url: str, t_s: float, tally: Tally) -> dict:
+def take_sample(pid: int, url: str, key: str, t_s: float, tally: Tally) -> dict:
     """One point of every curve: the server's process tree, its /metrics, the tally so far."""
     rss = files = sockets = threads = 0
     for p in _tree(pid):
@@ -171,7 +173,7 @@ def take_sample(pid: int, url: str, t_s: float, tally: Tally) -> dict:
         rss, threads = rss + st.get("VmRSS", 0), threads + st.get("Threads", 0)
         f, s = _fds(p)
         files, sockets = files + f, sockets + s
-    m = read_metrics(url)
+    m = read_metrics(url, key)
     totals = tally.totals()
     return {"t_s": round(t_s, 1), "rss_mib": round(rss / 1024, 1),
             "store_bytes": int(m["ram_bytes"] + m["disk_bytes"]),
@@ -225,11 +227,11 @@ def judge(curves: dict[str, list], warm: int, clients: int,
     return out
 
 
-def _drain(url: str, timeout: float = 60.0) -> int:
+def _drain(url: str, key: str, timeout: float = 60.0) -> int:
     """Requests still in flight once traffic has stopped (waits for cut streams to notice)."""
     deadline = time.monotonic() + timeout
     while True:
-        left = int(read_metrics(url)["in_flight"])
+        left = int(read_metrics(url, key)["in_flight"])
         if left == 0 or time.monotonic() > deadline:
             return left
         time.sleep(1.0)
@@ -267,21 +269,21 @@ def run_soak(minutes: float = 30.0, tenants: int = 16, models: tuple[str, ...] =
         threads = [threading.Thread(target=run_client, daemon=True, name=f"soak-client-{i}",
                                     args=(i, seed, t0 + duration, stop, people, served, tally,
                                           ctx)) for i in range(clients)]
-        samples = [take_sample(server.proc.pid, url, 0.0, tally)]
+        samples = [take_sample(server.proc.pid, url, keys[0], 0.0, tally)]
         for th in threads:
             th.start()
         try:
             for k in range(1, int(-(-duration // sample_s)) + 1):  # at k * sample_s, and the end
                 time.sleep(max(0.0, t0 + min(k * sample_s, duration) - time.monotonic()))
-                samples.append(take_sample(server.proc.pid, url, time.monotonic() - t0,
-                                           tally))
+                samples.append(take_sample(server.proc.pid, url, keys[0],
+                                           time.monotonic() - t0, tally))
                 print(f"  soak {samples[-1]['t_s']:.0f} s: {_line(samples[-1])}",
                       file=sys.stderr, flush=True)  # a long run: show where it is
         finally:
             stop.set()
             for th in threads:
                 th.join(timeout=180)
-        left = _drain(url)
+        left = _drain(url, keys[0])
     finally:
         http.close()
         server.stop()

@@ -25,6 +25,7 @@ from .backend import Backend
 from .chat import chat_completions
 from .completions import completions
 from .errors import APIError, install_handlers
+from .guard import Guard, Policy, SecureHeaders
 from .logs import AccessLog, note_model
 from .metrics import Metrics
 from .models import DEFAULT_MAX_MODELS, ModelPool, ServedModel, model_card
@@ -53,6 +54,7 @@ class ServerConfig:
     models: tuple[str, ...] = ()  # several pinned models (then any other name on demand too)
     max_models: int = DEFAULT_MAX_MODELS  # loaded at once, pinned ones included
     model_memory: int | None = None  # bytes of weights loaded at once (None: no budget)
+    allow_origins: tuple[str, ...] = ()  # other sites' pages that may call (guard.py)
 
     @property
     def on_demand(self) -> bool:
@@ -162,6 +164,15 @@ class _CountRequests:
         await self.app(scope, receive, counting_send)
 
 
+class _App(Starlette):
+    """Starlette with `SecureHeaders` outside its error middleware, so a 500 gets them too."""
+
+    policy: Policy
+
+    def build_middleware_stack(self):
+        return SecureHeaders(super().build_middleware_stack(), self.policy)
+
+
 def make_app(state: ServerState) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -182,9 +193,14 @@ def make_app(state: ServerState) -> Starlette:
         Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
         *WEBAPP_ROUTES,  # the web app at / and its conversation listing (webapp.py)
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = _App(routes=routes, lifespan=lifespan)
     app.state.forkv = state
+    # without an API key: /health and the web app's static files (webapp.py), so it loads
+    app.policy = Policy.make(state.config.host, state.config.allow_origins,
+                             public_paths=frozenset({"/health", "/"}),
+                             public_prefixes=("/app/",))
     install_handlers(app)
+    app.add_middleware(Guard, policy=app.policy, tenants=state.tenants)
     app.add_middleware(_CountRequests, state=state)
     app.add_middleware(AccessLog)  # outermost: it times the whole request, streams included
     return app

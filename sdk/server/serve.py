@@ -1,7 +1,8 @@
 """`forkv serve`: check where to listen, load the model, run the app under uvicorn.
 
 Listens on loopback by default; binding any other address needs at least one API key
-(`--api-key` or `FORKV_API_KEY`), else the command refuses with a message saying so. The
+(`--api-key` or `FORKV_API_KEY`), else the command refuses with a message saying so. Other
+sites' pages are refused unless `--allow-origin` names them (`guard`). The
 command sets up the server's log on stderr (`logs.setup`; `--quiet` keeps only warnings).
 Knows the command line (its help lists the endpoints), not how the endpoints work.
 """
@@ -85,7 +86,9 @@ def run_serve(args) -> int:
         keys = (os.environ["FORKV_API_KEY"],)
     from . import logs
     from .app import ServerConfig
+    from .guard import normalize_origin
 
+    origins = tuple(normalize_origin(o) for o in args.allow_origin or ())  # before any load
     logs.setup(quiet=getattr(args, "quiet", False))
     models = tuple(args.model or ())
     memory = None if args.model_memory is None else int(args.model_memory * (1 << 30))
@@ -97,7 +100,8 @@ def run_serve(args) -> int:
                           reuse=args.reuse or os.environ.get("FORKV_REUSE") or "fast",
                           speculate=args.speculate or os.environ.get("FORKV_SPECULATE")
                           or "auto",
-                          chat_template=getattr(args, "chat_template", None))
+                          chat_template=getattr(args, "chat_template", None),
+                          allow_origins=origins)
     serve(config)  # BindRefused is a ValueError: the CLI prints it and exits 2
     return 0
 
@@ -109,6 +113,10 @@ _EPILOG = """endpoints (OpenAI-compatible, at http://127.0.0.1:8000 unless --hos
   GET|DELETE /v1/responses/{id}   a stored response; delete it and what was built on it
   GET /v1/models[/{id}]           models loaded, and (without --model) any loadable here
   GET /health, GET /metrics       liveness; Prometheus metrics
+
+security: only loopback Host names (and --host) are served; a browser page of another origin
+is refused unless --allow-origin names it; POST bodies must be application/json; with
+--api-key every route but /health and the web app's files needs the key.
 
 logs: a line when a model starts loading and when it is ready, and one line per request
 (method, path, model, status, prompt/cached/generated tokens, time to first token, total)
@@ -133,6 +141,11 @@ def add_arguments(p) -> None:
     p.add_argument("--api-key", action="append", default=None, metavar="KEY",
                    help="require this bearer key; repeat for several tenants (each its own "
                         "checkpoint namespace)")
+    p.add_argument("--allow-origin", action="append", default=None, metavar="ORIGIN",
+                   help="let the web pages of this origin (e.g. http://localhost:5173, your own "
+                        "app) call the server from a browser; repeat for several. Other sites' "
+                        "pages are always refused, as are Host names other than loopback and "
+                        "--host")
     p.add_argument("--max-queue", type=int, default=64,
                    help="requests in flight before new ones get 429")
     p.add_argument("--max-seqs", type=int, default=8, help="sequences decoded in one batch")
