@@ -57,7 +57,8 @@ def to_engine_messages(messages: list[dict], can_see: bool) -> tuple[list[dict],
     """Engine chat messages and the images they carry, in order (400 on bad messages)."""
     out, images = [], []
     for i, m in enumerate(messages):
-        role = _ROLES.get(m.get("role")) if isinstance(m, dict) else None
+        role = m.get("role") if isinstance(m, dict) else None
+        role = _ROLES.get(role) if isinstance(role, str) else None
         if role is None:
             raise APIError(400, f"messages[{i}].role must be one of {', '.join(_ROLES)}.",
                            "invalid_value", f"messages[{i}].role")

@@ -70,8 +70,9 @@ async def start(state, prompt, params: SamplingParams, namespace: str, images=No
     (a response's second node) is not counted again in the request's log line."""
     def submit(index: int, tokens):
         # Choices of one prompt differ by seed (as OpenAI's n does) when a seed is given.
-        p = replace(params, seed=params.seed + index) if index and params.seed is not None \
-            else params
+        # (The engine's seed is an unsigned 64-bit integer: the sum wraps around.)
+        p = replace(params, seed=(params.seed + index) % (1 << 64)) \
+            if index and params.seed is not None else params
         try:
             return state.backend.submit(tokens, p, images, namespace, speculate=speculate,
                                         drafts=drafts)

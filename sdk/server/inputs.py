@@ -1,4 +1,4 @@
-"""What a request body says: JSON under a size limit, checked fields, sampling, images.
+"""What a request body says: JSON under a size and depth limit, checked fields, sampling, images.
 
 Bodies are parsed into pydantic models (unknown fields are ignored, as OpenAI clients send
 many); a wrong field is a 400 naming it. Images arrive as `data:` URLs or bare base64 and are
@@ -12,10 +12,11 @@ import base64
 import binascii
 import io
 import json
+import re
 from typing import Any, Literal
 
 from forkv.engine import SamplingParams
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 from starlette.requests import Request
 
 from .errors import APIError
@@ -23,6 +24,8 @@ from .errors import APIError
 __all__ = ["Sampling", "decode_image", "parse_body", "read_json", "sampling_params"]
 
 DEFAULT_MAX_TOKENS = 512
+MAX_DEPTH = 64  # arrays and objects inside each other; real requests nest a handful deep
+_SEED_RANGE = 1 << 64  # the engine's random key is an unsigned 64-bit seed
 
 
 async def read_json(request: Request, max_bytes: int) -> dict:
@@ -36,14 +39,68 @@ async def read_json(request: Request, max_bytes: int) -> dict:
         if size > max_bytes:
             raise _too_large(max_bytes)
         chunks.append(chunk)
+    raw = b"".join(chunks)
     try:
-        body = json.loads(b"".join(chunks))
+        body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise APIError(400, f"The body is not valid JSON ({e}); send a JSON object.",
                        "invalid_json") from None
+    except RecursionError:  # the parser's own limit, near 1,000 levels
+        raise _too_deep(_deep_field(raw.decode("utf-8", "replace"))) from None
     if not isinstance(body, dict):
         raise APIError(400, "The body must be a JSON object.", "invalid_json")
+    where = _deeper_than(body, MAX_DEPTH)
+    if where is not None:
+        raise _too_deep(where)
     return body
+
+
+def _too_deep(where: str | None) -> APIError:
+    return APIError(400, f"{where or 'The body'} nests arrays and objects more than {MAX_DEPTH} "
+                         "levels deep; send a flatter body.", "invalid_value", where)
+
+
+def _deeper_than(body: dict, limit: int) -> str | None:
+    """The top-level field of `body` in which arrays and objects nest more than `limit` deep
+    (the body itself is level 1), or None; without recursion."""
+    stack = [(v, 2, k) for k, v in body.items() if isinstance(v, (dict, list))]
+    while stack:
+        value, depth, field = stack.pop()
+        if depth > limit:
+            return field
+        items = value.values() if isinstance(value, dict) else value
+        stack.extend((v, depth + 1, field) for v in items if isinstance(v, (dict, list)))
+    return None
+
+
+_SPACE = re.compile(r"\s*")
+
+
+def _deep_field(text: str) -> str | None:
+    """The top-level field of the JSON object `text` whose value is too deep for the parser,
+    found by decoding field by field; None when `text` is not such an object."""
+    decoder, i = json.JSONDecoder(), _SPACE.match(text).end()
+    if not text.startswith("{", i):
+        return None
+    i += 1
+    while True:
+        i = _SPACE.match(text, i).end()
+        if not text.startswith('"', i):
+            return None
+        try:
+            key, i = decoder.raw_decode(text, i)
+            i = _SPACE.match(text, i).end()
+            if not text.startswith(":", i):
+                return None
+            _, i = decoder.raw_decode(text, _SPACE.match(text, i + 1).end())
+        except RecursionError:
+            return key
+        except ValueError:
+            return None
+        i = _SPACE.match(text, i).end()
+        if not text.startswith(",", i):
+            return None
+        i += 1
 
 
 def _too_large(max_bytes: int) -> APIError:
@@ -71,7 +128,7 @@ class Sampling(BaseModel):
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(1 << 63), lt=1 << 63)  # OpenAI's: any 64-bit integer
     stop: str | list[str] | None = None
     logit_bias: dict[str, float] | None = None  # chat's field; /v1/responses takes it too
     # forkv's: draft and verify tokens (the same tokens either way); None: the server's setting
@@ -96,7 +153,8 @@ def sampling_params(req: Sampling, max_tokens: int | None, top_logprobs: int = 0
     if req.top_k is not None and req.top_k < 0:
         raise APIError(400, "top_k must be >= 0 (0 = off).", "invalid_value", "top_k")
     return SamplingParams(max_tokens=max_tokens or DEFAULT_MAX_TOKENS, temperature=temperature,
-                          top_p=top_p, top_k=req.top_k or 0, seed=req.seed, stop=tuple(stop),
+                          top_p=top_p, top_k=req.top_k or 0, stop=tuple(stop),
+                          seed=None if req.seed is None else req.seed % _SEED_RANGE,
                           top_logprobs=top_logprobs, logit_bias=_logit_bias(req.logit_bias))
 
 

@@ -93,7 +93,8 @@ def _choice(raw: Any, specs: list[ToolSpec]) -> str:
     if isinstance(raw, str) and raw in ("auto", "none", "required"):
         return raw
     if isinstance(raw, dict):  # {"type": "function", "function": {"name": ...}} or flat
-        name = (raw.get("function") or {}).get("name") or raw.get("name")
+        fn = raw.get("function")
+        name = (fn.get("name") if isinstance(fn, dict) else None) or raw.get("name")
         if isinstance(name, str) and any(s.name == name for s in specs):
             return name
         raise _bad(f"tool_choice names {name!r}, which is not in tools; name a declared tool.",
@@ -123,6 +124,9 @@ def _format(raw: Any, param: str) -> tuple[Constraint | None, dict]:
 
 def plan_tools(body: dict, tokenizer: Any) -> ToolPlan:
     """The `ToolPlan` of a chat or responses request body (400 on bad fields)."""
+    if not isinstance(body.get("tools") or [], list):
+        raise _bad("tools must be a list of {'type': 'function', 'function': {...}} objects.",
+                   "tools")
     try:
         specs = make_tools(body.get("tools") or [])
     except (GraphError, ValueError) as e:
@@ -130,7 +134,11 @@ def plan_tools(body: dict, tokenizer: Any) -> ToolPlan:
     if "response_format" in body:
         constraint, info = _format(body["response_format"], "response_format")
     else:
-        constraint, info = _format((body.get("text") or {}).get("format"), "text.format")
+        text = body.get("text")
+        if text is not None and not isinstance(text, dict):
+            raise _bad("text must be an object, such as {'format': {'type': 'json_object'}}.",
+                       "text")
+        constraint, info = _format((text or {}).get("format"), "text.format")
     choice = _choice(body.get("tool_choice"), specs)
     if choice == "required" and not specs:
         raise _bad("tool_choice 'required' needs tools; send tools or choose 'auto'.",
@@ -159,9 +167,12 @@ def history(raw: list[dict], messages: list[dict]) -> list[dict]:
                                  for j, c in enumerate(calls)]
             names.update({c["id"]: c["function"]["name"] for c in out["tool_calls"]})
         if out["role"] == "tool":
-            call_id = m.get("tool_call_id")
+            call_id, name = m.get("tool_call_id"), m.get("name")
+            for field, value in (("tool_call_id", call_id), ("name", name)):
+                if value is not None and not isinstance(value, str):
+                    raise _bad(f"messages[{i}].{field} must be a string.", f"messages[{i}].{field}")
             out["tool_call_id"] = call_id
-            out["name"] = m.get("name") or names.get(call_id) or "tool"
+            out["name"] = name or names.get(call_id) or "tool"
     return messages
 
 
@@ -175,6 +186,8 @@ def _history_call(call: Any, where: str) -> dict:
             args = json.loads(args) if args.strip() else {}
         except json.JSONDecodeError:
             raise _bad(f"{where}.function.arguments is not JSON.", where) from None
+    if not isinstance(call.get("id"), (str, type(None))):
+        raise _bad(f"{where}.id must be a string.", f"{where}.id")
     return {"id": call.get("id") or _call_prefix(), "type": "function",
             "function": {"name": fn["name"], "arguments": args}}
 
