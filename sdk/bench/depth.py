@@ -41,9 +41,11 @@ def _median_ms(rows: list[dict], key: str, turns: range) -> float | None:
 
 def run_depth_bench(model: str = "demo:qwen3:tiny", quick: bool = False,
                     reps: int | None = None, turns: int = 80, user_tokens: int = 45,
-                    answer_tokens: int = 4) -> dict:
+                    answer_tokens: int = 4, serve: bool = True, serve_turns: int = 60) -> dict:
     """One linear conversation of `turns` turns; per-turn wall, engine and SDK milliseconds.
-    `reps` conversations (default 1) give each turn's median."""
+    `reps` conversations (default 1) give each turn's median. With `serve`, also a
+    `serve_turns`-turn conversation through the Responses API of a real `forkv serve` vs
+    through Session, and a short chat's time to first token beside it (depth_serve.py)."""
     from forkv import Session
     from forkv.engine import Engine, load_model
 
@@ -93,11 +95,21 @@ def run_depth_bench(model: str = "demo:qwen3:tiny", quick: bool = False,
     for key in _MS[1:]:
         headline[f"early_{key}"] = _median_ms(curve, key, early)
         headline[f"late_{key}"] = _median_ms(curve, key, late)
+    cases = [{"case": "linear", "curve": curve}]
+    targets = {"depth_ratio": "<= 1.5", "overhead_depth_ratio": "<= 1.5"}
+    if serve:
+        from .depth_serve import run_server_cases
+
+        figures, more = run_server_cases(model, 8 if quick else serve_turns,
+                                         3 if quick else 20)
+        headline.update(figures)
+        cases += more
+        targets.update({"responses_vs_session": "<= 1.3", "ttft_under_chain_ratio": "<= 1.5"})
     return result(
         "depth", model, {"turns": turns, "user_tokens": user_tokens,
-                         "answer_tokens": answer_tokens, "reps": reps, "quick": quick},
-        [{"case": "linear", "curve": curve}], headline,
-        {"depth_ratio": "<= 1.5", "overhead_depth_ratio": "<= 1.5"},
+                         "answer_tokens": answer_tokens, "reps": reps, "quick": quick,
+                         "serve": serve, "serve_turns": serve_turns},
+        cases, headline, targets,
         notes=[(f"*_depth_ratio: the median of turns {late.start}-{late.stop - 1} over that "
                 f"of turns {early.start}-{early.stop - 1}"),
                ("engine_ms: the engine's first_token_s + decode_s (submit to last token); "
@@ -105,5 +117,12 @@ def run_depth_bench(model: str = "demo:qwen3:tiny", quick: bool = False,
                ("model_ms: the model's own prefill + decode time (prefill_s + decode_s): the "
                 "new tokens' attention over the whole context grows with depth by nature; "
                 "overhead_ms: wall minus model_ms, what the machinery around the model costs")]
+        + ([("responses_vs_session: the median wall ms of the last 5 turns of one "
+             "conversation (user turns 'Question i: ' + 'word ' * 40, 4 tokens out, greedy) "
+             "through the Responses API (forkv serve --reasoning off --reuse exact, openai "
+             "client) over "
+             "the same through Session, in one run; ttft_under_chain_ratio: a short streamed "
+             "chat's median time to first token while another client runs that chain, over "
+             "its median on the idle server (before and after)")] if serve else [])
         + (["demo models sample ASCII bytes only (a logit bias)"] if is_demo else []),
         dtype=lm.dtype)
