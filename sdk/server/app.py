@@ -21,7 +21,6 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 from .auth import Tenants
-from .backend import Backend
 from .chat import chat_completions
 from .completions import completions
 from .errors import APIError, install_handlers
@@ -30,6 +29,7 @@ from .logs import AccessLog, note_model
 from .metrics import Metrics
 from .models import DEFAULT_MAX_MODELS, ModelPool, ServedModel, model_card
 from .responses import create_response, delete_response, get_response
+from .served_engine import ServedEngine
 from .webapp import WEBAPP_ROUTES
 
 __all__ = ["ServerConfig", "ServerState", "make_app"]
@@ -69,7 +69,7 @@ class ServerState:
     """What every route needs. `lm` (and `backend`) pin that loaded model as `config.model`;
     `serve()` loads and pins `config.pinned` itself."""
 
-    def __init__(self, config: ServerConfig, lm=None, backend: Backend | None = None):
+    def __init__(self, config: ServerConfig, lm=None, backend: ServedEngine | None = None):
         self.config = config
         self.metrics = Metrics()
         self.tenants = Tenants(config.api_keys)

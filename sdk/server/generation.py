@@ -18,7 +18,7 @@ from forkv.engine import GenerationError, GenerationEvent, SamplingParams, Timin
 from forkv.engine.errors import ContextTooLong, check_context
 
 from . import logs
-from .backend import QueueFull
+from .served_engine import QueueFull
 from .errors import APIError
 
 __all__ = ["Collected", "collect", "events", "interleaved", "prediction_details", "start",

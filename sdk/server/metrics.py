@@ -44,7 +44,7 @@ class Metrics:
             self._ttft_sum += seconds
 
     def render(self, stats: dict) -> str:
-        """The exposition text; `stats` is `ModelPool.stats()` (or one `Backend.stats()`)."""
+        """The exposition text; `stats` is `ModelPool.stats()` (or one `ServedEngine.stats()`)."""
         out: list[str] = []
 
         def metric(name, kind, doc, samples):

@@ -24,7 +24,7 @@ from collections import OrderedDict
 from forkv.runner import reasoning_format
 
 from . import logs
-from .backend import Backend
+from .served_engine import ServedEngine
 from .conversations import Conversations
 from .errors import APIError
 
@@ -44,7 +44,7 @@ def thinks(tokenizer, mode: str) -> bool:
 class ServedModel:
     """One loaded model and what the routes keep for it (see the module docstring)."""
 
-    def __init__(self, server, name: str, lm, backend: Backend, pinned: bool,
+    def __init__(self, server, name: str, lm, backend: ServedEngine, pinned: bool,
                  aliases: tuple[str, ...] = ()):
         self.server, self.name, self.lm, self.backend, self.pinned = (server, name, lm, backend,
                                                                       pinned)
@@ -101,11 +101,12 @@ class ModelPool:
         self.loads = self.unloads = 0
 
     # -- what is loaded -------------------------------------------------------------------------
-    def add(self, name: str, lm, backend: Backend | None = None, *, pinned: bool = True,
+    def add(self, name: str, lm, backend: ServedEngine | None = None, *, pinned: bool = True,
             aliases: tuple[str, ...] = ()) -> ServedModel:
         config = self.server.config
-        backend = backend or Backend(lm, max_queue=config.max_queue, max_seqs=config.max_seqs,
-                                     reuse=config.reuse, speculate=config.speculate)
+        backend = backend or ServedEngine(lm, max_queue=config.max_queue,
+                                          max_seqs=config.max_seqs, reuse=config.reuse,
+                                          speculate=config.speculate)
         served = ServedModel(self.server, name, lm, backend, pinned, aliases)
         with self._lock:
             self._models[name] = served

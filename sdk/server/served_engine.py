@@ -1,6 +1,6 @@
 """The server's door to one model's engine: submit a request for a tenant, stream it, cancel it.
 
-One `Backend` serves one loaded model to every tenant through one `Engine`: one engine thread,
+One `ServedEngine` serves one loaded model to every tenant through one `Engine`: one engine thread,
 one scheduler and one record store. A tenant is a namespace (API-key tenant, salted by a
 request's `cache_salt`) carried on each request: it salts that request's block and turn-end
 keys and tags its records, so rows of different tenants decode in one batch, eviction is one
@@ -21,7 +21,7 @@ from collections import OrderedDict
 
 from forkv.engine import Engine, SamplingParams
 
-__all__ = ["Backend", "QueueFull"]
+__all__ = ["QueueFull", "ServedEngine"]
 
 _NAMESPACES_SEEN = 4096  # distinct recent namespaces counted for the metrics
 
@@ -30,8 +30,9 @@ class QueueFull(Exception):
     """More requests in flight than the server's --max-queue."""
 
 
-class Backend:
-    """One model served to many tenants (see the module docstring)."""
+class ServedEngine:
+    """One model served to many tenants (see the module docstring). Not the SDK's
+    `forkv.backend.Backend` protocol: this one takes a tenant namespace and counts tenants."""
 
     def __init__(self, lm, *, max_queue: int = 64, max_seqs: int = 8,
                  engine: Engine | None = None, reuse: str | None = None,
