@@ -91,7 +91,8 @@ def plan(
         if node.id not in wanted:
             continue
         deps = tuple(a.id for a in tree.ancestors(node) if a.is_pending)
-        job = Job(node.id, node.kind, len(deps), _job_gen(node.kind, node.gen, fmt, tree, node, tokenizer), deps)
+        job = Job(node.id, node.kind, len(deps),
+                  _job_gen(node.kind, node.gen, fmt, tree, node, tokenizer), deps)
         if not deps and tokenizer is not None:
             job.prompt = render(tree, node, tokenizer, fmt, template_kwargs=template_kwargs)
             need = job.prompt.num_tokens + job.gen.max_tokens

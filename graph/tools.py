@@ -105,7 +105,8 @@ def _arguments_model(fn: Callable[..., Any]) -> type[BaseModel]:
 def _param_docs(fn: Callable[..., Any]) -> dict[str, str]:
     """`name: text` lines of a Google-style `Args:` section."""
     doc = inspect.getdoc(fn) or ""
-    section = re.split(r"^\s*(?:Args|Arguments|Parameters):\s*$", doc, maxsplit=1, flags=re.MULTILINE)
+    section = re.split(r"^\s*(?:Args|Arguments|Parameters):\s*$", doc, maxsplit=1,
+                       flags=re.MULTILINE)
     if len(section) < 2:
         return {}
     out = {}

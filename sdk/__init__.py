@@ -25,8 +25,9 @@ def load(model: str, *, dtype: str = "auto", block_size: int = 256, chat_templat
          **settings) -> Engine:
     """Load a model by name and return its engine: a local folder, a `.gguf` file,
     `gemma3-270m`, an `org/name[@rev]` from LM Studio's models folder or the Hugging Face hub,
-    or `demo:<arch>[:<size>]`; keywords are `EngineConfig` settings (`quantized=`, ...). `chat_template` (Jinja text or a file) gives a model
-    without one (a base model) a chat template for chat messages and Sessions."""
+    or `demo:<arch>[:<size>]`; keywords are `EngineConfig` settings (`quantized=`, ...).
+    `chat_template` (Jinja text or a file) gives a model without one (a base model) a chat
+    template for chat messages and Sessions."""
     return Engine(model, dtype=dtype, block_size=block_size, chat_template=chat_template,
                   **settings)
 

@@ -2,10 +2,10 @@
 
 `PrefillBar` is the callback the engine calls after each prefill chunk,
 `bar(computed, total, restored)`: tokens of the prompt computed so far (restored ones not
-counted), the prompt's length, and how many were restored from checkpoints. It draws only when the prompt has enough
-tokens left to compute to be worth a bar (`min_tokens`) and stderr is a terminal (or
-`force=True`), so short prompts and pipes stay quiet. Knows nothing about the engine: any
-caller that counts tokens can drive it.
+counted), the prompt's length, and how many were restored from checkpoints. It draws only when
+the prompt has enough tokens left to compute to be worth a bar (`min_tokens`) and stderr is a
+terminal (or `force=True`), so short prompts and pipes stay quiet. Knows nothing about the
+engine: any caller that counts tokens can drive it.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ from forkv.bench import BENCHMARKS, available
 KEYS = {"benchmark", "machine", "model", "settings", "cases", "headline", "targets", "notes"}
 HEADLINES = {
     "rewind": {"speedup_8k", "exact"}, "agent": {"speedup", "prefill_ratio", "tot_speedup"},
-    "parallel": {"throughput_ratio", "vs_mlx_lm_batched", "roofline_fraction"}, "memory": {"extra_ram_reduction"},
+    "parallel": {"throughput_ratio", "vs_mlx_lm_batched", "roofline_fraction"},
+    "memory": {"extra_ram_reduction"},
     "image": {"repeat_speedup"}, "store": {"encryption_overhead", "aead_gbps"},
     "blas": {"prefill_speedup"}, "constrained": {"overhead_percent", "schema_held"},
     "serve": {"extend_ttft_ratio", "ttft_speedup_fork", "ttft_speedup_rewind",

@@ -222,7 +222,8 @@ def test_bad_arguments_name_what_is_wrong(lib):
 
 
 def _quantized_mlp(bits: int):
-    model = nn.Sequential(nn.Embedding(64, 128), nn.Linear(128, 192), nn.Linear(192, 128, bias=False))
+    model = nn.Sequential(nn.Embedding(64, 128), nn.Linear(128, 192),
+                          nn.Linear(192, 128, bias=False))
     nn.quantize(model, group_size=64, bits=bits)
     mx.eval(model.parameters())
     return model

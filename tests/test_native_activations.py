@@ -59,8 +59,8 @@ def test_activation_rejects_what_it_cannot_run(lib):  # noqa: F811
 
 
 class _Counting:
-    def __init__(self, lib):
-        self.lib, self.calls = lib, 0
+    def __init__(self, kernels):
+        self.lib, self.calls = kernels, 0
 
     def activation(self, *args):
         self.calls += 1

@@ -90,8 +90,8 @@ def test_forkv_run_draws_a_bar_per_node(tmp_path, monkeypatch, capsys):
     from forkv.cli import main
 
     real = progress.PrefillBar
-    monkeypatch.setattr(progress, "PrefillBar",
-                        lambda **kw: real(min_tokens=100, force=True, file=__import__("sys").stderr))
+    monkeypatch.setattr(progress, "PrefillBar", lambda **kw: real(
+        min_tokens=100, force=True, file=__import__("sys").stderr))
     spec = {"model_id": "demo:qwen3", "nodes": [
         {"id": "u", "kind": "user", "text": "word " * 60},
         {"id": "a", "parent": "u", "kind": "final", "gen": {"max_tokens": 2}}]}

@@ -62,7 +62,8 @@ def test_global_spills_to_disk_over_budget():
     assert store.get(_key(3), CacheKind.GLOBAL).block == 3
     # the disk tier is steered the same way: later blocks, window records first
     assert disk.order(_key(3), "global") < disk.order(_key(1), "window")
-    assert disk.order(_key(1), "window") < disk.order(_key(1), "state") < disk.order(_key(1), "global")
+    assert (disk.order(_key(1), "window") < disk.order(_key(1), "state")
+            < disk.order(_key(1), "global"))
 
 
 def test_corrupt_disk_record_is_a_miss():

@@ -24,7 +24,9 @@ def test_custom_order_window_before_state_later_blocks_first():
         for kind in ("state", "window"):
             idx.put((bytes([block]), kind), _entry())
     rank = {"window": 0, "state": 1}
-    order = lambda key, kind: (rank[kind], -key[0])
+    def order(key, kind):
+        return rank[kind], -key[0]
+
     idx.evict(4 * 64, order)  # room for two more: two windows go, latest block first
     left = {slot for slot, _ in idx.items()}
     assert left == {(b"\x00", "window"), (b"\x00", "state"), (b"\x01", "state"), (b"\x02", "state")}

@@ -16,10 +16,10 @@ import pytest
 openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 
-import forkv
-from forkv.engine import load_model
-from forkv.server.app import ServerConfig, ServerState, make_app
-from server_proc import free_port
+import forkv  # noqa: E402
+from forkv.engine import load_model  # noqa: E402
+from forkv.server.app import ServerConfig, ServerState, make_app  # noqa: E402
+from server_proc import free_port  # noqa: E402
 
 MODEL = "demo:qwen3:tiny"
 WEATHER = {"name": "get_weather", "description": "Weather in a city.",

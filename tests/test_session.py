@@ -192,7 +192,9 @@ def test_remove_releases_blocks_only_that_subtree_used(session):
     only = session.tree.keys_only_in(r)
     shared = {b.key for b in u.blocks if b.key}
     store = session.engine.store
-    has = lambda k: any(store.contains(bytes.fromhex(k), kind) for kind in CacheKind)
+    def has(k):
+        return any(store.contains(bytes.fromhex(k), kind) for kind in CacheKind)
+
     assert only and all(has(k) for k in only | shared)
     assert session.remove(r) == [r.id, f.id]
     assert not any(has(k) for k in only) and all(has(k) for k in shared)
@@ -210,7 +212,9 @@ def test_turn_ends_are_reused_and_released_with_the_subtree_that_made_them(sessi
                                    {"role": "user", "content": "A short question?"}])
     assert len(first) < 256 and g.result.stats.tokens_reused == len(first)
     store = session.engine.store
-    has = lambda k: store.contains(bytes.fromhex(k), CacheKind.EXTRA)
+    def has(k):
+        return store.contains(bytes.fromhex(k), CacheKind.EXTRA)
+
     mine = session.tree.keys_only_in(q)
     assert mine and all(has(k) for k in mine)  # the follow-up prompt's end
     kept = set().union(*(n.turn_keys for n in (u, a)))

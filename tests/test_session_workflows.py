@@ -1,8 +1,9 @@
 """The issue's acceptance checks, end to end on the sliding-window and hybrid demo models.
 
 Each prune or rewind computes at most the tokens after the last block boundary (or turn end)
-of the reused prefix plus the new tokens (asserted from per-node stats); fork k=4 computes the shared prefix
-once; a pruned or rewound path generates exactly what a fresh, checkpoint-free run does.
+of the reused prefix plus the new tokens (asserted from per-node stats); fork k=4 computes the
+shared prefix once; a pruned or rewound path generates exactly what a fresh, checkpoint-free run
+does.
 """
 
 import forkv

@@ -12,7 +12,7 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from server_proc import TINY, shared_server
+from server_proc import TINY, shared_server  # noqa: E402
 
 MODEL = "demo:qwen3:tiny"
 WEATHER = {"name": "get_weather", "description": "Weather in a city.",

@@ -230,10 +230,12 @@ class Checkpointer:
         records: dict[str, dict[int, Record]] = {}
         # Cheapest first: the extra and state records at block k-1, then the window, the
         # global chain last.
-        order = lambda n: (n != CacheKind.EXTRA, not _kinds.whole_prefix(n),
-                           n == CacheKind.GLOBAL, n)
+        def order(n):
+            return (n != CacheKind.EXTRA, not _kinds.whole_prefix(n), n == CacheKind.GLOBAL, n)
+
         for kind in sorted(self.kinds, key=order):
-            blocks = range(k - 1, k) if kind == CacheKind.EXTRA else self.layout.blocks(kind, pos, B)
+            blocks = (range(k - 1, k) if kind == CacheKind.EXTRA
+                      else self.layout.blocks(kind, pos, B))
             got = records[kind] = {}
             for b in blocks:
                 end = (b + 1) * B

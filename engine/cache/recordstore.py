@@ -48,7 +48,8 @@ class RecordStore:
         self.block_size = block_size
         self.write_through = write_through
         self.ram = RamTier(ram_budget, spill=self._spill, namespace_budget=tenant_ram_budget)
-        self.tiers: list[Tier] = [self.ram] + ([disk] if disk is not None else []) + list(tiers or ())
+        self.tiers: list[Tier] = ([self.ram] + ([disk] if disk is not None else [])
+                                  + list(tiers or ()))
         for tier in self.tiers:
             assert isinstance(tier, Tier), f"{type(tier).__name__} does not implement Tier"
             tier.set_eviction_order(self._disk_order)

@@ -34,7 +34,8 @@ _TURN = (
     "{%- endif -%}"
     "{%- if m['content'] is string -%}{{- m['content'] -}}"
     "{%- elif m['content'] -%}{%- for part in m['content'] -%}"
-    "{%- if part['type'] == 'text' -%}{{- part['text'] -}}{%- else -%}{{- '<image>' -}}{%- endif -%}"
+    "{%- if part['type'] == 'text' -%}{{- part['text'] -}}"
+    "{%- else -%}{{- '<image>' -}}{%- endif -%}"
     "{%- endfor -%}{%- endif -%}"
 )
 _TAIL = (

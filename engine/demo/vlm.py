@@ -111,7 +111,8 @@ def _processor_config(arch: str, p: dict) -> dict:
                 "min_pixels": 4 * (2 * p["patch_size"]) ** 2, "max_pixels": p["max_pixels"],
                 "image_mean": p["mean"], "image_std": p["std"]}
     if arch == "gemma3":
-        return {"image_processor_type": "Gemma3ImageProcessor", "processor_class": "Gemma3Processor",
+        return {"image_processor_type": "Gemma3ImageProcessor",
+                "processor_class": "Gemma3Processor",
                 "do_resize": True, "size": {"height": p["image_size"], "width": p["image_size"]},
                 "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
                 "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],

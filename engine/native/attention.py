@@ -3,7 +3,8 @@
 mlx-lm's attention modules call `scaled_dot_product_attention`, a name each model module
 imports from mlx_lm.models.base. `use_native_attention(model, lib)` gives the model's own
 attention modules a subclass whose `__call__` is theirs with that name bound to `attention`
-below, and which marks their calls (swap.marked_subclass; the model's module is left alone). Marked calls on float32 queries, decode and prefill alike
+below, and which marks their calls (swap.marked_subclass; the model's module is left alone).
+Marked calls on float32 queries, decode and prefill alike
 (no mask, mlx-lm's "causal", or an array mask such as a sliding window's), go to the kernel;
 every other call (other models in the process, bfloat16, quantized caches, attention sinks)
 goes to mlx-lm's function unchanged. So the kernel path is scoped to the models whose

@@ -3,12 +3,12 @@ the model's vision family.
 
 A folder is a vision model when its config has a `vision_config`. `load_vision_parts` gives
 what models/loader.py turns into a `LoadedModel` (`is_vision=True`): the mlx-vlm model, its
-processor, tokenizer, image token id and a digest of the image preprocessing settings (they change what an
-image's tokens mean, so the fingerprint covers them). mlx-vlm 0.7 ships its own copies of
+processor, tokenizer, image token id and a digest of the image preprocessing settings (they change
+what an image's tokens mean, so the fingerprint covers them). mlx-vlm 0.7 ships its own copies of
 mlx-lm's cache classes; the engine's cache layout, records and batch caches know mlx-lm's, so
-the language model is made to build mlx-lm's K/V caches (same layout); other caches stay. `family_for` gives the
-`VisionFamily` (family.py) of a loaded model. This is the only module that imports
-mlx-vlm; it never imports models/loader.py (which imports it).
+the language model is made to build mlx-lm's K/V caches (same layout); other caches stay.
+`family_for` gives the `VisionFamily` (family.py) of a loaded model. This is the only module
+that imports mlx-vlm; it never imports models/loader.py (which imports it).
 """
 
 from __future__ import annotations

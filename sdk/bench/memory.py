@@ -110,7 +110,8 @@ def run_memory_bench(model: str = "demo:gemma3:small", quick: bool = False, reps
         cases.append({"mode": m, "peak_extra_bytes": best["peak_extra"],
                       "model_rss_bytes": best["model_rss"], "ram_tier_bytes": best["ram_tier"],
                       "record_bytes": best["record_bytes"],
-                      "live_cache_bytes": best["live_cache_bytes"], "rss_over_time": best["samples"]})
+                      "live_cache_bytes": best["live_cache_bytes"],
+                      "rss_over_time": best["samples"]})
     peak = {c["mode"]: c["peak_extra_bytes"] for c in cases}
     own = peak["none"]  # what the same 4 prompts need without any checkpoint
     record_bytes = next(c["record_bytes"] for c in cases if c["mode"] == "forkv")
@@ -134,8 +135,8 @@ def run_memory_bench(model: str = "demo:gemma3:small", quick: bool = False, reps
                                     "baseline_extra_bytes": baseline_extra,
                                     "baseline_extra_from": source},
                   cases, headline, {"extra_ram_reduction": ">= 0.85"},
-                  notes=["peak_extra = peak RSS minus RSS after loading the model; every mode holds "
-                         "the same live caches of all prompts.",
+                  notes=["peak_extra = peak RSS minus RSS after loading the model; every mode "
+                         "holds the same live caches of all prompts.",
                          "extra_ram_reduction = 1 - (forkv - none) / baseline extra, where the "
                          "baseline keeps every record in RAM: its extra RAM above none is "
                          f"{source}. peak_reduction compares the whole peaks above the weights "

@@ -49,7 +49,8 @@ def write_report(results: dict, folder: str) -> Path:
 
 # (benchmark, headline key, what it measures) for the README's performance table
 _README_ROWS = [
-    ("rewind", "speedup_8k", "time to first token after rewinding to 8K tokens, recompute ÷ restore"),
+    ("rewind", "speedup_8k",
+     "time to first token after rewinding to 8K tokens, recompute ÷ restore"),
     ("rewind", "exact", "restored greedy tokens equal a fresh block-aligned run"),
     ("agent", "turn_speedup",
      "branch-and-prune (4K document), wall time of each turn after a prune, mlx-lm ÷ forkv"),
@@ -113,7 +114,8 @@ def _summary(results: dict, plots: list[str]) -> str:
              f"Machine: {machine['cpu']}, {machine['cores']} cores, {machine['ram_gib']} GiB RAM, "
              f"{machine['os']}; mlx {machine['mlx']}, mlx-lm {machine['mlx_lm']}, "
              f"mlx-vlm {machine['mlx_vlm']}; BLAS {machine['blas']}; device {machine['device']}.",
-             "", "| benchmark | model | figure | value | target | met |", "|---|---|---|---|---|---|"]
+             "", "| benchmark | model | figure | value | target | met |",
+             "|---|---|---|---|---|---|"]
     for name, res in results.items():
         for run in _runs(res):
             for key in _HEADLINES.get(name, list(run["headline"])):

@@ -339,9 +339,10 @@ def _result(samples: list[dict], tally: Tally, in_flight_left: int, duration: fl
         (f"Warm-up: the sample at {curves['t_s'][warm]:.0f} s (the first at or after "
          f"{_warm_rule(settings.get('warmup_s'))}). Limits from it, whichever is larger: RSS "
          "+10% on its level (the median of three neighbouring samples; one sample alone "
-         "+25%); checkpoint bytes +10% or +1 MiB, or the tiers' budgets +10% where they are still filling at warm-up; open "
-         "files +10% or +4; threads +10% or +2. Sockets are counted apart from files (the "
-         "clients' keep-alive connections come and go) and may not exceed one per client plus "
+         "+25%); checkpoint bytes +10% or +1 MiB, or the tiers' budgets +10% where they are "
+         "still filling at warm-up; open files +10% or +4; threads +10% or +2. Sockets are "
+         "counted apart from files (the clients' keep-alive connections come and go) and may "
+         "not exceed one per client plus "
          f"{SOCKET_SLACK}."),
         (f"The server runs with FORKV_RAM_BUDGET={settings['ram_budget']} and "
          f"FORKV_DISK_BUDGET={settings['disk_budget']} per model "

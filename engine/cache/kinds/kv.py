@@ -40,8 +40,6 @@ class GlobalKind(RecordKind):
     def extend(cls, cache, lo: int, part: dict, n: int):
         """`cache` (holding at least `lo` tokens) continued to `n` by a `tail` of [lo, n);
         ValueError when the part does not continue it there."""
-        import mlx.core as mx
-
         ks, vs = [part["k"]], [part["v"]]
         if lo:
             ks.insert(0, cache.keys[..., :lo, :])
