@@ -262,11 +262,15 @@ def _pull(args) -> int:
 def _show(args) -> int:
     from pathlib import Path
 
-    from forkv.graph import Tree, write_html
+    from forkv.graph import Tree
+    from forkv.security import write_private_file
+    from forkv.server.run_viewer import viewer_html
 
     src = Path(args.tree)
     tree = Tree.load(src)  # no model needed: the page shows what the tree recorded
-    out = write_html(tree, args.output or src.with_suffix(".html"), title=f"forkv: {src.name}")
+    out = Path(args.output or src.with_suffix(".html"))
+    # The viewer of `forkv run --ui`, with the tree inlined; 0600, as the tree it draws.
+    write_private_file(out, viewer_html(tree, title=f"forkv: {src.name}"))
     print(f"wrote {out} ({len(tree)} nodes)")
     return 0
 

@@ -4,11 +4,13 @@ Loads and checks the `WorkflowSpec` (JSON or YAML) before any model loads, picks
 (`--model`, else the spec's `model_id`), runs the workflow to the end through a `Session` (keep
 rules applied as forks finish), prints one line per node with the tokens restored from
 checkpoints, computed and generated and its time, and saves the tree readable by its owner
-only (0600) for `forkv show`. Knows the public SDK only.
+only (0600) for `forkv show`. With `--ui` the tree also grows live in a browser page
+(`forkv.server.run_viewer`). Knows the public SDK only.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -27,14 +29,15 @@ def add_arguments(p) -> None:
     p.add_argument("--save", default=None, metavar="TREE.json",
                    help="where to save the tree (default: SPEC's name + .tree.json, here)")
     p.add_argument("--no-progress", action="store_true", help="no prefill progress bar")
+    p.add_argument("--ui", action="store_true",
+                   help="watch the tree grow in a browser: print a loopback URL whose page "
+                        "shows each node and its stats as it runs (kept up after the run "
+                        "until Ctrl-C)")
     add_speculate_option(p)
 
 
 def run_spec(args) -> int:
-    import forkv
     from forkv.graph import SpecError, WorkflowSpec
-
-    from .progress import PrefillBar
 
     path = Path(args.spec)
     spec = WorkflowSpec.load(path)
@@ -44,12 +47,42 @@ def run_spec(args) -> int:
         raise SpecError(f"{str(path)!r} has no model_id; pass --model (e.g. demo:qwen3:tiny) "
                         "or add model_id to the spec.")
     out = Path(args.save) if args.save else Path(path.name).with_suffix(".tree.json")
+    viewer = None
+    if getattr(args, "ui", False):
+        from .server.run_viewer import RunViewer
+
+        viewer = RunViewer(path.name)
+        print(f"viewer: {viewer.start()}", flush=True)
+    try:
+        _run(args, path, spec, model, out, viewer)
+        if viewer is not None:
+            print(f"viewer: the run has finished; its page stays up at {viewer.url} until "
+                  "Ctrl-C", flush=True)
+            try:
+                threading.Event().wait()
+            except KeyboardInterrupt:
+                pass
+    finally:
+        if viewer is not None:
+            viewer.close()
+    return 0
+
+
+def _run(args, path: Path, spec, model: str, out: Path, viewer) -> None:
+    import forkv
+
+    from .progress import PrefillBar
+
     t0 = time.perf_counter()
     template = getattr(args, "chat_template", None)
     with forkv.Session(model, tree=spec.build(), chat_template=template,
                        speculate=getattr(args, "speculate", None)) as session:
         session.tree.model_id = session.model_id  # pin the fingerprint in what we save
         print(f"{path.name}: {len(spec.nodes)} spec nodes on {session.model_id}", flush=True)
+        publish = viewer.publish if viewer is not None else (lambda tree, done=False: None)
+        if viewer is not None:
+            viewer.model = session.model_id
+        publish(session.tree)
         scorers = {"mean_logprob": session.mean_logprob,
                    "length": lambda n: len(n.text or ""),
                    "shortest": lambda n: -len(n.text or "")}
@@ -60,15 +93,18 @@ def run_spec(args) -> int:
                     if event.is_last:
                         bar.close()
                         _print_row(session.tree[event.node_id], event, totals)
-                if not spec.advance(session.tree, scorers) and not session.tree.pending():
+                        publish(session.tree)
+                advanced = spec.advance(session.tree, scorers)
+                publish(session.tree)
+                if not advanced and not session.tree.pending():
                     break
         session.tree.save(out)  # 0600, also over an existing file
+        publish(session.tree, done=True)
     reused, computed, generated = totals
     prompt = max(1, reused + computed)
     print(f"total: reused {reused}, computed {computed} ({reused / prompt:.0%} of prompt tokens "
           f"restored), generated {generated}; {time.perf_counter() - t0:.1f} s")
     print(f"tree: {len(session.tree)} nodes saved to {out}; draw it with `forkv show {out}`")
-    return 0
 
 
 def _print_row(node, event, totals: list[int]) -> None:

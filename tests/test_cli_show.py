@@ -1,4 +1,5 @@
-"""`forkv show TREE.json` writes the HTML page; `forkv demo` runs the branch-and-prune agent."""
+"""`forkv show TREE.json` writes the tree viewer's page with the tree inlined; `forkv demo` runs
+the branch-and-prune agent."""
 
 import forkv
 from conftest import load_tiny
@@ -20,7 +21,9 @@ def test_show_writes_a_self_contained_page(tmp_path, capsys):
     assert "out.html (4 nodes)" in capsys.readouterr().out
     page = (tmp_path / "out.html").read_text()
     assert page.lower().startswith("<!doctype html>")
-    assert all(n.id in page for n in tree) and "<script" not in page
+    assert all(n.id in page for n in tree)
+    # The run viewer, inlined: its script and the tree's data island, nothing to fetch.
+    assert page.count("<script") == 2 and 'id="forkv-tree"' in page and " src=" not in page
     assert main(["show", str(path)]) == 0  # default: next to the tree
     assert (tmp_path / "tree.html").is_file()
 

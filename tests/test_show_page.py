@@ -1,6 +1,7 @@
-"""`forkv show` pages stay readable: measured in headless Chromium on a real demo tree with an
-8-way fork, long lines and long unbroken words (no sideways scroll, nothing sticks out of its
-card). Skipped, with the reason, where Chromium is not installed (.ci/run installs it)."""
+"""`forkv show` pages (the run viewer, the tree inlined) stay readable: measured in headless
+Chromium on a real demo tree with an 8-way fork, long lines and long unbroken words, every node
+selected in turn (no sideways scroll, nothing sticks out of the detail pane). Skipped, with
+the reason, where Chromium is not installed (.ci/run installs it)."""
 
 import json
 import os
@@ -19,17 +20,24 @@ pytestmark = [
                        "(apt-get install -y chromium); the page layout check needs it"),
 ]
 
-# Measures the laid-out page and writes the result into the DOM for --dump-dom to print.
+# Selects every node of the viewer in turn, measures the laid-out page and writes the result
+# into the DOM for --dump-dom to print.
 PROBE = """<script>
 const out = {scroll: document.documentElement.scrollWidth, width: innerWidth, bad: [],
-             cards: document.querySelectorAll('.node').length};
-for (const card of document.querySelectorAll('.node')) {
-  const c = card.getBoundingClientRect();
-  if (c.right > innerWidth + 1) out.bad.push(card.id + ' leaves the page');
-  for (const el of card.querySelectorAll('pre, .bar, svg, .hdr, .small')) {
-    const r = el.getBoundingClientRect();
-    if (r.right > c.right + 1) out.bad.push(card.id + ' ' + el.tagName + ' sticks out');
+             rows: document.querySelectorAll('.trow').length, seen: 0};
+const ids = [...document.querySelectorAll('.trow')].map((row) => row.dataset.id);
+for (const id of ids) {
+  const row = document.querySelector(`.trow[data-id="${id}"]`);
+  if (row.getBoundingClientRect().right > innerWidth + 1) out.bad.push(id + ' row leaves');
+  row.querySelector('.pick').click();  // (the tree is drawn again: look the row up each time)
+  const detail = document.getElementById('detail');
+  const box = detail.getBoundingClientRect();
+  if (box.right > innerWidth + 1) out.bad.push(id + ' detail leaves the page');
+  for (const el of detail.children) {
+    if (el.getBoundingClientRect().right > box.right + 1) out.bad.push(id + ' ' + el.className);
   }
+  if (detail.querySelector('.node-text').textContent.length) out.seen++;
+  out.scroll = Math.max(out.scroll, document.documentElement.scrollWidth);
 }
 document.body.setAttribute('data-probe', JSON.stringify(out));
 </script>"""
@@ -73,15 +81,15 @@ def chromium(*args, timeout=120):
 @pytest.mark.parametrize("width", [1200, 700])
 def test_page_has_no_sideways_scroll_and_nothing_sticks_out(page, tmp_path, width):
     html = page.read_text()
-    assert html.count('class="node') == 14  # system, user, 8 branches, answer, its copy, user, final
     probe = tmp_path / "probe.html"
     probe.write_text(html.replace("</body>", PROBE + "</body>"))
     r = chromium(f"--window-size={width},900", "--dump-dom", probe.as_uri())
     assert 'data-probe="' in r.stdout, r.stderr[-2000:]
     raw = r.stdout.split('data-probe="', 1)[1].split('"', 1)[0].replace("&quot;", '"')
     out = json.loads(raw)
-    assert out["cards"] == 14 and out["bad"] == [], out
-    assert out["scroll"] <= out["width"], out  # an 8-way fork wraps instead of scrolling
+    # system, user, 8 branches, answer, its copy, user, final: each row shows its text
+    assert out["rows"] == out["seen"] == 14 and out["bad"] == [], out
+    assert out["scroll"] <= out["width"], out  # long lines and words wrap instead of scrolling
 
 
 def test_screenshot(page, tmp_path):
