@@ -211,3 +211,14 @@ def test_allow_origin_must_be_an_origin():
     for bad in ("localhost:5173", "http://localhost:5173/app", "*", "ftp://x", ""):
         with pytest.raises(OriginRefused, match="--allow-origin"):
             normalize_origin(bad)
+
+
+def test_serve_refuses_a_bad_allow_origin_before_loading():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "forkv.cli", "serve", "--model", MODEL,
+                          "--allow-origin", "localhost:5173", "--port", "1"],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 2 and "--allow-origin takes an origin" in out.stderr, out.stderr
+    assert "loading" not in out.stderr

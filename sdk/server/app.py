@@ -2,10 +2,10 @@
 
 `make_app(state)` returns a Starlette app serving /v1/chat/completions, /v1/completions,
 /v1/responses(/{id}), /v1/models, /health, /metrics and the web app (`webapp`: / and
-/v1/forkv/conversations). `ServerState` holds what every route
-needs: the config, tenants and metrics, and the models (`models.ModelPool`; a route gets the
-`ServedModel` its request names with `await state.model(name)`). Knows how the pieces are
-wired, not what any endpoint does.
+/v1/forkv/conversations), behind `guard` (Host, Origin, content type, API key, security
+headers). `ServerState` holds what every route needs: the config, tenants and metrics, and the
+models (`models.ModelPool`; a route gets the `ServedModel` its request names with `await
+state.model(name)`). Knows how the pieces are wired, not what any endpoint does.
 """
 
 from __future__ import annotations
@@ -202,5 +202,5 @@ def make_app(state: ServerState) -> Starlette:
     install_handlers(app)
     app.add_middleware(Guard, policy=app.policy, tenants=state.tenants)
     app.add_middleware(_CountRequests, state=state)
-    app.add_middleware(AccessLog)  # outermost: it times the whole request, streams included
+    app.add_middleware(AccessLog)  # outermost but SecureHeaders: it times the whole request
     return app
