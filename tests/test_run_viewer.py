@@ -55,6 +55,7 @@ def events(url: str, timeout: float = 120.0) -> list[dict]:
     raise AssertionError("the event stream ended without a done event")
 
 
+@pytest.mark.slow  # a forkv run process and a browser: ~6 s on 2 cores
 def test_run_ui_streams_the_growing_tree_and_refuses_strangers(tmp_path):
     (tmp_path / "review.yaml").write_text(SPEC)
     proc = subprocess.Popen([sys.executable, "-m", "forkv.cli", "run", "review.yaml", "--ui",
