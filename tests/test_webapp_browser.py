@@ -346,3 +346,35 @@ def test_chat_on_smollm2(browser, tmp_path):
         if keep:
             shutil.copyfile(shot, Path(keep))
         assert page.errors == []
+
+
+@pytest.mark.slow  # a server of its own, with two API keys
+def test_with_api_keys_the_page_asks_for_one_and_keeps_it_in_memory(browser):
+    with running_server(*TINY, "--api-key", "key-one", "--api-key", "key-two") as url:
+        ctx = browser.new_context()
+        page = ctx.new_page()
+        page.goto(f"{url}/")
+        page.wait_for_selector("#key-box:not([hidden])")
+        page.fill("#key", "wrong")
+        page.press("#key", "Enter")
+        page.wait_for_function("() => document.querySelector('#key-error').textContent")
+        assert page.locator("#key-box").is_visible()
+        page.fill("#key", "key-one")
+        page.press("#key", "Enter")
+        page.wait_for_selector("body[data-ready='1']")
+        page.click("#settings summary")
+        page.fill("#max-tokens", "4")
+        send(page, "a private question")
+        cid = page.get_attribute("body", "data-conversation")
+        auth = {"Authorization": "Bearer key-one"}
+        assert http("GET", f"{url}/v1/forkv/conversations/{cid}", headers=auth)[0] == 200
+        assert http("GET", f"{url}/v1/forkv/conversations/{cid}")[0] == 401
+        other = {"Authorization": "Bearer key-two"}  # another tenant sees nothing of it
+        assert http("GET", f"{url}/v1/forkv/conversations", headers=other)[1]["data"] == []
+        assert http("GET", f"{url}/v1/forkv/conversations/{cid}", headers=other)[0] == 404
+        stored = page.evaluate("""async () => localStorage.length + sessionStorage.length
+            + document.cookie.length + (await indexedDB.databases()).length""")
+        assert stored == 0
+        page.reload()  # the key was in the page's memory only: asked again
+        page.wait_for_selector("#key-box:not([hidden])")
+        ctx.close()
