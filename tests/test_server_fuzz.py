@@ -150,8 +150,6 @@ def test_the_bodies_found_to_fail_before(url, endpoint):
     assert status == 400 and payload["error"]["param"] == "seed", payload
 
 
-@pytest.mark.xfail(strict=True, reason="responses.py's to_turns looks an input item's role up in "
-                                       "a dict: an array or object there is a TypeError (500)")
 def test_a_responses_role_that_is_no_string(url):
     status, payload = http("POST", f"{url}/v1/responses",
                            {"model": MODEL, "input": [{"role": [], "content": "hi"}]})

@@ -64,10 +64,14 @@ def to_turns(items: str | list[dict], can_see: bool) -> list[Turn]:
     turns = []
     for i, item in enumerate(items):
         where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise APIError(400, f"{where} must be an object (a message or a tool item).",
+                           "invalid_value", where)
         if item.get("type") in TOOL_ITEMS:
             turns.append(tool_turn(item, where))
             continue
-        kind = _KINDS.get(item.get("role"))
+        role = item.get("role")
+        kind = _KINDS.get(role) if isinstance(role, str) else None
         if item.get("type", "message") != "message" or kind is None:
             raise APIError(400, f"{where} must be a message with role user, assistant, system "
                                 "or developer (other item types are not supported).",
