@@ -196,6 +196,44 @@ def test_recent_outputs_stay_bounded():
     assert sum(len(s) for s in recent.index.seqs.values()) <= 100
     assert recent.index.best([1470, 1471, 1472]) is not None
     assert recent.index.best([0, 1, 2]) is None
+    # evicted outputs' keys are pruned: at most 3 keys a token kept or dropped since a prune
+    assert len(recent.index._where) <= 2 * 3 * 100
+
+
+def test_all_namespaces_together_stay_bounded():
+    # A soak with 16 tenants on two models grew ~800 bytes a token in 32 namespaces of 64K
+    # tokens each (GiBs at the cap); the total is now bounded and the oldest namespace gives way.
+    sources = DraftSources(max_tokens=100, max_total=250)
+    for i in range(40):
+        sources.finished(f"t{i % 8}", list(range(i * 50, i * 50 + 60)), prompt_len=10)
+        kept = sum(r.tokens for r in sources._recent.values())
+        assert kept == sources.total <= 250
+    newest = sources.drafter([0, 1950, 1951, 1952], [], "t7")  # the last output drafts
+    assert newest.draft(3) == [1953, 1954, 1955]
+    oldest = sources.drafter([0, 1, 2, 3], [], "t0")  # the first was given up
+    assert oldest.draft(3) == []
+    alone = DraftSources(max_tokens=100, max_total=150)
+    for i in range(10):
+        alone.finished("a", list(range(i * 90, i * 90 + 90)), prompt_len=0)
+        assert alone.total <= 150
+
+
+def test_the_index_holds_a_few_hundred_bytes_a_token():
+    import random
+    import tracemalloc
+
+    rng = random.Random(0)
+    weights = [1 / (i + 1) for i in range(30000)]  # text-like: a few tokens are most of it
+    outputs = [rng.choices(range(30000), weights, k=300) for _ in range(200)]
+    tracemalloc.start()
+    try:
+        recent = RecentOutputs()
+        for tokens in outputs:
+            recent.add(tokens)
+        used = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert used / recent.tokens < 450, used / recent.tokens  # 810 with tuple keys and hits
 
 
 def test_draws_ahead_are_the_draws_decode_takes():

@@ -36,7 +36,10 @@ class NgramIndex:
 
     def __init__(self):
         self.seqs: dict[int, list[int]] = {}
-        self._where: dict[tuple, list[tuple[int, int]]] = {}
+        # hash of an n-gram -> where it ended, (sequence id << 32 | end), one int or a list
+        # of the most recent: ~1/3 of the bytes of tuples (a hash collision only costs a
+        # lookup: the tokens are compared)
+        self._where: dict[int, int | list[int]] = {}
         self._indexed: dict[int, int] = {}  # sequence id -> tokens indexed so far
         self._next_id = 0
 
@@ -54,15 +57,18 @@ class NgramIndex:
         seq, start = self.seqs[sid], self._indexed[sid]
         where = self._where
         for end in range(max(start, _N), len(seq) + 1):
+            at = sid << 32 | end
             for n in _NS:
                 if n > end:
                     continue
-                key = tuple(seq[end - n:end])
+                key = hash(tuple(seq[end - n:end]))
                 hits = where.get(key)
                 if hits is None:
-                    where[key] = [(sid, end)]
+                    where[key] = at  # most keys occur once: an int, not a list
+                elif isinstance(hits, int):
+                    where[key] = [hits, at]
                 else:
-                    hits.append((sid, end))
+                    hits.append(at)
                     if len(hits) > _PER_KEY:
                         del hits[0]
         self._indexed[sid] = len(seq)
@@ -74,12 +80,12 @@ class NgramIndex:
     def prune(self) -> None:
         """Forget the occurrences of dropped sequences (bounded memory after evictions)."""
         live = self.seqs
-        for key in list(self._where):
-            hits = [h for h in self._where[key] if h[0] in live]
-            if hits:
-                self._where[key] = hits
-            else:
+        for key, hits in list(self._where.items()):
+            kept = [h for h in ([hits] if isinstance(hits, int) else hits) if h >> 32 in live]
+            if not kept:
                 del self._where[key]
+            else:
+                self._where[key] = kept[0] if len(kept) == 1 else kept
 
     def best(self, tail: Sequence[int], skip: tuple[int, int] | None = None
              ) -> tuple[int, list[int], int] | None:
@@ -89,12 +95,15 @@ class NgramIndex:
             if len(tail) < key_len:
                 continue
             best = None
-            for sid, end in reversed(self._where.get(tuple(tail[-key_len:]), ())):
+            key = list(tail[-key_len:])
+            hits = self._where.get(hash(tuple(key)), ())
+            for at in reversed([hits] if isinstance(hits, int) else hits):
                 # most recent first: it wins ties
+                sid, end = at >> 32, at & 0xFFFFFFFF
                 if (sid, end) == skip:
                     continue
                 seq = self.seqs.get(sid)
-                if seq is None or end >= len(seq):
+                if seq is None or end >= len(seq) or seq[end - key_len:end] != key:
                     continue
                 n = key_len
                 limit = min(_MAX_MATCH, end, len(tail))
@@ -114,7 +123,7 @@ class RecentOutputs:
         self.max_tokens = max_tokens
         self.index = NgramIndex()
         self._order: deque[tuple[int, int]] = deque()
-        self._tokens = 0
+        self.tokens = 0
         self._dropped = 0
 
     def add(self, tokens: Sequence[int]) -> None:
@@ -122,15 +131,22 @@ class RecentOutputs:
             return
         tokens = list(tokens[-self.max_tokens:])
         self._order.append((self.index.add(tokens), len(tokens)))
-        self._tokens += len(tokens)
-        while self._tokens > self.max_tokens:
+        self.tokens += len(tokens)
+        self.shrink(self.max_tokens)
+
+    def shrink(self, max_tokens: int) -> int:
+        """Drop the oldest outputs until at most `max_tokens` tokens are kept; returns how
+        many tokens were dropped."""
+        before = self.tokens
+        while self.tokens > max_tokens:
             sid, n = self._order.popleft()
             self.index.drop(sid)
-            self._tokens -= n
+            self.tokens -= n
             self._dropped += n
         if self._dropped > self.max_tokens:  # stale occurrences outnumber live ones
             self.index.prune()
             self._dropped = 0
+        return before - self.tokens
 
 
 class Drafter:
@@ -188,19 +204,28 @@ class Drafter:
 
 
 class DraftSources:
-    """An engine's draft sources beyond a request's own: each namespace's recent outputs."""
+    """An engine's draft sources beyond a request's own: each namespace's recent outputs, at
+    most `max_tokens` a namespace and `max_total` in all (the least recently used namespace
+    gives up its oldest first). The index holds ~300 bytes a token, so the default total is
+    ~40 MB however many tenants a server has."""
 
-    def __init__(self, max_namespaces: int = 64, max_tokens: int = 65536):
+    def __init__(self, max_namespaces: int = 64, max_tokens: int = 65536,
+                 max_total: int = 131072):
         self.max_namespaces = max_namespaces
         self.max_tokens = max_tokens
+        self.max_total = max_total
+        self.total = 0  # tokens kept over all namespaces
         self._recent: dict[str, RecentOutputs] = {}  # insertion order = least recently used
 
     def _of(self, namespace: str) -> RecentOutputs:
         recent = self._recent.pop(namespace, None) or RecentOutputs(self.max_tokens)
         self._recent[namespace] = recent
         while len(self._recent) > self.max_namespaces:
-            del self._recent[next(iter(self._recent))]
+            self._forget(next(iter(self._recent)))
         return recent
+
+    def _forget(self, namespace: str) -> None:
+        self.total -= self._recent.pop(namespace).tokens
 
     def drafter(self, tokens: list[int], extra: Sequence[Sequence[int]], namespace: str
                 ) -> Drafter:
@@ -210,5 +235,19 @@ class DraftSources:
         """A request of `namespace` generated `tokens[prompt_len:]`: later ones may draft
         from it. The prompt's last tokens come along, so that a request that asks the same
         again drafts from its first generated token on."""
-        if len(tokens) > prompt_len:
-            self._of(namespace).add(tokens[max(0, prompt_len - _CONTEXT):])
+        if len(tokens) <= prompt_len:
+            return
+        recent = self._of(namespace)
+        before = recent.tokens
+        recent.add(tokens[max(0, prompt_len - _CONTEXT):])
+        self.total += recent.tokens - before
+        while self.total > self.max_total:
+            oldest = next(iter(self._recent))
+            other = self._recent[oldest]
+            if other is recent or other.tokens <= self.total - self.max_total:
+                if other is recent:  # the only one left: it keeps the newest
+                    self.total -= recent.shrink(recent.tokens - (self.total - self.max_total))
+                    break
+                self._forget(oldest)
+            else:
+                self.total -= other.shrink(other.tokens - (self.total - self.max_total))
