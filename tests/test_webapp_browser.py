@@ -282,6 +282,29 @@ def test_a_2000_turn_tree_lays_out_within_a_second(page):
     print(f"2,000-turn tree laid out in {ms:.0f} ms")
     assert rows == 2000 and folded == 1
     assert ms <= 1000
+    # The whole app on a 2,000-turn conversation (served mocked: making it would take minutes).
+    turns = [{"id": f"r{i}", "previous": None if i == 0 else f"r{i - 1 if i % 7 else i // 2}",
+              "created_at": i, "model": MODEL, "status": "completed", "instructions": None,
+              "input": f"question {i} " + "word " * 20, "reasoning": None,
+              "output": f"answer {i} **bold** `code` " + "text " * 60, "usage": None,
+              "nodes": [{"kind": "final", "tokens_restored": 500, "tokens_computed": 30,
+                         "tokens_generated": 40, "ttft_s": 0.02, "decode_tps": 40.0}]}
+             for i in range(2000)]
+    listing = {"data": [{"id": "big", "model": MODEL, "title": "big", "turns": 2000}]}
+    page.route("**/v1/forkv/conversations", lambda r: r.fulfill(json=listing))
+    page.route("**/v1/forkv/conversations/big", lambda r: r.fulfill(
+        json={"id": "big", "model": MODEL, "turns": turns}))
+    page.click("#new")  # lists the conversations again
+    page.click("#conv-list button:text('big')")
+    page.wait_for_function("() => document.querySelectorAll('.trow').length === 2000")
+    ms = page.evaluate("""() => {
+        const t0 = performance.now();
+        document.querySelector('.trow:last-child .pick').click();  // a whole render
+        document.body.getBoundingClientRect();
+        return performance.now() - t0;
+    }""")
+    print(f"the app on a 2,000-turn conversation: {ms:.0f} ms a render")
+    assert ms <= 1000 and page.locator(".trow.on").count() > 1
 
 
 def test_first_paint(browser, url):
