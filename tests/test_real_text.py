@@ -142,7 +142,7 @@ def test_server_refuses_chat_without_a_template(base_folder):
     with pytest.raises(NoChatTemplate, match="--chat-template FILE"):
         serve(ServerConfig(model=str(base_folder)))  # before it listens
     app = make_app(ServerState(ServerConfig(model="base"), load_model(str(base_folder))))
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://127.0.0.1:8000") as client:  # a loopback Host
         r = client.post("/v1/chat/completions",
                         json={"model": "base", "messages": MESSAGES, "max_tokens": 2})
     assert r.status_code == 400 and "no chat template" in r.json()["error"]["message"]
