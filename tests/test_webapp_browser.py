@@ -9,6 +9,7 @@ with the reason, where Chromium or Playwright is missing (.ci/run installs both)
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -210,6 +211,23 @@ def test_esc_stops_a_streaming_reply_and_keyboard_use(page, url):
         pytest.fail("the stopped reply is still on the server")
 
 
+def test_an_image_for_a_text_only_model_is_refused_and_kept_to_send_again(page, tmp_path):
+    from PIL import Image
+
+    picture = tmp_path / "dot.png"
+    Image.new("RGB", (8, 8), (0, 0, 0)).save(picture)
+    page.set_input_files("#attach", str(picture))
+    page.fill("#input", "look")
+    page.press("#input", "Enter")
+    page.wait_for_function("() => /text-only/.test(document.querySelector('#notice')"
+                           ".textContent)")
+    assert page.input_value("#input") == "look"
+    assert page.locator("#attachments img").count() == 1
+    page.click("#attachments button")  # removed again
+    assert page.locator("#attachments img").count() == 0
+    page.errors.clear()  # (the browser logs the 400 itself)
+
+
 def test_hostile_message_text_renders_inert(page):
     send(page, HOSTILE + "\n```\n</code></pre><script>window.pwned = 7</script>\n```")
     assert page.locator(".msg.user .text").first.text_content().startswith(HOSTILE)
@@ -401,3 +419,28 @@ def test_with_api_keys_the_page_asks_for_one_and_keeps_it_in_memory(browser):
         page.reload()  # the key was in the page's memory only: asked again
         page.wait_for_selector("#key-box:not([hidden])")
         ctx.close()
+
+
+@pytest.mark.slow  # a vision model's server of its own
+def test_images_are_sent_shown_and_sent_again_on_regenerate(browser, tmp_path):
+    from PIL import Image
+
+    picture = tmp_path / "red.png"
+    Image.new("RGB", (32, 24), (200, 30, 30)).save(picture)
+    with running_server("--model", "demo:qwen2_vl:tiny") as url:
+        page = open_page(browser, url, max_tokens=4)
+        page.set_input_files("#attach", str(picture))
+        assert page.locator("#attachments img").count() == 1
+        send(page, "What colour is this?")
+        assert page.locator("#attachments img").count() == 0  # sent with the message
+        assert page.locator(".msg.user .images img").count() == 1
+        page.click(".msg.model .act[title^='regenerate']")
+        page.wait_for_function("() => document.querySelector('.msg.model .count')"
+                               "?.textContent === '2/2'")
+        wait_replies(page, 1)
+        turns = conversation(url, page)["turns"]
+        assert [len(t["images"]) for t in turns] == [1, 1]
+        assert turns[0]["images"] == turns[1]["images"]
+        assert turns[0]["images"][0] == "data:image/png;base64," + base64.b64encode(
+            picture.read_bytes()).decode()
+        assert page.errors == []

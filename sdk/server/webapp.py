@@ -7,9 +7,9 @@ regenerate and edit are a second response under the same parent (a sibling), and
 API lacks is a way to list them; this module adds it:
 
 - `GET /v1/forkv/conversations`: the calling tenant's conversations on every loaded model.
-- `GET /v1/forkv/conversations/{id}`: one conversation's turns (parent, texts, status, usage
-  and each generated node's engine stats: tokens restored / computed / generated, time to
-  first token, tok/s).
+- `GET /v1/forkv/conversations/{id}`: one conversation's turns (parent, texts, images as
+  data URLs, status, usage and each generated node's engine stats: tokens restored /
+  computed / generated, time to first token, tok/s).
 
 A conversation is the set of turns whose `metadata.conversation` names it (the page sets it,
 so that an edited first message is a sibling too), else the tree of one root response.
@@ -19,6 +19,7 @@ Knows the wire format of these two routes, not how a response runs.
 
 from __future__ import annotations
 
+import base64
 import re
 from importlib import resources
 
@@ -35,6 +36,7 @@ _TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=
           ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
 _ASSET = re.compile(r"[a-z][a-z0-9_]*\.(js|css|svg)")
 _TITLE_CHARS = 80
+_IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/bmp", "image/webp"})
 
 
 def _read(name: str) -> bytes:
@@ -95,11 +97,17 @@ def turn_of(tree, stored: Stored) -> dict:
         "status": body.get("status") if stored.done else "in_progress",
         "instructions": body.get("instructions"),
         "input": "\n\n".join(n.text or "" for n in given if n.kind == "user"),
+        "images": [_data_url(p) for n in given if n.kind == "user" for p in n.images
+                   if p.data is not None and p.mime in _IMAGE_TYPES],
         "reasoning": next((n.text or "" for n in gens if n.kind == "reasoning"), None),
         "output": next((n.text or "" for n in gens if n.kind == "final"), ""),
         "usage": body.get("usage"),
         "nodes": [_node_stats(n) for n in gens],
     }
+
+
+def _data_url(image) -> str:
+    return f"data:{image.mime};base64,{base64.b64encode(image.data).decode()}"
 
 
 def _node_stats(node) -> dict:

@@ -7,6 +7,9 @@
 import {copyText, renderMarkdown} from "./markdown.js";
 import {statsLine} from "./tree.js";
 
+// Images a user attached, as the server returns them: raster data URLs only.
+const SAFE_IMAGE = /^data:image\/(png|jpeg|gif|bmp|webp);base64,[A-Za-z0-9+/=]+$/;
+
 function el(tag, cls, text) {
   const node = document.createElement(tag);
   if (cls) node.className = cls;
@@ -58,6 +61,15 @@ function userMessage(turn, ctx) {
   msg.dataset.turn = turn.id;
   const head = msg.appendChild(el("div", "mhead"));
   head.append(el("span", "who", "you"), arrows(turn, ctx));
+  const images = (turn.images || []).filter((url) => SAFE_IMAGE.test(url));
+  if (images.length) {
+    const row = msg.appendChild(el("div", "images"));
+    for (const url of images) {
+      const img = row.appendChild(el("img"));
+      img.src = url;
+      img.alt = "attached image";
+    }
+  }
   const body = msg.appendChild(el("div", "text plain", turn.input));
   if (turn.pending) return msg;
   const acts = head.appendChild(el("span", "acts"));

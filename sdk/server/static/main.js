@@ -14,6 +14,7 @@ const S = {
   branchAt: undefined, // undefined: continue the path; null: a new first message; id: after it
   folded: new Set(), streaming: null,
   beside: null, // a turn whose branch is shown beside the one on screen
+  images: [], // data URLs of the images attached to the next message
 };
 
 function notice(text) {
@@ -196,18 +197,21 @@ function newConversation() {
   $("input").focus();
 }
 
-// Send `text` as a new turn under `previous` (null: a first turn); the reply streams in.
-async function send(text, previous, instructions) {
+// Send `text` (and `images`, data URLs) as a new turn under `previous` (null: a first turn);
+// the reply streams in.
+async function send(text, previous, instructions, images = []) {
   if (S.streaming || !S.model) return;
   if (!S.cid) S.cid = "conv_" + crypto.randomUUID().replaceAll("-", "");
   const controller = new AbortController();
   const turn = {id: "pending", pending: true, input: text, output: "", reasoning: null,
-    previous, model: S.model};
+    previous, model: S.model, images};
   S.streaming = {controller, turn};
   setBusy(true);
   notice("");
   render();
-  const body = {model: S.model, input: text, metadata: {conversation: S.cid},
+  const input = images.length ? [{role: "user", content: [{type: "input_text", text},
+    ...images.map((url) => ({type: "input_image", image_url: url}))]}] : text;
+  const body = {model: S.model, input, metadata: {conversation: S.cid},
     max_output_tokens: Number($("max-tokens").value) || undefined,
     temperature: Number($("temperature").value)};
   if (previous) body.previous_response_id = previous;
@@ -236,13 +240,12 @@ async function send(text, previous, instructions) {
       if (!frame) frame = requestAnimationFrame(paint);
     });
   } catch (e) {
-    if (controller.signal.aborted) {
-      notice("Stopped: the partial reply was not kept.");
+    if (controller.signal.aborted || !id) {  // the message goes back, to send again
       $("input").value = text;
-    } else {
-      notice(e.message);
-      if (!id) $("input").value = text;
+      S.images = images;
+      showAttachments();
     }
+    notice(controller.signal.aborted ? "Stopped: the partial reply was not kept." : e.message);
   } finally {
     S.streaming = null;
     setBusy(false);
@@ -269,7 +272,7 @@ async function act(action, id, extra) {
   if (S.streaming) return;
   if (action === "regenerate" || action === "edit") {
     const text = action === "edit" ? extra : t.input;
-    await send(text, t.previous, t.previous ? undefined : t.instructions);
+    await send(text, t.previous, t.previous ? undefined : t.instructions, t.images || []);
   } else if (action === "delete") {
     try {
       const r = await call("DELETE", "/v1/responses/" + encodeURIComponent(id));
@@ -287,13 +290,48 @@ async function act(action, id, extra) {
 function submit() {
   const input = $("input");
   const text = input.value;
-  if (!text.trim() || S.streaming) return;
+  if ((!text.trim() && !S.images.length) || S.streaming) return;
   input.value = "";
+  const images = S.images;
+  S.images = [];
+  showAttachments();
   const turns = path();
   let previous = turns.length ? turns[turns.length - 1].id : null;
   if (S.branchAt !== undefined) previous = S.branchAt;
   const root = previous === null;
-  send(text, previous, root ? ($("system").value.trim() || system() || undefined) : undefined);
+  send(text, previous, root ? ($("system").value.trim() || system() || undefined) : undefined,
+    images);
+}
+
+// Read picked image files into data URLs (kept in memory only) for the next message.
+async function attach(files) {
+  for (const file of files) {
+    const url = await new Promise((resolve, reject) => {
+      const reader = new FileReader();
+      reader.onload = () => resolve(reader.result);
+      reader.onerror = () => reject(reader.error);
+      reader.readAsDataURL(file);
+    });
+    S.images.push(url);
+  }
+  showAttachments();
+}
+
+function showAttachments() {
+  const box = $("attachments");
+  box.replaceChildren();
+  S.images.forEach((url, i) => {
+    const thumb = box.appendChild(document.createElement("span"));
+    thumb.className = "thumb";
+    const img = thumb.appendChild(document.createElement("img"));
+    img.src = url;
+    img.alt = "image to send";
+    const drop = thumb.appendChild(document.createElement("button"));
+    drop.type = "button";
+    drop.textContent = "×";
+    drop.title = "remove this image";
+    drop.addEventListener("click", () => { S.images.splice(i, 1); showAttachments(); });
+  });
 }
 
 function wire() {
@@ -305,6 +343,11 @@ function wire() {
     if (e.key === "Escape" && S.streaming) { e.preventDefault(); stop(); }
   });
   $("stop").addEventListener("click", stop);
+  $("attach-button").addEventListener("click", () => $("attach").click());
+  $("attach").addEventListener("change", async () => {
+    await attach([...$("attach").files]);
+    $("attach").value = "";
+  });
   $("new").addEventListener("click", newConversation);
   $("model").addEventListener("change", () => { S.model = $("model").value; });
   $("branch-cancel").addEventListener("click", () => { S.branchAt = undefined; render(); });
