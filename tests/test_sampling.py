@@ -24,6 +24,12 @@ def test_seed_reproduces_and_differs():
 
     assert draw(1) == draw(1)
     assert draw(1) != draw(2)
+    # any 64-bit seed, OpenAI's signed range included (-1 was a TypeError in mlx's key)
+    assert draw(-1) == draw(-1) and draw(-(1 << 63)) == draw(1 << 63)
+    assert draw(-1) != draw(1) and draw((1 << 64) - 1) == draw(-1)
+    for bad in (1 << 64, -(1 << 63) - 1):
+        with pytest.raises(GenerationError, match="64 bits"):
+            SamplingParams(seed=bad)
 
 
 def test_top_k_and_top_p_restrict_support():

@@ -64,6 +64,9 @@ class SamplingParams:
         if self.seed is not None and (isinstance(self.seed, bool) or
                                       not isinstance(self.seed, int)):
             raise GenerationError(f"seed must be an integer or None, got {self.seed!r}.")
+        if self.seed is not None and not -(1 << 63) <= self.seed < 1 << 64:
+            raise GenerationError(f"seed must fit in 64 bits (-2**63 to 2**64 - 1), got "
+                                  f"{self.seed}.")
         if isinstance(self.stop, str):
             self.stop = (self.stop,)
         if not all(isinstance(s, str) and s for s in self.stop):
@@ -169,7 +172,7 @@ class Sampler:
         # forkv's kernels (engine/native) for a model that runs on them, on the CPU
         self._kernels = kernels if kernels is not None and mx.default_device() == mx.cpu else None
         seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(4), "little")
-        self._key = mx.random.key(seed)
+        self._key = mx.random.key(seed % (1 << 64))  # a negative seed as its 64 bits
         # (next key, this draw's key) for the draws ahead of the last one taken: the key of
         # the i-th draw is a function of the seed and i alone, so a verified draft position
         # draws what one-token decode would (speculation changes no seeded token)
