@@ -3,16 +3,15 @@
 // screen. Nothing of a conversation is written to browser storage.
 
 import {ApiError, call, setApiKey, streamResponse} from "./api.js";
+import {Branches} from "./branches.js";
 import {renderChat, turnStats} from "./chat.js";
 import {renderMarkdown} from "./markdown.js";
 import {renderTree, statsLine} from "./tree.js";
 
 const $ = (id) => document.getElementById(id);
+const B = new Branches(); // the conversation on screen
 const S = {
-  model: "", cid: null, conv: null, byId: new Map(), kids: new Map(),
-  choice: new Map(), // parent key ("" for roots) -> the child on screen
-  branchAt: undefined, // undefined: continue the path; null: a new first message; id: after it
-  folded: new Set(), streaming: null,
+  model: "", cid: null, folded: new Set(), streaming: null,
   beside: null, // a turn whose branch is shown beside the one on screen
   images: [], // data URLs of the images attached to the next message
 };
@@ -21,68 +20,24 @@ function notice(text) {
   $("notice").textContent = text || "";
 }
 
-const parentKey = (turn) => (turn.previous && S.byId.has(turn.previous) ? turn.previous : "");
-
-function index(conv) {
-  S.conv = conv;
-  S.byId = new Map();
-  S.kids = new Map();
-  for (const t of conv ? conv.turns : []) S.byId.set(t.id, t);
-  for (const t of conv ? conv.turns : []) {
-    const key = parentKey(t);
-    if (!S.kids.has(key)) S.kids.set(key, []);
-    S.kids.get(key).push(t.id);
-  }
-}
-
-// The turns on screen: from a root down, each step the chosen (else newest) child.
-function path(choice = S.choice) {
-  const out = [];
-  let key = "";
-  for (;;) {
-    const list = S.kids.get(key);
-    if (!list) break;
-    const pick = list.includes(choice.get(key)) ? choice.get(key) : list[list.length - 1];
-    out.push(S.byId.get(pick));
-    key = pick;
-  }
-  if (choice !== S.choice) return out;
-  if (S.branchAt === undefined) return out;
-  if (S.branchAt === null) return [];
-  return out.slice(0, out.findIndex((t) => t.id === S.branchAt) + 1);
-}
-
-function show(id, choice = S.choice) {
-  for (let t = S.byId.get(id); t; t = S.byId.get(t.previous)) choice.set(parentKey(t), t.id);
-}
-
-// The branch through `id` (down to its newest leaf), for the side-by-side view.
-function besidePath(id) {
-  const choice = new Map();
-  show(id, choice);
-  return path(choice);
-}
-
-function siblings(turn) {
-  return S.kids.get(parentKey(turn)) || [turn.id];
-}
+const siblings = (turn) => B.siblings(turn);
 
 function system() {
-  const roots = path();
+  const roots = B.path();
   return roots.length ? roots[0].instructions : null;
 }
 
 function render() {
-  const turns = path();
+  const turns = B.path();
   const shown = S.streaming ? [...turns, S.streaming.turn] : turns;
-  if (S.beside && !S.byId.has(S.beside)) S.beside = null;
+  if (S.beside && !B.byId.has(S.beside)) S.beside = null;
   const box = $("messages");
   box.classList.toggle("split", Boolean(S.beside));
   if (S.beside) {
     const [left, right] = [document.createElement("div"), document.createElement("div")];
     left.className = right.className = "column";
     renderChat(left, shown, {siblings, onAction: act}, system());
-    const other = besidePath(S.beside);
+    const other = B.branchThrough(S.beside);
     renderChat(right, other, {siblings, onAction: act},
       other.length ? other[0].instructions : null);
     const close = document.createElement("button");
@@ -95,12 +50,12 @@ function render() {
   } else {
     renderChat(box, shown, {siblings, onAction: act}, system());
   }
-  $("model").disabled = Boolean(S.conv);
+  $("model").disabled = Boolean(B.conv);
   document.body.dataset.conversation = S.cid || "";
-  const at = S.branchAt;
+  const at = B.branchAt;
   $("branching").hidden = at === undefined;
   if (at !== undefined) {
-    const t = at && S.byId.get(at);
+    const t = at && B.byId.get(at);
     $("branch-label").textContent = t ? "The next message starts a branch after: "
       + (t.input.split("\n")[0].slice(0, 60) || "(empty)")
       : "The next message starts a new first turn.";
@@ -110,14 +65,14 @@ function render() {
 }
 
 function renderTreePanel(turns) {
-  const items = (S.conv ? S.conv.turns : []).map((t) => ({
+  const items = B.turns.map((t) => ({
     id: t.id, parent: t.previous, label: t.input.split("\n")[0].slice(0, 48),
     stats: statsLine(turnStats(t)), cls: t.status === "completed" ? "" : "incomplete",
   }));
   renderTree($("tree"), items, {
     active: new Set(turns.map((t) => t.id)), folded: S.folded,
     current: turns.length ? turns[turns.length - 1].id : null,
-    onPick: (id) => { S.branchAt = undefined; show(id); render(); scrollTo(id); },
+    onPick: (id) => { B.branchAt = undefined; B.show(id); render(); scrollTo(id); },
     onFold: (id) => { S.folded.has(id) ? S.folded.delete(id) : S.folded.add(id); render(); },
     onCompare: (id) => { S.beside = id; render(); },
   });
@@ -160,8 +115,8 @@ async function loadConversations() {
 async function openConversation(cid) {
   if (S.streaming) return;
   S.cid = cid;
-  S.choice = new Map();
-  S.branchAt = undefined;
+  B.choice = new Map();
+  B.branchAt = undefined;
   S.folded = new Set();
   S.beside = null;
   await reload();
@@ -170,16 +125,16 @@ async function openConversation(cid) {
 async function reload() {
   if (S.cid) {
     try {
-      index(await call("GET", "/v1/forkv/conversations/" + encodeURIComponent(S.cid)));
-      S.model = S.conv.model;
+      B.load(await call("GET", "/v1/forkv/conversations/" + encodeURIComponent(S.cid)));
+      S.model = B.conv.model;
       $("model").value = S.model;
     } catch (e) {
       if (!(e instanceof ApiError && e.status === 404)) throw e;
       S.cid = null;
-      index(null);
+      B.load(null);
     }
   } else {
-    index(null);
+    B.load(null);
   }
   render();
   await loadConversations();
@@ -188,9 +143,9 @@ async function reload() {
 function newConversation() {
   if (S.streaming) return;
   S.cid = null;
-  S.branchAt = undefined;
+  B.branchAt = undefined;
   S.beside = null;
-  index(null);
+  B.load(null);
   $("model").disabled = false;
   render();
   loadConversations();
@@ -250,9 +205,9 @@ async function send(text, previous, instructions, images = []) {
     S.streaming = null;
     setBusy(false);
   }
-  if (id) { S.branchAt = undefined; }
+  if (id) { B.branchAt = undefined; }
   await reload();
-  if (id && S.byId.has(id)) { show(id); render(); }
+  if (id && B.byId.has(id)) { B.show(id); render(); }
 }
 
 function setBusy(busy) {
@@ -266,23 +221,25 @@ function stop() {
 }
 
 async function act(action, id, extra) {
-  const t = id ? S.byId.get(id) : null;
-  if (action === "show") { S.branchAt = undefined; show(id); render(); return; }
-  if (action === "branch") { S.branchAt = id; render(); $("input").focus(); return; }
+  const t = id ? B.byId.get(id) : null;
+  if (action === "show") { B.branchAt = undefined; B.show(id); render(); return; }
+  if (action === "branch") { B.branchAt = id; render(); $("input").focus(); return; }
   if (S.streaming) return;
   if (action === "regenerate" || action === "edit") {
     const text = action === "edit" ? extra : t.input;
     await send(text, t.previous, t.previous ? undefined : t.instructions, t.images || []);
   } else if (action === "delete") {
+    let said;
     try {
       const r = await call("DELETE", "/v1/responses/" + encodeURIComponent(id));
-      notice(`Deleted ${r.deleted_responses.length} turn(s); released ${r.released_records} `
-        + "checkpoint record(s).");
+      said = `Deleted ${r.deleted_responses.length} turn(s); released ${r.released_records} `
+        + "checkpoint record(s).";
     } catch (e) {
-      notice(e.message);
+      said = e.message;
     }
-    if (S.branchAt === id) S.branchAt = undefined;
+    if (B.branchAt === id) B.branchAt = undefined;
     await reload();
+    notice(said); // once the page shows what is left
   }
 }
 
@@ -295,9 +252,9 @@ function submit() {
   const images = S.images;
   S.images = [];
   showAttachments();
-  const turns = path();
+  const turns = B.path();
   let previous = turns.length ? turns[turns.length - 1].id : null;
-  if (S.branchAt !== undefined) previous = S.branchAt;
+  if (B.branchAt !== undefined) previous = B.branchAt;
   const root = previous === null;
   send(text, previous, root ? ($("system").value.trim() || system() || undefined) : undefined,
     images);
@@ -350,7 +307,7 @@ function wire() {
   });
   $("new").addEventListener("click", newConversation);
   $("model").addEventListener("change", () => { S.model = $("model").value; });
-  $("branch-cancel").addEventListener("click", () => { S.branchAt = undefined; render(); });
+  $("branch-cancel").addEventListener("click", () => { B.branchAt = undefined; render(); });
   $("toggle-tree").addEventListener("click", () => {
     const hidden = document.body.classList.toggle("no-tree");
     $("toggle-tree").setAttribute("aria-pressed", String(!hidden));
