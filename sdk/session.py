@@ -10,6 +10,7 @@ caches are checkpointed (the engine) or how trees are built and validated (the g
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -50,15 +51,17 @@ class Session:
     that checkpoint namespace, also on an engine other sessions share (it restores only what
     that namespace recorded, and batches with everyone); `chat_template` (Jinja text
     or a file) for a model that ships none (a base model). Build the tree with
-    `session.system(...)`/`session.user(...)` or pass `tree=`; `run()` computes it. Close the
-    session (or use `with`) to release its engine.
+    `session.system(...)`/`session.user(...)` or pass `tree=`; `run()` computes it. `ui=True`
+    prints a loopback URL where the tree grows as its nodes run (`forkv run --ui`'s viewer).
+    Close the session (or use `with`) to release its engine.
     """
 
     def __init__(self, model: Any, config: Any = None, *, tree: Tree | None = None,
                  reasoning: ReasoningFormat | None = None,
                  template_kwargs: dict[str, Any] | None = None, namespace: str | None = None,
-                 **engine_settings: Any):
+                 ui: bool = False, **engine_settings: Any):
         self.namespace = namespace
+        self.viewer = None  # with ui=True: the page where the tree grows (run_viewer.py)
         if isinstance(model, Engine) or _is_backend(model):
             if config is not None or any(v is not None for v in engine_settings.values()):
                 raise TypeError("Engine settings configure a new engine; pass them to "
@@ -82,6 +85,16 @@ class Session:
             raise
         self._logprobs: dict[str, list[float]] = {}
         self._lock = threading.RLock()  # one run at a time: runs edit the tree
+        if ui:
+            self._start_viewer()
+
+    def _start_viewer(self) -> None:
+        from .server.run_viewer import RunViewer
+
+        self.viewer = RunViewer("forkv session", self.model_id)
+        print(f"forkv: this session's tree grows at {self.viewer.start()}", file=sys.stderr,
+              flush=True)
+        self.viewer.publish(self.tree)
 
     def __repr__(self) -> str:
         return f"Session(model_id={self.model_id!r}, tree={self.tree!r})"
@@ -178,11 +191,17 @@ class Session:
                          context_length=self.engine.lm.context_length,
                          template_kwargs=self.template_kwargs)
             self._check_images(waves)
+            publish = self.viewer.publish if self.viewer is not None else None
+            if publish:
+                publish(self.tree)
             for wave in waves:
                 for job in wave:
                     if job.prompt is None:
                         job.prompt = self._render_job(job)
-                yield from self._run_wave(wave, progress)
+                for event in self._run_wave(wave, progress):
+                    if publish and event.is_last:
+                        publish(self.tree)  # (a snapshot, taken on the thread that runs)
+                    yield event
 
     def _run_wave(self, jobs: list[Job], progress=None) -> Iterator[NodeEvent]:
         """Run the independent jobs of one wave (no job depends on another of its wave).
@@ -294,7 +313,10 @@ class Session:
 
     # -- lifetime ----------------------------------------------------------------------------
     def close(self) -> None:
-        """Release the engine's store (a persistent one writes its index) if we made it."""
+        """Release the engine's store (a persistent one writes its index) if we made it, and
+        stop the viewer of `ui=True`."""
+        if self.viewer is not None:
+            self.viewer.close()
         if self._owns_engine:
             self.engine.close()
 

@@ -140,3 +140,28 @@ def test_the_inlined_viewer_keeps_node_text_as_text(tmp_path):
         view.click(f".trow[data-id='{user.id}'] .pick")
         assert view.locator("#detail .node-text").text_content() == HOSTILE
         b.close()
+
+
+def test_session_ui_publishes_each_node_as_it_finishes(capsys):
+    import forkv
+    from conftest import load_tiny
+
+    with forkv.Session(load_tiny("qwen3"), ui=True) as s:
+        url = capsys.readouterr().err.split("grows at ")[1].split()[0]
+        assert url == s.viewer.url and url.startswith("http://127.0.0.1:")
+
+        def snapshot():
+            with urllib.request.urlopen(url + "tree", timeout=10) as r:
+                return {n["id"]: n for n in json.loads(r.read())["nodes"]}
+
+        user = s.system("Be brief.").user("Hi")
+        first = user.final({"max_tokens": 4})
+        s.run(first)
+        seen = snapshot()
+        assert seen[first.id]["status"] == "done" and seen[first.id]["stats"]["generated"] >= 1
+        second = first.user("Again?").final({"max_tokens": 4})
+        s.run(second)
+        seen = snapshot()
+        assert len(seen) == 5 and seen[second.id]["stats"]["restored"] > 0
+    with pytest.raises(OSError):  # closed with the session
+        urllib.request.urlopen(url + "tree", timeout=5)
