@@ -447,6 +447,17 @@ def test_record_jobs_wait_while_rows_decode_and_run_first_for_a_request_that_nee
     assert _queue(engine) == {"waiting": 0, "prefilling": 0, "running": 0, "record_jobs": 0}
 
 
+def test_an_engine_that_is_never_idle_queues_a_bounded_number_of_record_jobs():
+    # A 12-minute soak (8 clients, never idle) queued ~630 jobs and growing: the newest stay.
+    from forkv.engine.cache.record_jobs import MAX_QUEUED, RecordJobs
+
+    jobs = RecordJobs(lambda tokens, keyer: tokens, None, None, None, B)
+    for i in range(MAX_QUEUED + 40):
+        jobs.add([i], 1, None)
+    assert len(jobs) == MAX_QUEUED
+    assert [j.seq for j in jobs.queue] == [[i] for i in range(40, MAX_QUEUED + 40)]
+
+
 def test_released_blocks_are_not_recorded_again_by_a_pending_job():
     lm = load_tiny("gemma3")
     engine = _engine(lm)
