@@ -7,9 +7,11 @@ model. Everything else lives in the submodules: `forkv.graph` (nodes, trees, ren
 Importing forkv does not import mlx.
 """
 
-from . import interrupts
+from . import arenas, interrupts
 
 interrupts.guard_startup()  # first: a Ctrl-C while the CLI imports is one line, exit 130
+if interrupts.is_cli():
+    arenas.limit()  # before any thread: a long-running server's malloc stays bounded
 
 from forkv.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
 from forkv.graph import Node, Tree, WorkflowSpec  # noqa: E402

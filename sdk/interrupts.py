@@ -22,14 +22,14 @@ import os
 import signal
 import sys
 
-__all__ = ["check", "finish", "guard_startup", "take_over"]
+__all__ = ["check", "finish", "guard_startup", "is_cli", "take_over"]
 
 INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C
 _MESSAGE = b"forkv: interrupted\n"
 _pending = False  # a Ctrl-C arrived since take_over
 
 
-def _is_cli() -> bool:
+def is_cli() -> bool:
     """True in the `forkv` console script and in `python -m forkv.cli`."""
     argv = getattr(sys, "orig_argv", None) or sys.argv
     if "-m" in argv[:-1]:
@@ -50,7 +50,7 @@ def guard_startup() -> None:
     """In the CLI process only, and only over Python's own handler: a Ctrl-C before `take_over`
     exits 130 with one line instead of a KeyboardInterrupt traceback from an import."""
     try:
-        if _is_cli() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        if is_cli() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             signal.signal(signal.SIGINT, _leave_now)
     except (ValueError, OSError, IndexError):  # not the main thread, or no argv: leave it
         pass

@@ -1,0 +1,48 @@
+"""The `forkv` process bounds glibc's malloc arenas (sdk/arenas.py); a program importing forkv
+keeps its own malloc settings, and MALLOC_ARENA_MAX in the environment wins."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from forkv import arenas
+
+pytestmark = pytest.mark.skipif(not arenas._is_glibc(), reason="glibc's malloc only")
+
+# How many arenas threads end up with: each of 16 threads allocates and holds a block while
+# all of them run (glibc hands a contended thread a new arena, up to its limit).
+_COUNT = """
+import ctypes, sys, threading
+{setup}
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+start = threading.Barrier(16)
+def work():
+    start.wait()
+    for _ in range(2000):
+        libc.free(ctypes.c_void_p(libc.malloc(4096)))
+threads = [threading.Thread(target=work) for _ in range(16)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+libc.fopen.restype = ctypes.c_void_p
+libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+fp = libc.fopen(b"/dev/stdout", b"w")
+libc.malloc_info(0, ctypes.c_void_p(fp))
+libc.fflush(ctypes.c_void_p(fp))
+"""
+
+
+def _arenas(setup: str, env=None) -> int:
+    out = subprocess.run([sys.executable, "-c", _COUNT.format(setup=setup)], text=True,
+                         capture_output=True, env={**os.environ, **(env or {})}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.count("<heap nr=")
+
+
+def test_the_cli_process_bounds_the_arenas_and_others_keep_theirs():
+    cli = "sys.orig_argv = sys.argv = ['forkv', 'doctor']\nimport forkv"  # as the CLI starts
+    assert _arenas(cli) <= arenas.ARENAS
+    assert _arenas("import forkv") > arenas.ARENAS  # a program that imports forkv
+    assert _arenas(cli, {"MALLOC_ARENA_MAX": "4"}) > arenas.ARENAS  # the user's setting wins
