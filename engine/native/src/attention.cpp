@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "halfkv.h"
 #include "mlx/allocator.h"
 #include "isa_attrs.h"
 #include "mlx/backend/cpu/encoder.h"
@@ -38,9 +39,18 @@ struct View {
   int64_t s0 = 0, s1 = 0, s2 = 0;
 };
 
+// Half-width K or V (float16 or bfloat16 bits), read by a decode step block by block.
+struct HalfView {
+  const uint16_t* p = nullptr;
+  int64_t s0 = 0, s1 = 0, s2 = 0;
+};
+
 struct Args {
   int B = 0, Hq = 0, Hkv = 0, L = 0, S = 0, D = 0;
   View q, k, v;
+  // Where K/V are half width (`widen` set): read from kh, vh and widened one block at a time.
+  HalfView kh, vh;
+  WidenFn widen = nullptr;
   int mask_kind = 0;
   const void* mask = nullptr;
   int64_t m0 = 0, m1 = 0, m2 = 0, m3 = 0;  // mask strides over b, query head, row, key
@@ -194,15 +204,10 @@ FORKV_INLINE void lane_sums(const float* x, int lo, int hi, int lane0, float* la
 // sum of V rows (`part`, G x (2 + D)). Masked keys score -inf and weigh exactly 0, so leaving
 // out those at the block's ends (and the keys past a causal row's end) changes no bit.
 FORKV_INLINE void block(const Args& a, int b, int h, int i, int j0, int n, float* part,
-                        float* scores) {
+                        float* scores, float* wide) {
   const int G = a.group(), D = a.D, lane0 = j0 - a.shift(i);
   const float* krows[kBlock];
   const float* vrows[kBlock];
-  for (int jj = 0; jj < n; ++jj) {
-    const int64_t r = a.at(j0 + jj);
-    krows[jj] = a.k.p + b * a.k.s0 + h * a.k.s1 + r * a.k.s2;
-    vrows[jj] = a.v.p + b * a.v.s0 + h * a.v.s1 + r * a.v.s2;
-  }
   int lo = 0, hi = n;
   if (a.mask_kind) {
     auto kept = [&](int jj) {
@@ -212,6 +217,20 @@ FORKV_INLINE void block(const Args& a, int b, int h, int i, int j0, int n, float
     };
     while (lo < hi && !kept(lo)) ++lo;
     while (hi > lo && !kept(hi - 1)) --hi;
+  }
+  for (int jj = lo; jj < hi; ++jj) {  // only keys in [lo, hi) are read
+    const int64_t r = a.at(j0 + jj);
+    if (a.widen) {  // half K/V: this block's rows widened once for all G heads
+      float* kw = wide + size_t(jj) * D;
+      float* vw = wide + size_t(kBlock + jj) * D;
+      a.widen(a.kh.p + b * a.kh.s0 + h * a.kh.s1 + r * a.kh.s2, kw, D);
+      a.widen(a.vh.p + b * a.vh.s0 + h * a.vh.s1 + r * a.vh.s2, vw, D);
+      krows[jj] = kw;
+      vrows[jj] = vw;
+    } else {
+      krows[jj] = a.k.p + b * a.k.s0 + h * a.k.s1 + r * a.k.s2;
+      vrows[jj] = a.v.p + b * a.v.s0 + h * a.v.s1 + r * a.v.s2;
+    }
   }
   for (int g = 0; g < G; ++g) {
     const int hq = h * G + g;
@@ -293,17 +312,18 @@ FORKV_INLINE void combine(int D, int nb, const float* first, size_t stride, floa
   for (int d = 0; d < D; ++d) out[d] *= inv;
 }
 
-// One query row's scores in a block, per head (G x kBlock).
+// One query row's scores in a block, per head (G x kBlock), then (half K/V) the block's K and V
+// rows widened (2 x kBlock x D).
 using Scratch = std::vector<float>;
 
 T512F void block512(const Args& a, int b, int h, int i, int j0, int n, float* part, Scratch& s) {
-  block(a, b, h, i, j0, n, part, s.data());
+  block(a, b, h, i, j0, n, part, s.data(), s.data() + size_t(a.group()) * kBlock);
 }
 T256F void block256(const Args& a, int b, int h, int i, int j0, int n, float* part, Scratch& s) {
-  block(a, b, h, i, j0, n, part, s.data());
+  block(a, b, h, i, j0, n, part, s.data(), s.data() + size_t(a.group()) * kBlock);
 }
 void block_portable(const Args& a, int b, int h, int i, int j0, int n, float* part, Scratch& s) {
-  block(a, b, h, i, j0, n, part, s.data());
+  block(a, b, h, i, j0, n, part, s.data(), s.data() + size_t(a.group()) * kBlock);
 }
 T512F void combine512(int D, int nb, const float* first, size_t stride, float* out) {
   combine(D, nb, first, stride, out);
@@ -322,7 +342,7 @@ using CombineFn = void (*)(int, int, const float*, size_t, float*);
 void run_block(const Args& a, BlockFn fn, int b, int h, int i, int blk, float* part,
                Scratch& s) {
   const int j0 = a.block_start(i, blk), n = std::min(a.visible(i), a.block_start(i, blk + 1)) - j0;
-  s.resize(size_t(a.group()) * kBlock);
+  s.resize(size_t(a.group()) * kBlock + (a.widen ? size_t(2) * kBlock * a.D : 0));
   fn(a, b, h, i, j0, n, part, s);
 }
 
@@ -394,6 +414,36 @@ void run_attention(const Args& a, float* out, Isa isa) {
 
 // A [B, H, L, D] float32 input as the kernel reads it: strided over B, H and L; copied into
 // `buf` in row order when D itself is strided.
+KvType kv_type(const mx::array& x) {
+  return x.dtype() == mx::float16    ? KvType::float16
+         : x.dtype() == mx::bfloat16 ? KvType::bfloat16
+                                     : KvType::float32;
+}
+
+// A [B, H, S, D] half K or V widened whole into `buf` (row order): for prefill and verify
+// chunks, whose many rows each read every key (widening per block would repeat it per row).
+View widened(const mx::array& x, WidenFn widen, std::vector<float>& buf) {
+  const auto& st = x.strides();
+  const int64_t n0 = x.shape(0), n1 = x.shape(1), n2 = x.shape(2), D = x.shape(3);
+  const auto* src = x.data<uint16_t>();
+  buf.resize(x.size());
+  float* dst = buf.data();
+  for (int64_t i0 = 0; i0 < n0; ++i0)
+    for (int64_t i1 = 0; i1 < n1; ++i1)
+      for (int64_t i2 = 0; i2 < n2; ++i2, dst += D) {
+        const uint16_t* row = src + i0 * st[0] + i1 * st[1] + i2 * st[2];
+        if (st[3] == 1 || D == 1) {
+          widen(row, dst, int(D));
+        } else {
+          for (int64_t d = 0; d < D; ++d) widen(row + d * st[3], dst + d, 1);
+        }
+      }
+  View v;
+  v.p = buf.data();
+  v.s0 = n1 * n2 * D; v.s1 = n2 * D; v.s2 = D;
+  return v;
+}
+
 View view_of(const mx::array& x, std::vector<float>& buf) {
   const auto& st = x.strides();
   View v;
@@ -425,8 +475,20 @@ void Attention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
     a.B = in[0].shape(0); a.Hq = in[0].shape(1); a.Hkv = in[1].shape(1);
     a.L = in[0].shape(2); a.S = in[1].shape(2); a.D = in[0].shape(3);
     a.q = view_of(in[0], qbuf);
-    a.k = view_of(in[1], kbuf);
-    a.v = view_of(in[2], vbuf);
+    const KvType kv = kv_type(in[1]);
+    if (kv == KvType::float32) {
+      a.k = view_of(in[1], kbuf);
+      a.v = view_of(in[2], vbuf);
+    } else if (a.L > 1 || in[1].strides()[3] != 1 || in[2].strides()[3] != 1) {
+      a.k = widened(in[1], widen_fn(kv, isa), kbuf);
+      a.v = widened(in[2], widen_fn(kv, isa), vbuf);
+    } else {  // a decode step: each block's rows widened where they are read
+      a.widen = widen_fn(kv, isa);
+      const auto& ks = in[1].strides();
+      const auto& vs = in[2].strides();
+      a.kh = {in[1].data<uint16_t>(), ks[0], ks[1], ks[2]};
+      a.vh = {in[2].data<uint16_t>(), vs[0], vs[1], vs[2]};
+    }
     a.scale = scale;
     a.causal = causal;
     a.rot = a.S ? rot % a.S : 0;
@@ -474,8 +536,10 @@ mx::array make_attention(const std::string& fn, const mx::array& q, const mx::ar
   if (rot < 0 || (rot > 0 && rot >= k.shape(2))) fail("rot must be in [0, number of keys)");
   if (rot > 0 && causal) fail("rot (a ring's rotation) is for one query row, not causal");
   if (q.shape(3) % 16 != 0) fail("head_dim must be a multiple of 16");
-  if (q.dtype() != mx::float32 || k.dtype() != mx::float32 || v.dtype() != mx::float32)
-    fail("q, k and v must be float32");
+  if (q.dtype() != mx::float32) fail("q must be float32");
+  if (k.dtype() != v.dtype() || (k.dtype() != mx::float32 && k.dtype() != mx::float16 &&
+                                 k.dtype() != mx::bfloat16))
+    fail("k and v must be both float32, both float16 or both bfloat16");
   auto s = mx::to_stream(mx::Device::cpu);
   const int B = q.shape(0), Hq = q.shape(1), L = q.shape(2), S = k.shape(2);
   std::vector<mx::array> inputs = {q, k, v};

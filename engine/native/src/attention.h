@@ -20,8 +20,9 @@
 namespace forkv {
 
 // q [B, Hq, L, D]; k, v [B, Hkv, S, D] with Hq a multiple of Hkv, D a multiple of 16 and
-// L <= S; float32. mask, broadcastable to [B, Hq, L, S]: bool (keep where true) or float
-// (added to the scores). causal: query row i sees keys j <= S - L + i (mlx's "causal").
+// L <= S; q float32, k and v float32, float16 or bfloat16 (both the same: half-width cached
+// K/V, widened exactly as they are read). mask, broadcastable to [B, Hq, L, S]: bool (keep
+// where true) or float (added to the scores). causal: query row i sees keys j <= S - L + i (mlx's "causal").
 // rot: key j in time order is row (j + rot) % S of k, v and the mask (a wrapped ring cache,
 // newest key last in time order). Returns [B, Hq, L, D] float32; a row that sees no key is
 // zeros.

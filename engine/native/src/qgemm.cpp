@@ -95,7 +95,10 @@ Isa best_isa() {
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
       __builtin_cpu_supports("avx512vnni"))
     return Isa::avx512vnni;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::avx2;
+  // F16C: the attention kernel's float16 K/V (every AVX2 CPU has it)
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      __builtin_cpu_supports("f16c"))
+    return Isa::avx2;
 #endif
   return Isa::scalar;
 }
