@@ -56,6 +56,9 @@ class EngineConfig(BaseModel):
     quantized: str = Field(
         "auto", description="quantized weights: auto (dequantize on the CPU when they fit in "
         "memory), keep, dequantize")
+    kv_dtype: str = Field(
+        "auto", description="cached K/V where forkv's CPU kernels run attention: auto "
+        "(float16), float16, bfloat16, float32 (elsewhere always float32)")
     settings: StoreSettings = Field(default_factory=StoreSettings.from_env)
 
     @field_validator("dtype")
@@ -63,6 +66,13 @@ class EngineConfig(BaseModel):
     def _dtype(cls, value: str) -> str:
         if value not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError("must be one of auto, float32, bfloat16, float16")
+        return value
+
+    @field_validator("kv_dtype")
+    @classmethod
+    def _kv_dtype(cls, value: str) -> str:
+        if value not in ("auto", "float16", "bfloat16", "float32"):
+            raise ValueError("must be one of auto, float16, bfloat16, float32")
         return value
 
     @field_validator("reuse")

@@ -85,8 +85,9 @@ class Engine:
                 materialize(model.model)  # here, on the thread that loaded it
                 self.lm = model
             else:
-                self.lm = self._worker.call(load_model, model, self.config.dtype,
-                                             self.config.quantized)
+                self.lm = self._worker.call(lambda: load_model(
+                    model, self.config.dtype, self.config.quantized,
+                    kv_dtype=self.config.kv_dtype))
             if chat_template is not None:  # before the checkpointer reads its turn marker
                 use_chat_template(self.lm, chat_template)
             if store is None and self.config.checkpoints:

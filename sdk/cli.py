@@ -65,6 +65,14 @@ def add_speculate_option(p) -> None:
                         "exact; off (FORKV_SPECULATE)")
 
 
+def add_kv_dtype_option(p) -> None:
+    """`--kv-dtype`, shared by generate, run and serve (None: FORKV_KV_DTYPE, else auto)."""
+    p.add_argument("--kv-dtype", choices=("auto", "float16", "bfloat16", "float32"),
+                   default=None,
+                   help="what cached K/V are stored in where forkv's CPU kernels run attention "
+                        "(auto: float16, half float32's bytes; FORKV_KV_DTYPE)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="forkv", description="Conversation graphs with exact block checkpoints on MLX.",

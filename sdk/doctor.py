@@ -43,11 +43,12 @@ def report(model: str | None = None) -> dict:
         "speculate": f"{config.speculate} (FORKV_SPECULATE; --speculate on generate, run, "
                      "serve): drafts from the prompt, the tree and recent outputs, verified "
                      "exactly" + ("" if config.speculate != "off" else ": off"),
+        "kv_dtype": _kv_line(config.kv_dtype),
     }
     if model:
         from forkv.engine import load_model
 
-        lm = load_model(model, config.dtype, config.quantized)
+        lm = load_model(model, config.dtype, config.quantized, kv_dtype=config.kv_dtype)
         out.update(model=model, source=lm.source, model_type=lm.model_type,
                    model_dtype=lm.dtype, quantization=lm.quantization,
                    quant_reason=lm.quantization_reason,
@@ -57,7 +58,25 @@ def report(model: str | None = None) -> dict:
         why = blocker(lm, config.speculate)
         out["speculate"] = (f"{config.speculate}: on for this model" if why is None else
                             f"{config.speculate}: off for this model: {why}")
+        out["kv_dtype"] = (f"{lm.kv_dtype} for this model ({config.kv_dtype} asked; "
+                           f"{_kv_bytes(lm)} bytes of cached K/V per token)")
     return out
+
+
+def _kv_line(asked: str) -> str:
+    from forkv.engine.native import DEFAULT_KV_DTYPE
+
+    chosen = DEFAULT_KV_DTYPE if asked == "auto" else asked
+    return (f"{chosen} ({asked}; FORKV_KV_DTYPE, --kv-dtype on generate, run, serve): cached "
+            "K/V where forkv's CPU kernels run attention; float32 elsewhere")
+
+
+def _kv_bytes(lm) -> int:
+    """K/V bytes one cached token takes over every layer (a sliding layer's too)."""
+    from forkv.engine.native.kvcache import bytes_per_token
+
+    return bytes_per_token(lm.model.language_model if lm.is_vision else lm.model,
+                           lm.make_cache())
 
 
 def kernels_line(is_cpu: bool) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from .cli import add_speculate_option
+from .cli import add_kv_dtype_option, add_speculate_option
 
 __all__ = ["DEFAULT_MODEL", "add_arguments", "read_prompt", "run_generate",
            "sampling_from_args"]
@@ -47,6 +47,7 @@ def add_arguments(p) -> None:
                    help="stop before this text; repeatable")
     p.add_argument("--no-progress", action="store_true", help="no prefill progress bar")
     add_speculate_option(p)
+    add_kv_dtype_option(p)
 
 
 def read_prompt(arg: str, stdin=None) -> str:
@@ -95,7 +96,8 @@ def run_generate(args) -> int:
         prompt = ([{"role": "system", "content": args.system}] if args.system else []) + [
             {"role": "user", "content": text}]
     engine = forkv.load(args.model, chat_template=getattr(args, "chat_template", None),
-                        speculate=getattr(args, "speculate", None))
+                        speculate=getattr(args, "speculate", None),
+                        kv_dtype=getattr(args, "kv_dtype", None))
     event, last = None, None  # the last character printed
     try:
         with PrefillBar(force=False if args.no_progress else None) as bar:

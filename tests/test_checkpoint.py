@@ -162,8 +162,8 @@ def test_decode_boundaries_are_recorded_by_one_job_after_the_request(arch, block
     lm = load_tiny(arch)
     store = RecordStore(0, MemoryDisk(), block_size=block)
     engine = scoped_engine(lm, block_size=block, store=store)
-    tokens = random_tokens(300, seed=3)
-    out = engine.generate(tokens, max_tokens=300)  # seed 3: no early EOS
+    tokens = random_tokens(300, seed=10)
+    out = engine.generate(tokens, max_tokens=300)  # seed 10: no early EOS (float16 K/V)
     assert len(out.token_ids) == 300
     engine.drain()
     st = engine.checkpointer.stats

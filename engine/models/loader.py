@@ -1,6 +1,7 @@
 """Turn a model's files into a `LoadedModel`: the mlx-lm (or mlx-vlm) model and tokenizer, the
-compute dtype, what was done with quantized weights, the cache layout and a fingerprint that
-identifies (config, weights, dtype, quantization choice) for block keys.
+compute dtype, what was done with quantized weights, the cached K/V format, the cache layout and a
+fingerprint that identifies (config, weights, dtype, quantization choice, K/V format) for block
+keys.
 
 Which folder a name means (a folder, a GGUF, a demo, a named model, LM Studio, the Hugging
 Face hub) is sources.py's business; keeping or dequantizing quantized weights is
@@ -22,6 +23,7 @@ from .sources import resolve_source
 from .special_tokens import eos_token_ids
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
+KV_DTYPES = ("auto", "float16", "bfloat16", "float32")
 
 
 @dataclass(slots=True)
@@ -50,11 +52,19 @@ class LoadedModel:
     # whether a verify chunk gives one-token decode's bits (request/speculate.py's probe, run
     # once): None until probed, "" when it does, else why not
     chunk_exactness: str | None = None
+    # the dtype cached K/V are stored in: half width where the kernels read them
+    # (native/kvcache.py), else float32 (the fingerprint covers it)
+    kv_dtype: str = "float32"
 
     def make_cache(self) -> list:
         from mlx_lm.models.cache import make_prompt_cache
 
-        return make_prompt_cache(self.model.language_model if self.is_vision else self.model)
+        caches = make_prompt_cache(self.model.language_model if self.is_vision else self.model)
+        if self.kv_dtype == "float32":
+            return caches
+        from ..native.kvcache import half_caches
+
+        return half_caches(caches, self.kv_dtype)
 
     @property
     def model_type(self) -> str:
@@ -81,14 +91,19 @@ def pick_dtype(requested: str, native: str) -> str:
 
 
 def load_model(name: str, dtype: str = "auto", quantized: str = "auto", *,
-               download: bool = True) -> LoadedModel:
+               download: bool = True, kv_dtype: str = "auto") -> LoadedModel:
     """Load any model name (sources.py) for the engine. `dtype`: auto, float32, bfloat16,
-    float16; `quantized`: auto, keep, dequantize (quantized.py). `download=False` takes Hugging
-    Face ids from the local cache only (a server loading what a request names)."""
+    float16; `quantized`: auto, keep, dequantize (quantized.py); `kv_dtype`: what cached K/V
+    are stored in where forkv's kernels run attention (auto = float16; elsewhere float32).
+    `download=False` takes Hugging Face ids from the local cache only (a server loading what a
+    request names)."""
     blas.activate()  # must precede the first mlx import to take effect
     from mlx_lm.utils import load as mlx_lm_load
 
     pick_dtype(dtype, "float32")  # a bad dtype fails before any folder is built or converted
+    if kv_dtype not in KV_DTYPES:
+        raise ModelLoadError(f"Unknown kv_dtype {kv_dtype!r}; choose one of "
+                             f"{', '.join(KV_DTYPES)}.")
     source = resolve_source(name, download=download,
                             quantized_gguf=wants_quantized_gguf(quantized))
     path = source.path
@@ -107,20 +122,35 @@ def load_model(name: str, dtype: str = "auto", quantized: str = "auto", *,
                              "original config.json.") from None
     except (ValueError, FileNotFoundError, OSError) as e:
         raise ModelLoadError(f"Could not load model from {str(path)!r}: {e}") from e
-    chosen, quant = _set_weights(model, config, dtype, quantized, path)
+    chosen, quant = _set_weights(model, config, dtype, quantized, path, kv_dtype)
     eos = eos_token_ids(path, config, tokenizer)  # configs, tokenizer, template's turn end
+    kv = pick_kv_dtype(kv_dtype, model, quant, chosen)
     return LoadedModel(
         name=name, path=path, model=model, tokenizer=tokenizer, config=config, dtype=chosen,
         layout=cache_layout(_make_cache(model)),
-        fingerprint=fingerprint(path, config, chosen, quant.label, _kernels(quant)),
+        fingerprint=fingerprint(path, config, chosen, quant.label, _kernels(quant, kv)),
         context_length=_context_length(config), eos_token_ids=frozenset(eos or ()),
         quantization=quant.label, quantization_reason=quant.reason, source=source.description,
-        kernels=_kernel_module(quant),
+        kernels=_kernel_module(quant), kv_dtype=kv,
     )
 
 
-def _set_weights(model, config: dict, dtype: str, quantized: str,
-                 path: Path) -> tuple[str, QuantChoice]:
+def pick_kv_dtype(requested: str, model, quant: QuantChoice, dtype: str) -> str:
+    """The cached K/V dtype: `requested` (auto: native.DEFAULT_KV_DTYPE) where the model's
+    attention runs on forkv's kernels (float32 queries), which read half K/V; float32
+    elsewhere (mlx's own)."""
+    if requested == "float32" or not quant.native or dtype != "float32":
+        return "float32"
+    from ..native import DEFAULT_KV_DTYPE
+    from ..native.attention import uses_native_attention
+
+    if not uses_native_attention(model):
+        return "float32"
+    return DEFAULT_KV_DTYPE if requested == "auto" else requested
+
+
+def _set_weights(model, config: dict, dtype: str, quantized: str, path: Path,
+                 kv_dtype: str = "float32") -> tuple[str, QuantChoice]:
     """Keep or dequantize quantized layers, then cast the float weights to the chosen dtype
     (not the scales and biases forkv's kernels read: they stay as the kernels keep them)."""
     import mlx.core as mx
@@ -128,7 +158,7 @@ def _set_weights(model, config: dict, dtype: str, quantized: str,
     native = _native_dtype(model)
     chosen = pick_dtype(dtype, native)
     quant = apply_quantized(model, config, quantized, chosen,
-                            lambda: read_kernel_groups(path))
+                            lambda: read_kernel_groups(path), kv_dtype)
     if chosen != native and not quant.dequantized:  # dequantizing already cast them
         target = getattr(mx, chosen)
         if quant.native:
@@ -185,11 +215,12 @@ def _kernel_module(quant: QuantChoice):
     return native.load(build=False) if quant.native else None
 
 
-def _kernels(quant: QuantChoice) -> str:
-    """The kernel paths that change this model's results, for the fingerprint."""
+def _kernels(quant: QuantChoice, kv_dtype: str = "float32") -> str:
+    """The kernel paths that change this model's results, for the fingerprint; a half K/V
+    format too, so records never restore under another format."""
     from .. import native
 
-    parts = [blas.kernel_label(), native.kernel_label() if quant.native else ""]
+    parts = [blas.kernel_label(), native.kernel_label(kv_dtype) if quant.native else ""]
     return "+".join(p for p in parts if p)
 
 

@@ -45,10 +45,12 @@ def describe_quantization(config: dict) -> str | None:
 
 
 def apply_quantized(model, config: dict, mode: str, dtype: str,
-                    kernel_groups=None) -> QuantChoice:
+                    kernel_groups=None, kv_dtype: str = "float32") -> QuantChoice:
     """Keep or dequantize `model`'s quantized layers in place; `dtype` is the compute dtype
     the float weights will be cast to (itemsize for the memory estimate). `kernel_groups`, a
-    function returning `use_kernel_groups`' dict, is called only when the kernels are used."""
+    function returning `use_kernel_groups`' dict, is called only when the kernels are used;
+    `kv_dtype` (the cached K/V format asked for, which the loader applies to float32 models) is
+    named in the kernels' label."""
     import mlx.core as mx
 
     if mode not in MODES:
@@ -60,7 +62,7 @@ def apply_quantized(model, config: dict, mode: str, dtype: str,
                                                  False), dtype)
     need = dequantized_bytes(model, getattr(mx, dtype).size)
     if mode != "dequantize" and mx.default_device() == mx.cpu:
-        choice, why_not = _try_native(model, what, kernel_groups)
+        choice, why_not = _try_native(model, what, kernel_groups, kv_dtype)
         if choice is not None:
             return choice
     else:
@@ -120,7 +122,8 @@ def _float_kernels(model, choice: QuantChoice, dtype: str) -> QuantChoice:
                        native=True)
 
 
-def _try_native(model, what: str, kernel_groups=None) -> tuple[QuantChoice | None, str]:
+def _try_native(model, what: str, kernel_groups=None,
+                kv_dtype: str = "float32") -> tuple[QuantChoice | None, str]:
     """Move the quantized layers onto forkv's kernels: (the choice, "") or (None, why not)."""
     from .. import native
 
@@ -145,7 +148,10 @@ def _try_native(model, what: str, kernel_groups=None) -> tuple[QuantChoice | Non
     norms, ropes = use_native_rowwise(model, lib)
     mlps = use_native_activations(model, lib)
     info = native.status()
-    return QuantChoice(f"{what} on {native.kernel_label()}", f"{count} quantized layers, "
+    if kv_dtype == "auto":
+        kv_dtype = native.DEFAULT_KV_DTYPE
+    label = native.kernel_label(kv_dtype if attention else "float32")
+    return QuantChoice(f"{what} on {label}", f"{count} quantized layers, "
                        f"{attention} attention layers, {norms} norms, {ropes} ropes and "
                        f"{mlps} MLP activations "
                        f"on forkv's CPU kernels ({info.isa}, {info.num_threads} threads)", False,

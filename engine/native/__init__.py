@@ -4,7 +4,9 @@ ISA at run time.
 `load()` builds the extension on first use (build.py) and imports it; `status()` says whether
 the kernels are in use and why not (for `forkv doctor`); `kernel_label()` is what the model
 fingerprint covers, so records made under one kernel path never restore under another.
-`FORKV_NATIVE=off` turns them off; `FORKV_NATIVE_ISA=avx2|scalar` picks a lower ISA than the
+The models whose attention runs on them store cached K/V at half width (kvcache.py;
+`DEFAULT_KV_DTYPE` unless asked otherwise), which the label names too. `FORKV_NATIVE=off` turns
+them off; `FORKV_NATIVE_ISA=avx2|scalar` picks a lower ISA than the
 best; `FORKV_NATIVE_THREADS` sizes their thread pool. Without a compiler, or on another
 device than the CPU, forkv runs mlx's own kernels. Knows nothing about models (layers.py).
 """
@@ -19,13 +21,16 @@ from dataclasses import dataclass
 
 from .build import BuildError, built_library
 
-__all__ = ["NativeInfo", "kernel_label", "load", "status"]
+__all__ = ["DEFAULT_KV_DTYPE", "NativeInfo", "kernel_label", "load", "status"]
 
 # Bump when a kernel's arithmetic changes (its results, not its speed).
 # 2: decode attention, RMS norm and RoPE; 3: activations, prefill attention, groups of 16;
 # 4: only a marked class's own code gets the kernels' activations (a model module's compiled
 # helpers, e.g. Gemma 4's geglu, keep mlx's).
 KERNEL_VERSION = 4
+# What cached K/V are stored in where the kernels run attention, unless asked otherwise:
+# half float32's bytes, within 0.5% of its perplexity on Gemma 3 and SmolLM2 (docs/memory.md).
+DEFAULT_KV_DTYPE = "float16"
 
 
 @dataclass(slots=True, frozen=True)
@@ -87,7 +92,11 @@ def status() -> NativeInfo:
                                "quantized model on the CPU (or run `forkv doctor --build`)")
 
 
-def kernel_label() -> str:
-    """forkv's kernel path for the fingerprint ('' when the kernels are not in use)."""
+def kernel_label(kv_dtype: str = DEFAULT_KV_DTYPE) -> str:
+    """forkv's kernel path for the fingerprint ('' when the kernels are not in use), with the
+    cached K/V format where it is half width: records never restore under another format."""
     info = status()
-    return f"forkv-native-v{KERNEL_VERSION}-{info.isa}" if info.available else ""
+    if not info.available:
+        return ""
+    kv = "" if kv_dtype == "float32" else f"-kv-{kv_dtype}"
+    return f"forkv-native-v{KERNEL_VERSION}-{info.isa}{kv}"

@@ -4,7 +4,8 @@ mlx-lm's attention modules call `scaled_dot_product_attention`, a name each mode
 imports from mlx_lm.models.base. `use_native_attention(model, lib)` gives the model's own
 attention modules a subclass whose `__call__` is theirs with that name bound to `attention`
 below, and which marks their calls (swap.marked_subclass; the model's module is left alone).
-Marked calls on float32 queries, decode and prefill alike
+Marked calls on float32 queries (K/V float32, or half width as native/kvcache.py stores
+them), decode and prefill alike
 (no mask, mlx-lm's "causal", or an array mask such as a sliding window's), go to the kernel;
 every other call (other models in the process, bfloat16, quantized caches, attention sinks)
 goes to mlx-lm's function unchanged. So the kernel path is scoped to the models whose
@@ -20,7 +21,7 @@ import mlx.core as mx
 
 from .swap import marked_subclass
 
-__all__ = ["attention", "use_native_attention"]
+__all__ = ["attention", "use_native_attention", "uses_native_attention"]
 
 _MARKED = contextvars.ContextVar("forkv_native_attention", default=None)
 _NAME = "scaled_dot_product_attention"
@@ -41,7 +42,8 @@ def attention(queries, keys, values, cache, scale, mask, sinks=None):
             and queries.shape[2] <= keys.shape[2]
             and queries.shape[-1] == keys.shape[-1] and queries.shape[-1] % 16 == 0
             and queries.shape[1] % keys.shape[1] == 0
-            and queries.dtype == keys.dtype == values.dtype == mx.float32
+            and queries.dtype == mx.float32 and keys.dtype == values.dtype
+            and keys.dtype in (mx.float32, mx.float16, mx.bfloat16)
             and (mask is None or isinstance(mask, mx.array) or mask == "causal")):
         if isinstance(mask, str):  # "causal": row i sees keys up to S - L + i
             return lib.attention(queries, keys, values, scale, None, queries.shape[2] > 1)
@@ -68,6 +70,12 @@ def _calls_sdpa(cls: type) -> bool:
     code = getattr(call, "__code__", None)
     return (code is not None and _NAME in code.co_names
             and call.__globals__.get(_NAME) is _mlx_lm_sdpa())
+
+
+def uses_native_attention(model) -> bool:
+    """Whether `use_native_attention` marked any of `model`'s modules."""
+    marked = set(_subclasses.values())
+    return any(type(m) in marked for _, m in model.named_modules())
 
 
 def use_native_attention(model, lib) -> int:

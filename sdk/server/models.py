@@ -162,7 +162,8 @@ class ModelPool:
         engine = EngineConfig.from_env()
         t0 = logs.loading(name)
         try:
-            lm = load_model(name, engine.dtype, engine.quantized, download=False)
+            lm = load_model(name, engine.dtype, engine.quantized, download=False,
+                            kv_dtype=engine.kv_dtype)
             served = self.add(name, lm, pinned=False)
         except Exception as e:  # noqa: BLE001 - any load failure is this request's 404
             logs.load_failed(name, t0, e)

@@ -14,7 +14,7 @@ import ipaddress
 import os
 import sys
 
-from forkv.cli import add_speculate_option
+from forkv.cli import add_kv_dtype_option, add_speculate_option
 from forkv.errors import ForkvError
 
 __all__ = ["BindRefused", "add_arguments", "check_bind", "run_serve", "serve"]
@@ -54,7 +54,7 @@ def serve(config) -> None:
     state = ServerState(config)
     for name in config.pinned:
         t0 = logs.loading(name)
-        lm = load_model(name, engine.dtype, engine.quantized)
+        lm = load_model(name, engine.dtype, engine.quantized, kv_dtype=engine.kv_dtype)
         if config.chat_template is not None:
             use_chat_template(lm, config.chat_template)
         require_chat_template(lm.tokenizer, lm.name)  # chat routes render messages
@@ -91,6 +91,8 @@ def run_serve(args) -> int:
     origins = tuple(normalize_origin(o) for o in args.allow_origin or ())  # before any load
     logs.setup(quiet=getattr(args, "quiet", False))
     models = tuple(args.model or ())
+    if getattr(args, "kv_dtype", None):  # every model this server loads reads it (EngineConfig)
+        os.environ["FORKV_KV_DTYPE"] = args.kv_dtype
     memory = None if args.model_memory is None else int(args.model_memory * (1 << 30))
     config = ServerConfig(model=models[0] if len(models) == 1 else None, models=models,
                           host=args.host, port=args.port, api_keys=keys,
@@ -160,6 +162,7 @@ def add_arguments(p) -> None:
                         "rounding of a fresh run's); exact: restore records only, bit for bit "
                         "a fresh run with the same chunking (FORKV_REUSE)")
     add_speculate_option(p)
+    add_kv_dtype_option(p)
     p.add_argument("--max-body", type=int, default=32 << 20, help="largest request body, bytes")
     p.add_argument("--reasoning", choices=("auto", "on", "off"), default="auto",
                    help="Responses API: split thinking into reasoning items (auto: when the "
