@@ -22,6 +22,7 @@ HEADLINES = {
     "weights": {"dequantized_vs_float32_prefill", "dequantized_vs_kept_prefill",
                 "q4_dequantized_prefill_vs_mlx_lm"},
     "restore": {"restore_vs_read", "read_ms", "build_ms", "restore_ms"},
+    "kv": {"float16_ppl_vs_float32", "bfloat16_ppl_vs_float32", "float16_decode_vs_float32"},
     "contention": {"quiet_s", "slowdown_busy2"},
     "depth": {"depth_ratio", "overhead_depth_ratio", "turn_10_ms"},
     "decode": {"edit_vs_off", "chat_spec_vs_off", "spec_identical", "llamacpp_ok"},

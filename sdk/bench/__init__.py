@@ -28,13 +28,14 @@ BENCHMARKS = {
     "contention": ("contention", "run_contention_bench", ("demo:gemma3:small",)),
     "depth": ("depth", "run_depth_bench", ("demo:qwen3:tiny",)),
     "decode": ("decode", "run_decode_bench", ("smollm2-135m", "gemma3-270m")),
+    "kv": ("kv_dtype", "run_kv_bench", ("gemma3-270m", "smollm2-135m")),
 }
 
 # Benchmarks whose default is a named real model when its package is installed (the `gemma`
 # extra); --quick, or a machine without it, keeps the demo models above.
 _REAL_DEFAULTS = {"serve": "gemma3-270m", "restore": "gemma3-270m", "contention": "gemma3-270m"}
 # Benchmarks whose defaults are named real models: --quick runs this demo model instead.
-_QUICK_MODELS = {"decode": "demo:gemma3:tiny"}
+_QUICK_MODELS = {"decode": "demo:gemma3:tiny", "kv": "demo:gemma3:tiny"}
 
 __all__ = ["BENCHMARKS", "available", "run_benchmark"]
 
