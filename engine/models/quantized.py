@@ -132,6 +132,7 @@ def _try_native(model, what: str, kernel_groups=None,
         return None, native.status().reason
     from ..native.activations import use_native_activations
     from ..native.attention import use_native_attention
+    from ..native.fused import fuse_projections
     from ..native.layers import unsupported, use_kernel_groups, use_native
     from ..native.rowwise import use_native_rowwise
 
@@ -144,6 +145,8 @@ def _try_native(model, what: str, kernel_groups=None,
     if groups:  # float in the folder for mlx, exact groups on the kernels: a new computation
         what = f"{what} + {groups} layers 6-bit/16"
         count += groups
+    # q/k/v and gate/up in one call each: the same bits (fused.py), fewer calls a layer
+    fused = 0 if native.fuse_off() else fuse_projections(model)
     attention = use_native_attention(model, lib)
     norms, ropes = use_native_rowwise(model, lib)
     mlps = use_native_activations(model, lib)
@@ -151,7 +154,8 @@ def _try_native(model, what: str, kernel_groups=None,
     if kv_dtype == "auto":
         kv_dtype = native.DEFAULT_KV_DTYPE
     label = native.kernel_label(kv_dtype if attention else "float32")
-    return QuantChoice(f"{what} on {label}", f"{count} quantized layers, "
+    return QuantChoice(f"{what} on {label}", f"{count} quantized layers "
+                       f"({fused} groups fused), "
                        f"{attention} attention layers, {norms} norms, {ropes} ropes and "
                        f"{mlps} MLP activations "
                        f"on forkv's CPU kernels ({info.isa}, {info.num_threads} threads)", False,

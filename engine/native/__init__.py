@@ -6,9 +6,11 @@ the kernels are in use and why not (for `forkv doctor`); `kernel_label()` is wha
 fingerprint covers, so records made under one kernel path never restore under another.
 The models whose attention runs on them store cached K/V at half width (kvcache.py;
 `DEFAULT_KV_DTYPE` unless asked otherwise), which the label names too. `FORKV_NATIVE=off` turns
-them off; `FORKV_NATIVE_ISA=avx2|scalar` picks a lower ISA than the
-best; `FORKV_NATIVE_THREADS` sizes their thread pool. Without a compiler, or on another
-device than the CPU, forkv runs mlx's own kernels. Knows nothing about models (layers.py).
+them off; `FORKV_NATIVE_ISA=avx2|scalar` picks a lower ISA than the best;
+`FORKV_NATIVE_THREADS` sizes their thread pool; `FORKV_NATIVE_FUSE=off` keeps q/k/v and
+gate/up as separate calls (fused.py: the same bits, for comparison). Without a compiler, or on
+another device than the CPU, forkv runs mlx's own kernels. Knows nothing about models
+(layers.py).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 
 from .build import BuildError, built_library
 
-__all__ = ["DEFAULT_KV_DTYPE", "NativeInfo", "kernel_label", "load", "status"]
+__all__ = ["DEFAULT_KV_DTYPE", "NativeInfo", "fuse_off", "kernel_label", "load", "status"]
 
 # Bump when a kernel's arithmetic changes (its results, not its speed).
 # 2: decode attention, RMS norm and RoPE; 3: activations, prefill attention, groups of 16;
@@ -90,6 +92,11 @@ def status() -> NativeInfo:
         load(build=False)
     return _info or NativeInfo(False, reason="not built yet: it builds on the first load of a "
                                "quantized model on the CPU (or run `forkv doctor --build`)")
+
+
+def fuse_off() -> bool:
+    """Whether FORKV_NATIVE_FUSE turns the fused projections off (fused.py)."""
+    return os.environ.get("FORKV_NATIVE_FUSE", "").strip().lower() in ("off", "0", "false", "no")
 
 
 def kernel_label(kv_dtype: str = DEFAULT_KV_DTYPE) -> str:
