@@ -31,6 +31,15 @@ def lib():
     module.set_isa(module.best_isa())
 
 
+@pytest.fixture(autouse=True)
+def _best_isa_after():
+    # a test that walks the ISAs leaves the last (scalar) set: the next one would run a real
+    # model on the scalar kernels (tens of minutes)
+    yield
+    if native._module is not None:
+        native._module.set_isa(native._module.best_isa())
+
+
 def _isas(lib):
     order = ISAS[ISAS.index(lib.best_isa()):]
     return order
@@ -150,6 +159,30 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(lib, bits):
             assert mx.array_equal(whole, lib.quantized_matmul(x, wk, s, b, bits, 32)).item()
         finally:
             lib.set_num_threads(0)
+
+
+@pytest.mark.parametrize("bits", [4, 5, 6, 8])
+def test_a_split_call_gives_each_range_the_bits_of_its_own_call(lib, bits):
+    # q/k/v or gate/up in one call (fused.py): each output is its rows' own call, bit for bit,
+    # on every ISA, for one row (decode) and many (prefill), ranges inside or across the
+    # kernels' blocks of 16 rows
+    widths = [40, 8, 24, 1]
+    K = 640
+    w, s, b = mx.quantize(mx.random.normal((sum(widths), K)), group_size=32, bits=bits)
+    s, b = s.astype(mx.float32), b.astype(mx.float32)
+    wk = _kernel_weight(lib, w, K, bits)
+    ends = np.cumsum([0] + widths)
+    for isa in _isas(lib):
+        lib.set_isa(isa)
+        for M in (1, 5, 37):
+            x = mx.random.normal((2, M, K))
+            outs = lib.quantized_matmul_split(x, wk, s, b, bits, 32, widths)
+            for out, a, e in zip(outs, ends[:-1], ends[1:]):
+                alone = lib.quantized_matmul(x, _kernel_weight(lib, w[a:e], K, bits), s[a:e],
+                                             b[a:e], bits, 32)
+                assert out.shape == (2, M, e - a) and mx.array_equal(out, alone).item(), isa
+    with pytest.raises(ValueError, match="add up to 73"):
+        lib.quantized_matmul_split(x, wk, s, b, bits, 32, [40, 8])
 
 
 @pytest.mark.parametrize("bits,group_size", [(4, 32), (5, 32), (6, 16), (8, 32), (8, 128)])

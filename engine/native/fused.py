@@ -41,14 +41,25 @@ class FusedProjections(NativeQuantizedLinear):
         """Member `i`'s output for `x`: from this call's shared result where there is one."""
         stash = self._stash
         if stash is None or stash[0] is not x or i not in stash[2]:
-            y = super().__call__(x)
-            parts = [y[..., a:b] for a, b in zip(self._ends[:-1], self._ends[1:])]
+            # one call, each member's columns its own contiguous output (slices of one
+            # output would be strided, and copied by every reshape and kernel after them)
+            parts = self._lib.quantized_matmul_split(x, self["weight"], self["scales"],
+                                                     self.get("biases"), self.bits,
+                                                     self.group_size, list(self._widths))
+            if "bias" in self:
+                parts = [p + b for p, b in zip(parts, self._biases())]
             stash = (x, parts, set(range(len(parts))))
             _plain(self, "_stash", stash)
         stash[2].discard(i)
         if not stash[2]:
             _plain(self, "_stash", None)  # all taken: keep no reference to this step's arrays
         return stash[1][i]
+
+    def _biases(self):
+        ends = [0]
+        for width in self._widths:
+            ends.append(ends[-1] + width)
+        return [self["bias"][a:b] for a, b in zip(ends[:-1], ends[1:])]
 
 
 class FusedMember(nn.Module):
@@ -92,7 +103,7 @@ def _fuse(parent, names: tuple[str, ...]) -> bool:
         if key in first:
             owner[key] = mx.concatenate([m[key] for m in members], axis=0)
     rows = [m["scales"].shape[0] for m in members]
-    _plain(owner, "_ends", tuple(sum(rows[:i]) for i in range(len(rows) + 1)))
+    _plain(owner, "_widths", tuple(rows))
     _plain(owner, "_stash", None)
     owner._lib = first._lib
     owner.freeze()

@@ -1,6 +1,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include "activation.h"
 #include "attention.h"
@@ -15,6 +16,8 @@ NB_MODULE(_forkv_native, m) {
   m.doc() = "forkv's CPU kernels for mlx (engine/native)";
   m.def("quantized_matmul", &forkv::quantized_matmul, "x"_a, "w"_a, "scales"_a, "biases"_a.none(),
         "bits"_a, "group_size"_a);
+  m.def("quantized_matmul_split", &forkv::quantized_matmul_split, "x"_a, "w"_a, "scales"_a,
+        "biases"_a.none(), "bits"_a, "group_size"_a, "widths"_a);
   m.def("decode_attention", &forkv::decode_attention, "q"_a, "k"_a, "v"_a, "scale"_a,
         "mask"_a = nb::none());
   m.def("attention", &forkv::attention, "q"_a, "k"_a, "v"_a, "scale"_a, "mask"_a = nb::none(),

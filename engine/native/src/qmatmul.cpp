@@ -26,7 +26,10 @@ struct Scratch {
   std::vector<float> dxv, dx, xsum;
 };
 
-void run_qgemm(const float* x, int M, int K, const QuantW& w, float* y, Isa isa) {
+// The call's columns [ends[s], ends[s+1]) go to ys[s], row stride ends[s+1] - ends[s] (one
+// segment: the whole [M, N] output).
+void run_qgemm(const float* x, int M, int K, const QuantW& w, const std::vector<int>& ends,
+               const std::vector<float*>& ys, Isa isa) {
   thread_local Scratch scratch;
   Scratch& s = scratch;  // the caller's buffers: a thread_local named in a lambda is the worker's
   const int num_groups = K / w.group_size;
@@ -59,7 +62,15 @@ void run_qgemm(const float* x, int M, int K, const QuantW& w, float* y, Isa isa)
       const int b0 = next.fetch_add(step);
       if (b0 >= num_blocks) break;
       const int n0 = b0 * kBlock, n1 = std::min(w.N, (b0 + step) * kBlock);
-      qgemm_rows(qx, w, n0, n1, y, size_t(w.N), isa);
+      for (size_t seg = 0; seg + 1 < ends.size(); ++seg) {
+        const int a = std::max(n0, ends[seg]), b = std::min(n1, ends[seg + 1]);
+        if (a >= b) continue;
+        // qgemm_rows writes y[m * ldy + n] for n in [a, b): shift the segment's base by its
+        // first column (a column's value does not depend on the range it is computed in)
+        const size_t width = size_t(ends[seg + 1] - ends[seg]);
+        float* base = ys[seg] - ends[seg];
+        qgemm_rows(qx, w, a, b, base, width, isa);
+      }
     }
   });
 }
@@ -94,21 +105,25 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs,
   auto& scales = inputs[2];
   const bool has_biases = inputs.size() > 3;
   auto& biases = inputs[has_biases ? 3 : 2];  // symmetric groups: scales stand in, unread
-  auto& out = outputs[0];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
+  for (auto& out : outputs) out.set_data(mx::allocator::malloc(out.nbytes()));
   auto& encoder = mx::cpu::get_command_encoder(stream());
   encoder.set_input_array(x);
   encoder.set_input_array(w);
   encoder.set_input_array(scales);
   if (has_biases) encoder.set_input_array(biases);
-  encoder.set_output_array(out);
+  std::vector<mx::array> outs;
+  for (auto& out : outputs) {
+    encoder.set_output_array(out);
+    outs.push_back(mx::array::unsafe_weak_copy(out));
+  }
   const int K = K_, N = N_, bits = bits_, group_size = group_size_;
   const int M = int(x.size() / K);
   const Isa isa = isa_;
+  std::vector<int> ends = ends_.empty() ? std::vector<int>{0, N} : ends_;
   encoder.dispatch([x = mx::array::unsafe_weak_copy(x), w = mx::array::unsafe_weak_copy(w),
                     scales = mx::array::unsafe_weak_copy(scales),
-                    biases = mx::array::unsafe_weak_copy(biases),
-                    out = mx::array::unsafe_weak_copy(out), K, N, M, bits, group_size, isa,
+                    biases = mx::array::unsafe_weak_copy(biases), outs = std::move(outs),
+                    ends = std::move(ends), K, N, M, bits, group_size, isa,
                     has_biases]() mutable {
     QuantW qw;
     qw.N = N; qw.K = K; qw.bits = bits; qw.group_size = group_size;
@@ -122,7 +137,9 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs,
     if (M == 0) return;
     thread_local std::vector<float> gathered;
     const float* xp = row_major(x, gathered);
-    run_qgemm(xp, M, K, qw, out.data<float>(), isa);
+    std::vector<float*> ys;
+    for (auto& out : outs) ys.push_back(out.data<float>());
+    run_qgemm(xp, M, K, qw, ends, ys, isa);
   });
 }
 
@@ -133,42 +150,38 @@ void QuantizedMatmul::eval_gpu(const std::vector<mx::array>&, std::vector<mx::ar
 bool QuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const QuantizedMatmul&>(other);
   return bits_ == o.bits_ && group_size_ == o.group_size_ && N_ == o.N_ && K_ == o.K_ &&
-         isa_ == o.isa_;
+         isa_ == o.isa_ && ends_ == o.ends_;
 }
 
 std::vector<mx::Shape> QuantizedMatmul::output_shapes(const std::vector<mx::array>& inputs) {
   auto shape = inputs[0].shape();
-  shape.back() = N_;
-  return {shape};
+  if (ends_.empty()) {
+    shape.back() = N_;
+    return {shape};
+  }
+  std::vector<mx::Shape> shapes;
+  for (size_t s = 0; s + 1 < ends_.size(); ++s) {
+    shape.back() = ends_[s + 1] - ends_[s];
+    shapes.push_back(shape);
+  }
+  return shapes;
 }
+
+namespace {
+
+// The checked inputs of a call on float32 x, and N and K.
+std::vector<mx::array> matmul_inputs(const std::string& fn, const mx::array& x,
+                                     const mx::array& w, const mx::array& scales,
+                                     const std::optional<mx::array>& biases, int bits,
+                                     int group_size, int& N, int& K);
+
+}  // namespace
 
 mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
                            const std::optional<mx::array>& biases, int bits, int group_size) {
-  if (bits != 4 && bits != 5 && bits != 6 && bits != 8)
-    throw std::invalid_argument("forkv quantized_matmul: bits must be 4, 5, 6 or 8");
-  if (group_size != 32 && group_size != 64 && group_size != 128 && group_size != 16)
-    throw std::invalid_argument("forkv quantized_matmul: group_size must be 16, 32, 64 or 128");
-  if (group_size == 16 && bits == 8)
-    throw std::invalid_argument("forkv quantized_matmul: group_size 16 takes 4, 5 or 6 bits");
-  if (scales.ndim() != 2 || (biases && biases->shape() != scales.shape()))
-    throw std::invalid_argument("forkv quantized_matmul: scales and biases must be [N, K/group]");
-  const int N = scales.shape(0), K = scales.shape(1) * group_size;
-  if (K % 64 != 0) throw std::invalid_argument("forkv quantized_matmul: K must be a multiple of 64");
-  if (x.ndim() < 1 || x.shape().back() != K)
-    throw std::invalid_argument("forkv quantized_matmul: x's last axis must be " + std::to_string(K));
-  if (w.ndim() != 2 || w.shape(0) != N || size_t(w.shape(1)) * w.itemsize() != row_bytes(K, bits))
-    throw std::invalid_argument("forkv quantized_matmul: w does not hold [N, K] at this bit width");
-  if (biases ? scales.dtype() != mx::float32 || biases->dtype() != mx::float32
-             : scales.dtype() != mx::float32 && scales.dtype() != mx::float16)
-    throw std::invalid_argument("forkv quantized_matmul: scales and biases must be float32 "
-                                "(without biases, scales may be float16)");
+  int N = 0, K = 0;
+  auto inputs = matmul_inputs("quantized_matmul", x, w, scales, biases, bits, group_size, N, K);
   auto s = mx::to_stream(mx::Device::cpu);
-  // x may be strided: eval_cpu gathers it.
-  auto xf = x.dtype() == mx::float32 ? x : mx::astype(x, mx::float32, s);
-  auto wc = as_is(w, s);
-  auto sc = as_is(scales, s);
-  std::vector<mx::array> inputs = {xf, wc, sc};
-  if (biases) inputs.push_back(as_is(*biases, s));
   auto shape = x.shape();
   shape.back() = N;
   auto y = mx::array(shape, mx::float32,
@@ -176,6 +189,73 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
                      std::move(inputs));
   return x.dtype() == mx::float32 ? y : mx::astype(y, x.dtype(), s);
 }
+
+std::vector<mx::array> quantized_matmul_split(const mx::array& x, const mx::array& w,
+                                              const mx::array& scales,
+                                              const std::optional<mx::array>& biases, int bits,
+                                              int group_size, const std::vector<int>& widths) {
+  int N = 0, K = 0;
+  auto inputs =
+      matmul_inputs("quantized_matmul_split", x, w, scales, biases, bits, group_size, N, K);
+  std::vector<int> ends = {0};
+  for (int width : widths) {
+    if (width < 1)
+      throw std::invalid_argument("forkv quantized_matmul_split: widths must be positive");
+    ends.push_back(ends.back() + width);
+  }
+  if (ends.back() != N)
+    throw std::invalid_argument("forkv quantized_matmul_split: widths must add up to " +
+                                std::to_string(N) + " (the weight's rows)");
+  auto s = mx::to_stream(mx::Device::cpu);
+  auto prim = std::make_shared<QuantizedMatmul>(s, bits, group_size, N, K, current_isa(), ends);
+  std::vector<mx::Shape> shapes;
+  auto shape = x.shape();
+  for (int width : widths) {
+    shape.back() = width;
+    shapes.push_back(shape);
+  }
+  auto ys = mx::array::make_arrays(std::move(shapes),
+                                   std::vector<mx::Dtype>(widths.size(), mx::float32), prim,
+                                   std::move(inputs));
+  if (x.dtype() != mx::float32)
+    for (auto& y : ys) y = mx::astype(y, x.dtype(), s);
+  return ys;
+}
+
+namespace {
+
+std::vector<mx::array> matmul_inputs(const std::string& fn, const mx::array& x,
+                                     const mx::array& w, const mx::array& scales,
+                                     const std::optional<mx::array>& biases, int bits,
+                                     int group_size, int& N, int& K) {
+  if (bits != 4 && bits != 5 && bits != 6 && bits != 8)
+    throw std::invalid_argument("forkv " + fn + ": bits must be 4, 5, 6 or 8");
+  if (group_size != 32 && group_size != 64 && group_size != 128 && group_size != 16)
+    throw std::invalid_argument("forkv " + fn + ": group_size must be 16, 32, 64 or 128");
+  if (group_size == 16 && bits == 8)
+    throw std::invalid_argument("forkv " + fn + ": group_size 16 takes 4, 5 or 6 bits");
+  if (scales.ndim() != 2 || (biases && biases->shape() != scales.shape()))
+    throw std::invalid_argument("forkv " + fn + ": scales and biases must be [N, K/group]");
+  N = scales.shape(0);
+  K = scales.shape(1) * group_size;
+  if (K % 64 != 0) throw std::invalid_argument("forkv " + fn + ": K must be a multiple of 64");
+  if (x.ndim() < 1 || x.shape().back() != K)
+    throw std::invalid_argument("forkv " + fn + ": x's last axis must be " + std::to_string(K));
+  if (w.ndim() != 2 || w.shape(0) != N || size_t(w.shape(1)) * w.itemsize() != row_bytes(K, bits))
+    throw std::invalid_argument("forkv " + fn + ": w does not hold [N, K] at this bit width");
+  if (biases ? scales.dtype() != mx::float32 || biases->dtype() != mx::float32
+             : scales.dtype() != mx::float32 && scales.dtype() != mx::float16)
+    throw std::invalid_argument("forkv " + fn + ": scales and biases must be float32 "
+                                "(without biases, scales may be float16)");
+  auto s = mx::to_stream(mx::Device::cpu);
+  // x may be strided: eval_cpu gathers it.
+  auto xf = x.dtype() == mx::float32 ? x : mx::astype(x, mx::float32, s);
+  std::vector<mx::array> inputs = {xf, as_is(w, s), as_is(scales, s)};
+  if (biases) inputs.push_back(as_is(*biases, s));
+  return inputs;
+}
+
+}  // namespace
 
 mx::array repack(const mx::array& w, int K, int bits) {
   if (bits != 5 && bits != 6) throw std::invalid_argument("forkv repack: bits must be 5 or 6");

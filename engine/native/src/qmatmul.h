@@ -1,6 +1,7 @@
 #pragma once
 
 #include <optional>
+#include <vector>
 
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
@@ -15,6 +16,14 @@ mlx::core::array quantized_matmul(const mlx::core::array& x, const mlx::core::ar
                                   const std::optional<mlx::core::array>& biases, int bits,
                                   int group_size);
 
+// The same product in one call for several column ranges of w (its rows in order: `widths`
+// add up to N), each range its own contiguous output; every value is the bits of
+// `quantized_matmul` (a column's value does not depend on the other columns of the call).
+std::vector<mlx::core::array> quantized_matmul_split(
+    const mlx::core::array& x, const mlx::core::array& w, const mlx::core::array& scales,
+    const std::optional<mlx::core::array>& biases, int bits, int group_size,
+    const std::vector<int>& widths);
+
 // mlx-packed 5/6-bit weights [N, K*bits/32] as the kernels read them [N, row_bytes].
 mlx::core::array repack(const mlx::core::array& w, int K, int bits);
 
@@ -25,9 +34,11 @@ void set_threads(int n);  // 0: the pool's size
 
 class QuantizedMatmul : public mlx::core::Primitive {
  public:
-  QuantizedMatmul(mlx::core::Stream stream, int bits, int group_size, int N, int K, Isa isa)
+  // `ends`: the column ranges of a split call's outputs ({0, ..., N}); empty: one output
+  QuantizedMatmul(mlx::core::Stream stream, int bits, int group_size, int N, int K, Isa isa,
+                  std::vector<int> ends = {})
       : mlx::core::Primitive(stream), bits_(bits), group_size_(group_size), N_(N), K_(K),
-        isa_(isa) {}
+        isa_(isa), ends_(std::move(ends)) {}
   void eval_cpu(const std::vector<mlx::core::array>& inputs,
                 std::vector<mlx::core::array>& outputs) override;
   void eval_gpu(const std::vector<mlx::core::array>& inputs,
@@ -39,6 +50,7 @@ class QuantizedMatmul : public mlx::core::Primitive {
  private:
   int bits_, group_size_, N_, K_;
   Isa isa_;
+  std::vector<int> ends_;
 };
 
 }  // namespace forkv
