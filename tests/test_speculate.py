@@ -218,6 +218,14 @@ def test_all_namespaces_together_stay_bounded():
         assert alone.total <= 150
 
 
+def test_the_recent_outputs_total_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("FORKV_RECENT_TOKENS", "300")
+    assert DraftSources().max_total == 300 and DraftSources().max_tokens == 300
+    monkeypatch.setenv("FORKV_RECENT_TOKENS", "lots")
+    with pytest.raises(ValueError, match="FORKV_RECENT_TOKENS='lots' is not a token count"):
+        DraftSources()
+
+
 def test_the_index_holds_a_few_hundred_bytes_a_token():
     import random
     import tracemalloc

@@ -18,6 +18,7 @@ sampling: the scheduler verifies what this proposes.
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Sequence
 
@@ -203,16 +204,32 @@ class Drafter:
             self._backoff = 4
 
 
+def _env_tokens(name: str, default: int) -> int:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ValueError(f"{name}={value!r} is not a token count; give a whole number >= 0 "
+                         f"(the default is {default}).")
+    return n
+
+
 class DraftSources:
     """An engine's draft sources beyond a request's own: each namespace's recent outputs, at
     most `max_tokens` a namespace and `max_total` in all (the least recently used namespace
     gives up its oldest first). The index holds ~300 bytes a token, so the default total is
-    ~40 MB however many tenants a server has."""
+    ~40 MB however many tenants a server has; FORKV_RECENT_TOKENS sets another total."""
 
     def __init__(self, max_namespaces: int = 64, max_tokens: int = 65536,
-                 max_total: int = 131072):
+                 max_total: int | None = None):
+        if max_total is None:
+            max_total = _env_tokens("FORKV_RECENT_TOKENS", 131072)
         self.max_namespaces = max_namespaces
-        self.max_tokens = max_tokens
+        self.max_tokens = min(max_tokens, max_total)
         self.max_total = max_total
         self.total = 0  # tokens kept over all namespaces
         self._recent: dict[str, RecentOutputs] = {}  # insertion order = least recently used

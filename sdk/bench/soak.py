@@ -43,6 +43,9 @@ RAM_BUDGET, DISK_BUDGET = "4MiB", "16MiB"
 # The same for fast reuse's live caches (512 MiB by default: a 3-minute run on tiny models
 # was still filling it after its warm-up sample, RSS +10% on a bounded cache).
 LIVE_CACHE_MIB = "16"
+# And for speculation's index of recent outputs (128K tokens, ~40 MB by default: a 30-minute
+# soak was still filling it at the end, RSS +19% on a bounded index).
+RECENT_TOKENS = "8192"
 # curve -> (relative allowance, absolute slack): limit = max(warm * (1 + rel), warm + slack)
 LIMITS = {"rss_mib": (0.10, 0.0), "store_bytes": (0.10, float(1 << 20)), "files": (0.10, 4.0),
           "threads": (0.10, 2.0)}
@@ -255,7 +258,7 @@ def run_soak(minutes: float = 30.0, tenants: int = 16, models: tuple[str, ...] =
     notes: list[str] = []
     keys = [f"soak-key-{i}" for i in range(min(NUM_KEYS, tenants))]
     env = {"FORKV_RAM_BUDGET": ram_budget, "FORKV_DISK_BUDGET": disk_budget,
-           "FORKV_LIVE_CACHE_MIB": LIVE_CACHE_MIB}
+           "FORKV_LIVE_CACHE_MIB": LIVE_CACHE_MIB, "FORKV_RECENT_TOKENS": RECENT_TOKENS}
     server = _start(list(models), keys, env, notes)
     url = f"http://127.0.0.1:{server.port}"
     http = openai.DefaultHttpxClient()  # one pool: at most one connection per client thread
@@ -290,7 +293,7 @@ def run_soak(minutes: float = 30.0, tenants: int = 16, models: tuple[str, ...] =
     settings = {"minutes": minutes, "tenants": tenants, "api_keys": len(keys),
                 "models": list(models), "clients": clients, "sample_s": sample_s, "seed": seed,
                 "warmup_s": warmup_s, "ram_budget": ram_budget, "disk_budget": disk_budget,
-                "live_cache_mib": LIVE_CACHE_MIB,
+                "live_cache_mib": LIVE_CACHE_MIB, "recent_tokens": RECENT_TOKENS,
                 "store_budget_bytes": len(served) * (parse_size(ram_budget) +
                                                      parse_size(disk_budget))}
     res = _result(samples, tally, left, duration, served, notes, settings)
@@ -347,8 +350,10 @@ def _result(samples: list[dict], tally: Tally, in_flight_left: int, duration: fl
         (f"The server runs with FORKV_RAM_BUDGET={settings['ram_budget']} and "
          f"FORKV_DISK_BUDGET={settings['disk_budget']} per model "
          f"({settings['store_budget_bytes'] / 2**20:.0f} MiB for {len(served)}) and "
-         f"FORKV_LIVE_CACHE_MIB={settings.get('live_cache_mib', LIVE_CACHE_MIB)}, so its "
-         "tiers and live caches fill early and eviction then has to hold them. Every "
+         f"FORKV_LIVE_CACHE_MIB={settings.get('live_cache_mib', LIVE_CACHE_MIB)} and "
+         f"FORKV_RECENT_TOKENS={settings.get('recent_tokens', RECENT_TOKENS)}, so its "
+         "tiers, live caches and draft index fill early and eviction then has to hold them. "
+         "Every "
          "figure sums the server's process tree; checkpoint bytes are forkv_tier_bytes (RAM "
          "and disk) from /metrics."),
         ("Expected 4xx: invalid JSON (400), no model (400), an unknown model (404), a deleted "
