@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from server_proc import TINY, http, no_eos, running_server, shared_server
+from server_proc import TINY, http, no_eos, running_server
 
 CHROMIUM = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome")
                  if shutil.which(b)), None)
@@ -36,7 +36,10 @@ HOSTILE = ('<script>window.pwned = 1</script><img src=x onerror="window.pwned = 
 
 @pytest.fixture(scope="module")
 def url():
-    return shared_server(*TINY)
+    # a server of its own: the page lists every conversation of its tenant, and the shared
+    # server's other tests create and delete responses under it (a listed one then 404s)
+    with running_server(*TINY) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +137,8 @@ def test_chat_regenerate_edit_branch_delete_and_the_tree_counts_equal_usage(page
     assert page.locator("#branching").is_visible()
     assert page.locator(".msg.model").count() == 1  # the path ends where the branch starts
     send(page, "Another follow-up", count=2)
-    assert page.locator(".msg.user >> nth=1").locator(".count").text_content() == "2/2"
+    page.wait_for_function("() => document.querySelectorAll('.msg.user')[1]"
+                           "?.querySelector('.count')?.textContent === '2/2'")
     conv = conversation(url, page)
     assert len(conv["turns"]) == 5
     assert page.locator(".trow").count() == 5 and page.locator(".trow.on").count() == 2

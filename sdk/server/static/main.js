@@ -206,6 +206,9 @@ async function send(text, previous, instructions, images = []) {
     setBusy(false);
   }
   if (id) { B.branchAt = undefined; }
+  // a stopped first turn was not kept: the server has no conversation to ask for (asking
+  // would log a 404 on the console)
+  if (controller.signal.aborted && !previous && !B.conv) S.cid = null;
   await reload();
   if (id && B.byId.has(id)) { B.show(id); render(); }
 }
