@@ -22,7 +22,7 @@ import os
 import signal
 import sys
 
-__all__ = ["check", "finish", "guard_startup", "is_cli", "take_over"]
+__all__ = ["check", "finish", "guard_startup", "is_cli", "leave", "take_over"]
 
 INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C
 _MESSAGE = b"forkv: interrupted\n"
@@ -88,6 +88,21 @@ def finish(code: int) -> int:
     signal.signal(signal.SIGINT, _leave_quietly)  # no KeyboardInterrupt in exit handlers
     if code != INTERRUPTED:
         return code  # the ordinary exit: engine threads are joined by their atexit hook
+    _close_everything()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+def leave(code: int) -> None:
+    """End the CLI process now with `code`, in `finish`'s fixed order (engine threads, stores,
+    streams, `os._exit`): for a command whose work is done and saved when a Ctrl-C ends its
+    wait (`forkv run --ui` holding its page), so no thread or destructor runs while the
+    interpreter shuts down."""
+    signal.signal(signal.SIGINT, _leave_quietly)
     _close_everything()
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -14,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+from . import interrupts
 from .cli import add_kv_dtype_option, add_speculate_option
 
 __all__ = ["SCORERS", "add_arguments", "run_spec"]
@@ -62,7 +63,10 @@ def run_spec(args) -> int:
             try:
                 threading.Event().wait()
             except KeyboardInterrupt:
-                pass
+                viewer.close()
+                # the run is done and saved: leave in the fixed order (a plain return left
+                # the process alive past a 30 s wait once, on a busy CI machine)
+                interrupts.leave(0)
     finally:
         if viewer is not None:
             viewer.close()

@@ -41,7 +41,7 @@ def main(model: str) -> None:
 
         # 1. Think at length, then answer. (Random weights often stop early; this seed
         #    thinks for 300+ tokens on the default model.)
-        reasoning = user.reasoning({"max_tokens": 320, "temperature": 0.4, "seed": 10})
+        reasoning = user.reasoning({"max_tokens": 320, "temperature": 0.4, "seed": 12})
         answer = reasoning.final({"max_tokens": 48})
         session.run(reasoning)
         report("reasoning", reasoning)
