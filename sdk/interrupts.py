@@ -88,13 +88,7 @@ def finish(code: int) -> int:
     signal.signal(signal.SIGINT, _leave_quietly)  # no KeyboardInterrupt in exit handlers
     if code != INTERRUPTED:
         return code  # the ordinary exit: engine threads are joined by their atexit hook
-    _close_everything()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
+    leave(code)
 
 
 def leave(code: int) -> None:

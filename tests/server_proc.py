@@ -51,17 +51,22 @@ def running_server(*args: str, timeout: float = 180.0, log=None):
                 time.sleep(0.3)
         yield url
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
         if own_log:
             log.close()
 
 
 _shared: dict[tuple[str, ...], str] = {}
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Ctrl-C a server process, and kill it if it has not left within 20 s."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def shared_server(*args: str) -> str:

@@ -5,13 +5,13 @@ that writes down the URL it was given)."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
 import urllib.request
 
 from forkv.chat_cmd import app_url
+from server_proc import stop
 
 
 def test_app_url_is_loopback_for_a_wildcard_bind():
@@ -42,9 +42,4 @@ def test_chat_serves_the_app_on_a_free_port_and_opens_it(tmp_path):
             time.sleep(0.1)
         assert opened.read_text() == url
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)

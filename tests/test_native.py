@@ -333,25 +333,15 @@ def test_on_the_kernels_logits_do_not_depend_on_the_chunking_past_the_window(lib
     # Gemma 3 (a 128-token sliding window here) with every layer on the kernels: a token's
     # logits are the same bits in one prefill, in odd chunks, and in decode steps on the
     # wrapped ring (the attention dispatcher reads it from its oldest slot).
-    from mlx_lm.models.cache import make_prompt_cache
-
     from forkv.engine import load_model
 
     lm = load_model(str(_quantized_demo("demo:gemma3:tiny", tmp_path / "q8", 32, 8)))
     assert lm.quantization.endswith(native.kernel_label()), lm.quantization
     ids = mx.array(np.random.default_rng(0).integers(3, 500, 300))[None]
 
-    def logits(chunks):
-        cache, pos, out = make_prompt_cache(lm.model), 0, []
-        for n in chunks:
-            out.append(lm.model(ids[:, pos:pos + n], cache=cache)[0])
-            mx.eval(out[-1])
-            pos += n
-        return mx.concatenate(out, axis=0)
-
-    whole = logits([300])
+    whole = _chunked_logits(lm.model, ids, [300])
     for chunks in ([128, 128, 44], [100, 37] + [1] * 70 + [93], [140] + [1] * 160):
-        assert mx.array_equal(logits(chunks), whole).item(), chunks
+        assert mx.array_equal(_chunked_logits(lm.model, ids, chunks), whole).item(), chunks
 
 
 def _chunked_logits(model, ids, chunks):

@@ -94,7 +94,7 @@ def test_on_the_kernels_a_tokens_logits_do_not_depend_on_the_chunking():
     however the prompt is chunked, past the 512-token window too."""
     import mlx.core as mx
     import mlx.nn as nn
-    from mlx_lm.models.cache import make_prompt_cache
+    from test_native import _chunked_logits
 
     from forkv.engine import native
 
@@ -105,17 +105,9 @@ def test_on_the_kernels_a_tokens_logits_do_not_depend_on_the_chunking():
     assert not [p for p, m in model.named_modules() if type(m) is nn.Linear]  # none on BLAS
     ids = mx.array(lm.tokenizer.encode(_long_text(700, lm))[:700])[None]
 
-    def logits(chunks):
-        cache, pos, out = make_prompt_cache(model), 0, []
-        for n in chunks:
-            out.append(model(ids[:, pos:pos + n], cache=cache)[0])
-            mx.eval(out[-1])
-            pos += n
-        return mx.concatenate(out, axis=0)
-
-    whole = logits([700])
+    whole = _chunked_logits(model, ids, [700])
     for chunks in ([256, 256, 188], [300, 77, 311] + [1] * 12, [520] + [1] * 6 + [174]):
-        assert mx.array_equal(logits(chunks), whole).item(), chunks
+        assert mx.array_equal(_chunked_logits(model, ids, chunks), whole).item(), chunks
 
 
 def test_generate_writes_coherent_text():
