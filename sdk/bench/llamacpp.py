@@ -217,12 +217,15 @@ def _failure(e: Exception, log_path: Path, what_built: str = "llama-server") -> 
 
 def start_llama_server(binary: Path, gguf: str, *, chat_template: str | None = None,
                        threads: int | None = None, tuned: bool = False, slots: int = 1,
+                       context: int | None = None, kv_type: str | None = None,
                        ) -> ServerProcess:
     """llama-server on `gguf` on a free loopback port, serving it as "gguf": its defaults
     (4 slots sharing the model's context, checkpoints every 8192 tokens, an 8 GiB prompt
-    cache) with threads = cores and `chat_template` (Jinja; default the GGUF's). `tuned`:
-    `slots` slots over one 64K-token KV pool, 64 context checkpoints 256 tokens apart,
-    full-size sliding-window caches (any prefix can be kept), a 16 GiB prompt cache."""
+    cache) with threads = cores and `chat_template` (Jinja; default the GGUF's). `context`:
+    `slots` slots over a context of that many tokens (`-np`, `-c`) instead; `kv_type`: K and V
+    cached in that type (`-ctk`, `-ctv`: q8_0; its default is f16). `tuned`: `slots` slots
+    over one 64K-token KV pool, 64 context checkpoints 256 tokens apart, full-size
+    sliding-window caches (any prefix can be kept), a 16 GiB prompt cache."""
     port = _free_port()
     threads = threads or os.cpu_count() or 1
     cmd = [str(binary), "-m", gguf, "--host", "127.0.0.1", "--port", str(port),
@@ -235,10 +238,15 @@ def start_llama_server(binary: Path, gguf: str, *, chat_template: str | None = N
         cmd += ["--jinja", "--chat-template-file", tmp.name]
     if repack_crashes(binary, gguf):
         cmd.append("--no-repack")
+    if kv_type is not None:
+        cmd += ["-ctk", kv_type, "-ctv", kv_type]
     if tuned:
         cmd += ["-np", str(slots), "--kv-unified", "-c", "65536", "--ctx-checkpoints", "64",
                 "--checkpoint-min-step", "256", "--swa-full", "--cache-ram", "16384"]
-    server = ServerProcess("llama-server" + (" tuned" if tuned else ""), cmd, port, "gguf")
+    elif context is not None:
+        cmd += ["-np", str(slots), "-c", str(context)]
+    name = "llama-server" + (" tuned" if tuned else "") + (f" {kv_type}" if kv_type else "")
+    server = ServerProcess(name, cmd, port, "gguf")
     server.cleanup = files  # removed when the server stops
     return server
 

@@ -8,8 +8,10 @@ The cases are in `serve_cases` (each side gets the same requests, greedy; forkv 
 extend, reasoning, fork, rewind and concurrent as before; alternate (more conversations than
 a server has slots, round robin), deep_rewind (a long agent trajectory, then back to each
 earlier turn), prune (think, drop the thinking, answer), tree (k sampled branches of one
-prompt at once), tenants (clients under one cache_salt, then each under its own) and kernels
-(prefill and decode speed with nothing to reuse).
+prompt at once), tenants (clients under one cache_salt, then each under its own), kernels
+(prefill and decode speed with nothing to reuse) and long (one 32K-token prompt decoding 256
+tokens, then a fork and a rewind at 32K: forkv and llama-server only, each side in a fresh
+process of its own, llama-server also with q8_0 K/V, so each one's peak RSS is this case's).
 
 Headline figures against mlx_lm.server keep their names (`ttft_speedup_fork`, ...); against
 vLLM they end in `_vs_vllm`; against llama-server `ttft_ratio_<case>_vs_llamacpp` (forkv ÷
@@ -18,8 +20,10 @@ prompt tokens computed over the cases), `ttft_speedup_deep_rewind_vs_llamacpp` (
 ÷ forkv over the rewinds where llama-server had no checkpoint at the branch point and
 recomputed part of the conversation before it), `prefill_kernel_ratio` (the long prompt),
 `prefill_short_kernel_ratio` (512 tokens) and `decode_kernel_ratio`; the tuned
-llama-server's end in `_vs_llamacpp_tuned`. Knows the sides and the figures; the processes
-are in `serve_procs`, `cluster_vllm` and `llamacpp`.
+llama-server's end in `_vs_llamacpp_tuned`. The long case's `long_rss_vs_llamacpp`,
+`long_prefill_vs_llamacpp` and `long_decode_vs_llamacpp` are forkv ÷ llama-server's peak RSS,
+prefill and decode tok/s (`_vs_llamacpp_q8`: against its q8_0 K/V). Knows the sides and the
+figures; the processes are in `serve_procs`, `cluster_vllm` and `llamacpp`.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from .llamacpp import (
     repack_crashes,
     start_llama_server,
 )
-from .serve_cases import CASES, FULL, QUICK, Client, Sizes, case_clients, run_case
+from .serve_cases import CASES, FULL, QUICK, Client, Sizes, case_clients, long_context, run_case
 from .serve_procs import ServerProcess, start_forkv, start_peer, timed_chat
 
 __all__ = ["CASES", "FULL", "QUICK", "Sizes", "run_serve_bench"]
@@ -49,15 +53,25 @@ __all__ = ["CASES", "FULL", "QUICK", "Sizes", "run_serve_bench"]
 TARGETS = {"extend_ttft_ratio": "<= 1.1", "ttft_speedup_fork": ">= 20",
            "ttft_speedup_rewind": ">= 5", "concurrent_throughput_ratio": ">= 1.5",
            "computed_ratio_vs_llamacpp": "<= 1", "ttft_speedup_deep_rewind_vs_llamacpp": ">= 20",
-           "tenant_throughput_ratio": ">= 0.9", "llamacpp_ok": "== true"}
+           "tenant_throughput_ratio": ">= 0.9", "llamacpp_ok": "== true",
+           "long_rss_vs_llamacpp": "<= 1.2", "long_prefill_vs_llamacpp": ">= 1.0",
+           "long_decode_vs_llamacpp": ">= 1.0"}
 
 
 @dataclass(slots=True)
 class _Side:
-    start: Callable[[int], ServerProcess]  # the case's clients (a tuned peer's slots) -> server
+    # the case's clients (a tuned peer's slots) -> server; None: the side runs the long case only
+    start: Callable[[int], ServerProcess] | None
     per_case: bool = False  # a fresh server for every case, sized to it
     takes_n: bool = True  # samples n choices of one prompt
     optional: bool = False  # a failure is a note, not an error
+    # context tokens -> a fresh server for the long case alone; None: no long case
+    start_long: Callable[[int], ServerProcess] | None = None
+
+    def cases(self, cases: tuple[str, ...]) -> tuple[str, ...]:
+        """Those of `cases` this side runs."""
+        return tuple(c for c in cases
+                     if (self.start_long if c == "long" else self.start) is not None)
 
 
 def run_serve_bench(model: str = "gemma3-270m", quick: bool = False, reps: int = 1,
@@ -104,7 +118,7 @@ def run_serve_bench(model: str = "gemma3-270m", quick: bool = False, reps: int =
     tokenizer = load_tokenizer(folder)
     config = json.loads((Path(folder) / "config.json").read_text())
     dtype = pick_dtype("auto", "bfloat16")  # what forkv computes in on this device
-    sides = {"forkv": _Side(lambda _: start_forkv(model))}
+    sides = {"forkv": _Side(lambda _: start_forkv(model), start_long=lambda _: start_forkv(model))}
     if exact == "on":
         sides["forkv_exact"] = _Side(lambda _: start_forkv(model, "exact"))
     if mlx_lm == "on":
@@ -117,15 +131,22 @@ def run_serve_bench(model: str = "gemma3-270m", quick: bool = False, reps: int =
         # (its 4 default slots refuse n > 4: the tree case sends its branches as requests)
         sides["llamacpp"] = _Side(
             lambda _: start_llama_server(binary, gguf, chat_template=template), takes_n=False,
-            optional=True)
+            optional=True, start_long=lambda ctx: start_llama_server(
+                binary, gguf, chat_template=template, context=ctx))
         sides["llamacpp_tuned"] = _Side(
             lambda slots: start_llama_server(binary, gguf, chat_template=template, tuned=True,
                                              slots=slots), per_case=True, optional=True)
+        if "long" in cases:  # llama-server's K/V at half its default bytes, as a second peer
+            sides["llamacpp_q8"] = _Side(None, optional=True, start_long=lambda ctx: (
+                start_llama_server(binary, gguf, chat_template=template, context=ctx,
+                                   kv_type="q8_0")))
     no_eos = {str(i): -100.0 for i in sorted(_eos_ids(tokenizer, config))}
     runs = {}
     for name, side in sides.items():
+        if not side.cases(cases):  # only the long case, which it does not run (notes say)
+            continue
         try:
-            runs[name] = _run_side(side, sz, tokenizer, reps, cases, no_eos)
+            runs[name] = _run_side(side, sz, tokenizer, reps, side.cases(cases), no_eos)
         except Exception as e:
             if not side.optional:
                 raise
@@ -203,28 +224,46 @@ def _llama_setup(model: str, llamacpp: str, quick: bool, notes: list):
 
 def _run_side(side: _Side, sz: Sizes, tokenizer, reps: int, cases: tuple[str, ...],
               no_eos: dict) -> list[dict]:
-    """Every rep's case results and peak RSS on one side."""
-    if not side.per_case:
+    """Every rep's case results and peak RSS on one side. The long case runs in a fresh server
+    of its own, after the others, and reports that server's peak RSS as its own."""
+    rest = tuple(c for c in cases if c != "long")
+    if not rest:
+        runs: list[dict] = [{} for _ in range(reps)]
+    elif not side.per_case:
         server = side.start(1)
         try:
             server.wait_ready(timeout=900)
-            return [dict(_cases(server, side, sz, tokenizer, rep, cases, no_eos),
+            runs = [dict(_cases(server, side, sz, tokenizer, rep, rest, no_eos),
                          peak_rss_mib=server.peak_rss_mib()) for rep in range(reps)]
         finally:
             server.stop()
-    runs = []
-    for rep in range(reps):
-        out, rss = {}, []
-        for case in cases:
-            server = side.start(case_clients(case, sz))
-            try:
-                server.wait_ready(timeout=900)
-                out.update(_cases(server, side, sz, tokenizer, rep, (case,), no_eos))
-                rss.append(server.peak_rss_mib() or 0)
-            finally:
-                server.stop()
-        runs.append(dict(out, peak_rss_mib=max(rss)))
+    else:
+        runs = []
+        for rep in range(reps):
+            out, rss = {}, []
+            for case in rest:
+                got, peak = _fresh(side.start(case_clients(case, sz)), side, sz, tokenizer, rep,
+                                   case, no_eos)
+                out.update(got)
+                rss.append(peak or 0)
+            runs.append(dict(out, peak_rss_mib=max(rss)))
+    if "long" in cases:
+        for rep, run in enumerate(runs):
+            got, peak = _fresh(side.start_long(long_context(sz)), side, sz, tokenizer, rep,
+                               "long", no_eos)
+            got["long"]["peak_rss_mib"] = peak
+            run.update(got, peak_rss_mib=max(run.get("peak_rss_mib") or 0, peak or 0))
     return runs
+
+
+def _fresh(server: ServerProcess, side: _Side, sz: Sizes, tokenizer, rep: int, case: str,
+           no_eos: dict) -> tuple[dict, float | None]:
+    """One case on a server started for it alone; its results and the server's peak RSS."""
+    try:
+        server.wait_ready(timeout=900)
+        return _cases(server, side, sz, tokenizer, rep, (case,), no_eos), server.peak_rss_mib()
+    finally:
+        server.stop()
 
 
 def _cases(server: ServerProcess, side: _Side, sz: Sizes, tokenizer, rep: int,
@@ -255,7 +294,11 @@ _FIGURES = {"extend_ttft_ratio": ("extend", "later_ttft_s", "forkv"),
             "tree_throughput_ratio": ("tree", "tokens_per_s", "forkv")}
 _THROUGHPUT = ("concurrent_throughput_ratio", "tree_throughput_ratio")
 _LABELS = {"forkv": "forkv", "forkv_exact": "forkv_exact", "peer": "mlx_lm_server", "vllm": "vllm",
-           "llamacpp": "llama_server", "llamacpp_tuned": "llama_server_tuned"}
+           "llamacpp": "llama_server", "llamacpp_tuned": "llama_server_tuned",
+           "llamacpp_q8": "llama_server_q8"}
+# long case figure -> its field: forkv ÷ the llama-server side's (peak RSS: their maxima)
+_LONG = {"long_rss": "peak_rss_mib", "long_prefill": "prefill_tokens_per_s",
+         "long_decode": "decode_tokens_per_s"}
 # A rewind where the server had no checkpoint at the branch point: it restored less than this
 # share of the prompt (llama-server falls back to an earlier checkpoint, often a turn back).
 _NO_CHECKPOINT = 0.9
@@ -269,10 +312,15 @@ def _ratio(num: float, den: float) -> float:
     return round(num / den, 3) if den else 0.0
 
 
+def _both(f: list, other: list, ran: tuple[str, ...]) -> tuple[str, ...]:
+    """The cases of `ran` that both sides ran (the long case runs on some sides only)."""
+    return tuple(c for c in ran if c in f[0] and c in other[0])
+
+
 def _figures(f: list, other: list, ran: tuple[str, ...], suffix: str,
              names=tuple(_FIGURES)) -> dict:
     """The headline ratios of forkv's runs `f` against another side's runs."""
-    out = {}
+    ran, out = _both(f, other, ran), {}
     for figure in names:
         case, key, top = _FIGURES[figure]
         if case in ran:
@@ -282,6 +330,9 @@ def _figures(f: list, other: list, ran: tuple[str, ...], suffix: str,
 
 
 def _llama_figures(f: list, other: list, ran: tuple[str, ...], suffix: str) -> dict:
+    ran = _both(f, other, ran)
+    if not ran:
+        return {}
     out = _figures(f, other, ran, suffix, _THROUGHPUT)
     for case in ran:
         out[f"ttft_ratio_{case}{suffix}"] = _ratio(_med(f, case, "ttft_median_s"),
@@ -298,14 +349,21 @@ def _llama_figures(f: list, other: list, ran: tuple[str, ...], suffix: str) -> d
                  if (o["cached_tokens"] or 0) < _NO_CHECKPOINT * (o["prompt_tokens"] or 0)]
         out[f"ttft_speedup_deep_rewind{suffix}"] = round(statistics.median(pairs), 3) \
             if pairs else None
+    if "long" in ran:
+        for figure, key in _LONG.items():
+            pick = max if key == "peak_rss_mib" else statistics.median
+            num, den = (pick(r["long"][key] or 0 for r in runs) for runs in (f, other))
+            # (no /proc, no peak RSS: no figure, rather than a ratio of zeros)
+            out[figure + suffix] = _ratio(num, den) if num and den else None
     return out
 
 
 def _summary(runs: list[dict], case: str) -> dict:
     """A side's medians over reps of the figures every case reports."""
     keys = ("ttft_median_s", "prompt_tokens", "computed_tokens", "cached_tokens_total",
-            "tokens_per_s")
-    return {k: round(_med(runs, case, k), 4) for k in keys if k in runs[0][case]}
+            "tokens_per_s", "prefill_tokens_per_s", "decode_tokens_per_s", "peak_rss_mib")
+    return {k: round(_med(runs, case, k), 4) for k in keys
+            if all(r[case].get(k) is not None for r in runs)}
 
 
 def _result(model: str, sz: Sizes, reps: int, dtype: str, sides: dict,
@@ -314,14 +372,14 @@ def _result(model: str, sz: Sizes, reps: int, dtype: str, sides: dict,
     headline = _figures(f, sides["peer"], ran, "") if "peer" in sides else {}
     if "vllm" in sides:
         headline.update(_figures(f, sides["vllm"], ran, "_vs_vllm"))
-    for name in ("llamacpp", "llamacpp_tuned"):
+    for name in ("llamacpp", "llamacpp_tuned", "llamacpp_q8"):
         if name in sides:
             headline.update(_llama_figures(f, sides[name], ran, "_vs_" + name))
             if "forkv_exact" in sides:  # the same figures for `forkv serve --reuse exact`
                 headline.update({"exact_" + k: v for k, v in _llama_figures(
                     sides["forkv_exact"], sides[name], ran, "_vs_" + name).items()})
     if "forkv_exact" in sides:  # exact ÷ fast TTFT per case: what fast reuse buys
-        for case in ran:
+        for case in _both(f, sides["forkv_exact"], ran):
             headline[f"fast_ttft_speedup_{case}"] = _ratio(
                 _med(sides["forkv_exact"], case, "ttft_median_s"), _med(f, case, "ttft_median_s"))
     if "kernels" in ran and "llamacpp" in sides:
@@ -339,16 +397,20 @@ def _result(model: str, sz: Sizes, reps: int, dtype: str, sides: dict,
     headline.update({k: v for k, v in (extra or {}).items() if v is not None})
     for name, runs in sides.items():
         headline[f"{name}_peak_rss_mib"] = max(r["peak_rss_mib"] or 0 for r in runs)
+        if "long" in runs[0]:  # the long case's own server (the figure above: every server)
+            headline[f"{name}_long_peak_rss_mib"] = max(r["long"]["peak_rss_mib"] or 0
+                                                        for r in runs)
     cases = [{"case": case, "summary": {_LABELS[n]: _summary(runs, case)
-                                        for n, runs in sides.items()},
-              **{_LABELS[name]: [r[case] for r in runs] for name, runs in sides.items()}}
+                                        for n, runs in sides.items() if case in runs[0]},
+              **{_LABELS[n]: [r[case] for r in runs] for n, runs in sides.items()
+                 if case in runs[0]}}
              for case in CASES if case in ran]
     return result("serve", model, {"sizes": asdict(sz), "reps": reps, "cases": list(ran)},
                   cases, headline, {k: t for k, t in TARGETS.items() if k in headline},
-                  notes + _notes(dtype, sides), dtype=dtype)
+                  notes + _notes(dtype, sides, ran, sz), dtype=dtype)
 
 
-def _notes(dtype: str, sides: dict) -> list[str]:
+def _notes(dtype: str, sides: dict, ran: tuple[str, ...] = (), sz: Sizes = FULL) -> list[str]:
     out = [
         ("Every server is a separate process on loopback, driven by the openai client with "
          "streaming (TTFT = first streamed token); mlx_lm.server runs with forkv's BLAS "
@@ -387,6 +449,24 @@ def _notes(dtype: str, sides: dict) -> list[str]:
                    "ttft_speedup_deep_rewind_vs_llamacpp: the median, over the rewinds where "
                    "llama-server restored under 90% of the prompt (no checkpoint at turn k), "
                    "of its TTFT ÷ forkv's on the same rewind.")
+    if "long" in ran:
+        out.append(
+            f"long: one prompt of {sz.long_tokens:,} tokens of text and a question (no system "
+            f"message) decoding {sz.long_decode_tokens} tokens with end-of-sequence suppressed, "
+            "then a fork (the same text, another question) and a rewind (back to the first "
+            "branch after the fork: its answer and a new question). It runs on forkv serve "
+            "(its defaults: fast reuse, float16 K/V) and llama-server (its default f16 K/V, "
+            "and -ctk q8_0 -ctv q8_0: llamacpp_q8), not on the other sides; on each in a fresh "
+            "server process of its own after that side's other cases, llama-server with one "
+            f"slot and -c {long_context(sz):,} (its other defaults: context checkpoints, "
+            "prompt cache). Peak RSS: VmHWM of /proc/PID/status, the server process's plus "
+            "any live descendants', read after the case, before the server stops (forkv serve "
+            "is one process); <side>_long_peak_rss_mib is that server's, "
+            "<side>_peak_rss_mib the largest of the side's servers. Prefill tok/s: "
+            "llama-server's timings.prompt_per_second, forkv's computed prompt tokens ÷ TTFT "
+            "on the client's clock (HTTP, chat template and tokenizing included); decode "
+            "tok/s: timings.predicted_per_second, forkv's client clock after the first token. "
+            "long_*_vs_llamacpp[_q8] = forkv ÷ llama-server (RSS: lower is better).")
     return out
 
 

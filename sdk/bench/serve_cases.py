@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 from .serve_procs import Timed, timed_chat
 
-__all__ = ["CASES", "FULL", "QUICK", "Client", "Sizes", "case_clients", "run_case"]
+__all__ = ["CASES", "FULL", "QUICK", "Client", "Sizes", "case_clients", "long_context",
+           "run_case"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,18 +45,22 @@ class Sizes:
     tenant_system_tokens: int  # tenants: the system prompt the clients share
     prefill_tokens: int  # kernels: one fresh prompt, then one long decode
     decode_tokens: int
+    long_tokens: int  # long: one prompt of this many tokens, then a decode, a fork, a rewind
+    long_decode_tokens: int
 
 
 FULL = Sizes(system_tokens=256, turn_tokens=512, turns=6, doc_tokens=6900, questions=8,
              rewind_turns=12, clients=8, gen_tokens=64, answer_tokens=8, alt_conversations=16,
              alt_doc_tokens=2048, alt_rounds=3, deep_turns=8, deep_turn_tokens=2048,
              prune_steps=4, think_tokens=48, tree_prompt_tokens=2048, tree_branches=8,
-             tenant_system_tokens=1024, prefill_tokens=4096, decode_tokens=256)
+             tenant_system_tokens=1024, prefill_tokens=4096, decode_tokens=256,
+             long_tokens=32000, long_decode_tokens=256)
 QUICK = Sizes(system_tokens=64, turn_tokens=96, turns=3, doc_tokens=600, questions=3,
               rewind_turns=4, clients=3, gen_tokens=8, answer_tokens=4, alt_conversations=4,
               alt_doc_tokens=128, alt_rounds=2, deep_turns=3, deep_turn_tokens=96,
               prune_steps=2, think_tokens=8, tree_prompt_tokens=128, tree_branches=4,
-              tenant_system_tokens=64, prefill_tokens=256, decode_tokens=16)
+              tenant_system_tokens=64, prefill_tokens=256, decode_tokens=16,
+              long_tokens=1024, long_decode_tokens=16)
 _WORDS = ("river", "stone", "lamp", "orbit", "cedar", "quartz", "meadow", "signal", "harbor",
           "copper", "violet", "lantern", "summit", "ember", "glacier", "falcon", "prism",
           "canyon", "willow", "beacon")
@@ -282,6 +287,33 @@ def _kernels(c, sz, texts, system) -> dict:
             "decode_tokens": write.completion_tokens, "ttft_median_s": round(read.ttft_s, 4)}
 
 
+def _long(c, sz, texts, system) -> dict:
+    """One long prompt (`long_tokens` of text and a question, no system message) decoding
+    `long_decode_tokens` with end-of-sequence suppressed (prefill and decode at that context:
+    llama-server's own timings where it sends them, the client's clock otherwise); then a
+    fork (the same text, another question: all of it is a shared prefix) and a rewind (back to
+    the first branch after the fork: its question, its answer and a new question)."""
+    doc = texts(sz.long_tokens)
+    first = [_user(doc + "\n\nQuestion A: which word comes first?")]
+    read = c.chat(first, sz.long_decode_tokens, extra=c.no_eos)
+    fork = c.chat([_user(doc + "\n\nQuestion B: which word comes last?")], sz.answer_tokens)
+    rewind = c.chat(first + [_said(read.text), _user("Back to question A: say it again.")],
+                    sz.answer_tokens)
+    client_prefill = _rate(read.computed_tokens or 0, read.ttft_s)
+    return {"long_prompt_tokens": read.prompt_tokens, "prefill_ttft_s": round(read.ttft_s, 4),
+            "prefill_tokens_per_s": round(read.server_prompt_tps or client_prefill, 2),
+            "decode_tokens_per_s": round(read.server_decode_tps or read.decode_tps or 0, 2),
+            "client_prefill_tokens_per_s": round(client_prefill, 2),
+            "client_decode_tokens_per_s": round(read.decode_tps or 0, 2),
+            "decode_tokens": read.completion_tokens, **_branch("fork", fork),
+            **_branch("rewind", rewind), "ttft_median_s": _med([fork.ttft_s, rewind.ttft_s])}
+
+
+def _branch(name: str, r: Timed) -> dict:
+    return {f"{name}_ttft_s": round(r.ttft_s, 4), f"{name}_prompt_tokens": r.prompt_tokens,
+            f"{name}_computed_tokens": r.computed_tokens, f"{name}_cached_tokens": r.cached_tokens}
+
+
 def _extend_kept(c, sz, texts, system) -> dict:
     return _extend(c, sz, texts, system, False)
 
@@ -290,13 +322,19 @@ def _extend_kept(c, sz, texts, system) -> dict:
 CASES = {"extend": _extend_kept, "reasoning": _reasoning,
          "fork": _fork, "rewind": _rewind, "concurrent": _concurrent, "alternate": _alternate,
          "deep_rewind": _deep_rewind, "prune": _prune, "tree": _tree, "tenants": _tenants,
-         "kernels": _kernels}
+         "kernels": _kernels, "long": _long}
 
 
 def case_clients(case: str, sz: Sizes) -> int:
     """Requests a case has in flight at once (or conversations it keeps): a tuned peer's slots."""
     return {"concurrent": sz.clients, "tenants": sz.clients, "tree": sz.tree_branches,
             "alternate": sz.alt_conversations}.get(case, 1)
+
+
+def long_context(sz: Sizes) -> int:
+    """Context tokens a server needs for the long case (its prompt, decode, fork and rewind,
+    templates included), in whole 256-token blocks: 32,768 at full size."""
+    return -(-(sz.long_tokens + sz.long_decode_tokens + 512) // 256) * 256
 
 
 def run_case(c: Client, name: str, sz: Sizes, tokenizer, seed: int) -> dict:
