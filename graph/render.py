@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
+from .chat_render import render_chat
 from .errors import NodeStateError
 from .gen_prompt import generation_suffix
 from .render_cache import (
@@ -41,7 +42,7 @@ from .render_cache import (
     signature,
     token_array,
 )
-from .token_extend import extend_encoding
+from .token_extend import extend_encoding_at
 from .toolformat import ToolFormat, detect_format
 from .tools import visible_tools
 
@@ -163,39 +164,89 @@ def _messages(nodes: Sequence[Node], calls: ToolFormat | None = None) -> list[di
     return out
 
 
+class _Ids(Sequence):
+    """The ids of some nodes, read as asked (a chat's states are looked up from its end)."""
+
+    def __init__(self, nodes: Sequence[Node]):
+        self.nodes = nodes
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __getitem__(self, i):
+        return self.nodes[i].id
+
+    def __reversed__(self):
+        return (n.id for n in reversed(self.nodes))
+
+
+class _Chat:
+    """The chat of some done nodes (chat_render.Chat): one message per node but reasoning,
+    which joins the final after it."""
+
+    def __init__(self, nodes: Sequence[Node], sigs: Sequence[tuple],
+                 calls: ToolFormat | None):
+        self.nodes, self.sigs, self.calls = nodes, sigs, calls
+        self._at = [i for i, n in enumerate(nodes) if n.kind != "reasoning"]
+        self.num_messages = len(self._at)
+
+    @property
+    def ids(self) -> _Ids:
+        return _Ids(self.nodes)
+
+    def messages(self, start: int = 0, stop: int | None = None) -> list[dict[str, Any]]:
+        at = self._at[start:stop]
+        if not at:
+            return []
+        first = at[0]
+        if first and self.nodes[first - 1].kind == "reasoning":
+            first -= 1  # its reasoning goes into its message
+        return _messages(self.nodes[first:at[-1] + 1], self.calls)
+
+
 class _Renderer:
     def __init__(self, tokenizer: Tokenizer, fmt: ReasoningFormat, kw: dict[str, Any],
-                 tools: list[dict[str, Any]] | None = None, cache: RenderCache | None = None):
+                 tools: list[dict[str, Any]] | None = None, cache: RenderCache | None = None,
+                 done: Sequence[Node] = (), sigs: Sequence[tuple] = ()):
         self.tok, self.fmt, self.kw = tokenizer, fmt, kw
         if tools:  # only then: templates without tool support keep working
             self.kw = {**kw, "tools": tools}
         self.calls = detect_format(getattr(tokenizer, "chat_template", None))
         self.cache = cache
         self.settings = (fmt, self.kw)
-        self._prompted: tuple[tuple[str, ...], str] | None = None  # the last prompt render
+        self.done, self.sigs = done, sigs  # the path's done nodes and their signatures
+        self._prompted: tuple[int, Node, str] | None = None  # the last prompt render
         self._known: dict[str, array] = {}  # tokens of texts taken from cached renders
+        self.reused = 0  # see encode_from
+
+    def _sigs(self, nodes: Sequence[Node]) -> list[tuple]:
+        """Signatures of `nodes`: the path's, where they are its first nodes."""
+        k = len(nodes)
+        if k <= len(self.sigs) and (not k or self.done[k - 1] is nodes[-1]):
+            return list(self.sigs[:k])
+        return [signature(n) for n in nodes]
 
     def template(self, nodes: Sequence[Node], gen_prompt: bool) -> str:
-        ids = tuple(n.id for n in nodes)
-        if not gen_prompt and self._prompted is not None and self._prompted[0] == ids:
+        last = nodes[-1] if nodes else None
+        if (not gen_prompt and self._prompted is not None  # (a path: its length and end)
+                and self._prompted[0] == len(nodes) and self._prompted[1] is last):
             # The same chat rendered with the generation prompt: where the template shows
             # the prompt is a fixed suffix (gen_prompt.py), this render is that one less it.
             suffix = generation_suffix(self.tok, self.kw)
-            text = self._prompted[1]
+            text = self._prompted[2]
             if suffix is not None and text.endswith(suffix):
                 return text[: len(text) - len(suffix)]
-        text = self.tok.apply_chat_template(
-            _messages(nodes, self.calls), tokenize=False, add_generation_prompt=gen_prompt,
-            **self.kw
-        )
+        chat = _Chat(nodes, self._sigs(nodes), self.calls)
+        text = render_chat(self.tok, chat, gen_prompt, self.kw,
+                           self.cache.chats if self.cache is not None else None)
         if gen_prompt:
-            self._prompted = (ids, text)
+            self._prompted = (len(nodes), last, text)
         return text
 
     def _cached(self, nodes: Sequence[Node], kind: str) -> PathState | None:
         if self.cache is None:
             return None
-        return self.cache.path_state(self.tok, self.settings, nodes, kind)
+        return self.cache.path_state(self.tok, self.settings, nodes, kind, self._sigs(nodes))
 
     def path_text(self, nodes: Sequence[Node]) -> str:
         """Text of done `nodes`; a trailing reasoning node is written as its final's prompt.
@@ -229,11 +280,16 @@ class _Renderer:
         return list(self.tok.encode(text, add_special_tokens=False))
 
     def encode_from(self, text: str, old_text: str, old_tokens: Sequence[int]) -> list[int]:
-        """encode(`text`), reusing `old_tokens` (old_text's) up to their shared special token."""
+        """encode(`text`), reusing `old_tokens` (old_text's) up to their shared special token
+        (`reused`: how many of the first tokens were taken from them)."""
+        self.reused = 0
         if text in self._known:
             return self.encode(text)
-        tokens = extend_encoding(self.tok, self.encode, text, old_text, old_tokens)
-        return self.encode(text) if tokens is None else tokens
+        got = extend_encoding_at(self.tok, self.encode, text, old_text, old_tokens)
+        if got is None:
+            return self.encode(text)
+        self.reused = got[1]
+        return got[0]
 
 
 def _char_end(prefix: str, content: str, full: str, start: int) -> int | None:
@@ -291,9 +347,11 @@ def render(
     Every node above a pending target must be done. `template_kwargs` go to
     `apply_chat_template` (e.g. `enable_thinking`). Spans are found by re-tokenizing prefixes
     (see the module docstring); a render extends the tree's cached render of the path's
-    deepest ancestor (render_cache.py), so it costs one template call of the whole path plus
-    one per node the cached render did not cover; encodes reuse the cached tokens up to the
-    last special token the texts share (token_extend.py).
+    deepest ancestor (render_cache.py), so it costs one template call plus one per node the
+    cached render did not cover; where the chat template allows, each call renders only a
+    window of the chat's messages and takes the rest from a cached render (chat_render.py);
+    encodes reuse the cached tokens up to the last special token the texts share
+    (token_extend.py).
     """
     fmt = reasoning or ReasoningFormat()
     path = tree.path(node)
@@ -309,13 +367,21 @@ def render(
             )
     tools = [t.to_openai() for t in visible_tools(path)]
     cache = render_cache(tree)
-    r = _Renderer(tokenizer, fmt, dict(template_kwargs or {}), tools, cache)
+    sigs = [signature(n) for n in done]
+    r = _Renderer(tokenizer, fmt, dict(template_kwargs or {}), tools, cache, done, sigs)
     text = r.prompt_text(done, target) if is_prompt else r.path_text(done)
     settings = r.settings
-    base = cache.base_for(tokenizer, settings, done, target)
-    tokens = (r.encode_from(text, base.text, base.tokens) if base is not None
-              else r.encode(text))
-    kept = token_array(tokens)  # the cache's own copy: callers may change `tokens`
+    base = cache.base_for(tokenizer, settings, done, target, sigs)
+    reused = 0
+    if base is not None:
+        old = cache.tokens_list(base)  # base.tokens as a list, where the cache kept one
+        tokens = r.encode_from(text, base.text, base.tokens if old is None else old)
+        reused = r.reused
+    else:
+        tokens = r.encode(text)
+    # the cache's own copy (callers may change `tokens`), the part taken from base's copied
+    kept = (base.tokens[:reused] + token_array(tokens[reused:]) if reused
+            else token_array(tokens))
     ends = reusable_ends(base, text, kept) if base is not None else []
     if ends and len(ends) == len(done) and not is_prompt:  # the same whole path again
         ends[-1] = NodeEnd(len(tokens), "last")
@@ -336,8 +402,9 @@ def render(
         start = e.end
     if is_prompt:
         spans[target.id] = (start, len(tokens))
-    cache.put(("prompt" if is_prompt else "done", target.id),
-              PathState(tokenizer, settings, [signature(n) for n in done], text, kept, ends))
+    state = PathState(tokenizer, settings, sigs, text, kept, ends)
+    cache.put(("prompt" if is_prompt else "done", target.id), state)
+    cache.keep_list(state, tokens)
     messages = _messages(done, r.calls)
     return RenderedPath(
         node_id=target.id,

@@ -8,7 +8,8 @@ need not extend the parent's: a template that drops old reasoning changes only t
 and its token end inside the tokens they share; only the nodes from the first one that fails
 are then worked out, and their own path texts and tokens come from cached renders where the
 cache has them (`path_state`). A `PathState` is one render's text, tokens and per-node end
-records; a tree's `RenderCache` keeps recent ones.
+records; a tree's `RenderCache` keeps recent ones, the chat template's renders by chat
+(`chats`, chat_render.py) and recent root->node paths.
 
 Entries are checked, not trusted: a state serves only a path whose nodes still render the same
 (kind, text, status, images, tool calls, ...: `signature`) under the same tokenizer, reasoning
@@ -25,6 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .chat_render import ChatStates
+
 if TYPE_CHECKING:
     from .nodes import Node
 
@@ -35,6 +38,7 @@ __all__ = ["NodeEnd", "PathState", "RenderCache", "common_prefix", "render_cache
 # recently used out (the newest always stays).
 MAX_STATES = 64
 MAX_TOKENS = 1 << 22
+MAX_PATHS = 16  # (a path holds one reference per node on it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,8 +77,10 @@ class PathState:
 
 def signature(node: Node) -> tuple:
     """Everything about `node` that its rendering reads."""
+    images, calls = node.images, node.tool_calls
     return (node.id, node.kind, node.status, node.text, node.name, node.tool_call_id,
-            tuple(p.sha256 for p in node.images), tuple(node.tool_calls))
+            tuple(p.sha256 for p in images) if images else (),
+            tuple(calls) if calls else ())
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -135,6 +141,14 @@ def reusable_ends(base: PathState, text: str, tokens: array) -> list[NodeEnd]:
     return out
 
 
+def _same_sigs(known: list[tuple], nodes: Sequence[Node], sigs: Sequence[tuple] | None
+               ) -> bool:
+    """Whether the first nodes (of `nodes`, whose signatures `sigs` may hold) are `known`."""
+    if sigs is not None:
+        return list(sigs[:len(known)]) == known
+    return all(s == signature(n) for s, n in zip(known, nodes))
+
+
 class RenderCache:
     """Recent `PathState`s of one tree, by (kind, node id): ("done", id) for a whole path
     ending at a node, ("prompt", id) for the prompt of a pending node."""
@@ -143,6 +157,14 @@ class RenderCache:
         self._states: OrderedDict[tuple[str, str], PathState] = OrderedDict()
         self._num_tokens = 0
         self._lock = threading.Lock()  # the server renders one tree from several threads
+        self.chats = ChatStates()  # template renders by chat (chat_render.py)
+        # Recent root->node paths (tuples of nodes), so that a child's extends its parent's
+        # instead of walking up the whole path. A node's path never changes (removing a node
+        # removes its subtree, and ids never come back).
+        self._paths: OrderedDict[str, tuple] = OrderedDict()
+        # The newest state's tokens as a list (its own copy): a render extending it slices
+        # this instead of converting the state's array back.
+        self._list: tuple[PathState, list[int]] | None = None
 
     def __len__(self) -> int:
         return len(self._states)
@@ -151,8 +173,9 @@ class RenderCache:
         return (RenderCache, ())
 
     def base_for(self, tokenizer: Any, settings: tuple, done: list[Node],
-                 target: Node) -> PathState | None:
-        """The deepest cached state whose nodes start `done` and render the same."""
+                 target: Node, sigs: Sequence[tuple] | None = None) -> PathState | None:
+        """The deepest cached state whose nodes start `done` and render the same (`sigs`:
+        the signatures of `done`, if the caller has them)."""
         keys = [("done", n.id) for n in reversed(done)]
         # A pending target's own prompt first; a done one's right after its whole path.
         keys.insert(0 if target.is_pending else 1, ("prompt", target.id))
@@ -162,7 +185,7 @@ class RenderCache:
                 continue
             if (state.tokenizer is tokenizer and state.settings == settings
                     and len(state.sigs) <= len(done)
-                    and all(s == signature(n) for s, n in zip(state.sigs, done))):
+                    and _same_sigs(state.sigs, done, sigs)):
                 with self._lock:
                     if key in self._states:
                         self._states.move_to_end(key)
@@ -170,18 +193,49 @@ class RenderCache:
         return None
 
     def path_state(self, tokenizer: Any, settings: tuple, nodes: Sequence[Node],
-                   kind: str = "done") -> PathState | None:
+                   kind: str = "done", sigs: Sequence[tuple] | None = None
+                   ) -> PathState | None:
         """The cached render under these settings of exactly `nodes` ("done": the whole path
-        ending at its last node) or of the prompt of the last node above the rest ("prompt")."""
+        ending at its last node) or of the prompt of the last node above the rest ("prompt");
+        `sigs`: the signatures of `nodes` (or more nodes after them), if the caller has them."""
         if not nodes:
             return None
         state = self._states.get((kind, nodes[-1].id))
         done = nodes if kind == "done" else nodes[:-1]
         if (state is None or state.tokenizer is not tokenizer or state.settings != settings
-                or len(state.sigs) != len(done)
-                or not all(s == signature(n) for s, n in zip(state.sigs, done))):
+                or len(state.sigs) != len(done) or not _same_sigs(state.sigs, done, sigs)):
             return None
         return state
+
+    def path(self, node: Node, parent_of) -> list[Node]:
+        """Nodes from the root to `node`: a cached path above it, extended by walking up from
+        `node` with `parent_of` (node -> its parent node)."""
+        mine = self._paths.get(node.id)
+        if mine is not None:
+            return list(mine)
+        up = [node]
+        top: tuple = ()
+        while up[-1].parent_id is not None:
+            known = self._paths.get(up[-1].parent_id)
+            if known is not None:
+                top = known
+                break
+            up.append(parent_of(up[-1]))
+        out = top + tuple(reversed(up))
+        with self._lock:
+            self._paths[node.id] = out
+            self._paths.move_to_end(node.id)
+            while len(self._paths) > MAX_PATHS:
+                self._paths.popitem(last=False)
+        return list(out)
+
+    def keep_list(self, state: PathState, tokens: list[int]) -> None:
+        self._list = (state, tokens[:])
+
+    def tokens_list(self, state: PathState) -> list[int] | None:
+        """`state`'s tokens as a list, if it is the newest state (do not change it)."""
+        kept = self._list
+        return kept[1] if kept is not None and kept[0] is state else None
 
     def put(self, key: tuple[str, str], state: PathState) -> None:
         with self._lock:
@@ -196,6 +250,9 @@ class RenderCache:
         with self._lock:
             self._states.clear()
             self._num_tokens = 0
+            self._paths.clear()
+            self._list = None
+        self.chats.clear()
 
     def drop(self, node_ids) -> None:
         """Forget the states of removed nodes (a miss anyway: their ids never come back)."""
@@ -203,6 +260,9 @@ class RenderCache:
         with self._lock:
             for key in [k for k in self._states if k[1] in ids]:
                 self._num_tokens -= len(self._states.pop(key).tokens)
+            for key in [k for k in self._paths if k in ids]:
+                del self._paths[key]
+        self.chats.drop(ids)
 
 
 def render_cache(tree: Any) -> RenderCache:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from .errors import NodeStateError
 from .nodes import BlockRef, Node, NodeResult, NodeStats
+from .render import block_range
 
 if TYPE_CHECKING:
     from .render import RenderedPath
@@ -98,19 +99,29 @@ class ResultsMixin:
         starting before it).
         """
         self.block_size = block_size
-        for node_id, blocks in rendered.blocks(block_size).items():
-            node = self._resolve(node_id)
-            node.span = rendered.spans[node_id]
-            refs = [(i, block_keys[i] if i < len(block_keys) else None) for i in blocks]
-            if [(b.index, b.key) for b in node.blocks] != refs:  # most are as the last render
-                node.blocks = [BlockRef(index=i, key=k) for i, k in refs]
+        num_keys = len(block_keys)
+        get = self._node_getter()
+        for node_id, span in rendered.spans.items():
+            node = get(node_id)
+            if node.span != span:
+                node.span = span
+            blocks = node.blocks
+            rng = block_range(span, block_size)
+            same = len(blocks) == len(rng)  # most are as the last render
+            for b, i in zip(blocks, rng) if same else ():
+                if b.index != i or b.key != (block_keys[i] if i < num_keys else None):
+                    same = False
+                    break
+            if not same:
+                node.blocks = [BlockRef(index=i, key=block_keys[i] if i < num_keys else None)
+                               for i in rng]
         # Turn keys accumulate: a later render of the path may place a node's tokens
         # differently, and the checkpoints of the earlier one stay in the store until released.
         starts = sorted((span[0], node_id) for node_id, span in rendered.spans.items())
         firsts = [start for start, _ in starts]
         for pos, key in sorted((turn_keys or {}).items()):
             i = bisect_left(firsts, pos)  # the last node starting before pos owns it
-            node = self._resolve(starts[i - 1][1]) if i else None
+            node = get(starts[i - 1][1]) if i else None
             if node is not None and key not in node.turn_keys:
                 node.turn_keys.append(key)
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["extend_encoding"]
+__all__ = ["extend_encoding", "extend_encoding_at"]
 
 CHECKED_USES = 3  # whole-encode comparisons per tokenizer before the shortcut is trusted
 
@@ -76,6 +76,15 @@ def extend_encoding(tokenizer: Any, encode: Callable[[str], list[int]], text: st
                     old_text: str, old_tokens: Sequence[int]) -> list[int] | None:
     """encode(`text`) from `old_tokens` (= encode(`old_text`)) where one text starts the
     other; None where it must be encoded whole."""
+    got = extend_encoding_at(tokenizer, encode, text, old_text, old_tokens)
+    return None if got is None else got[0]
+
+
+def extend_encoding_at(tokenizer: Any, encode: Callable[[str], list[int]], text: str,
+                       old_text: str, old_tokens: Sequence[int]
+                       ) -> tuple[list[int], int] | None:
+    """`extend_encoding`, with how many of its first tokens are `old_tokens`' first ones as
+    they were taken (0 where it was encoded whole to check the shortcut)."""
     if text.startswith(old_text):
         shared = len(old_text)
     elif old_text.startswith(text):
@@ -97,12 +106,13 @@ def extend_encoding(tokenizer: Any, encode: Callable[[str], list[int]], text: st
         i -= 1
     if i < 0 or encode(old_text[pos:]) != list(old_tokens[i:]):
         return None
-    out = list(old_tokens[:i]) + encode(text[pos:])
+    head = old_tokens[:i]  # (a list's slice is a list; an array's is converted)
+    out = (head if isinstance(head, list) else list(head)) + encode(text[pos:])
     if table.checks_left > 0:
         whole = encode(text)
         with _lock:
             table.checks_left -= 1
             if whole != out:  # this tokenizer does not cut at its special tokens: stop
                 _tables[tokenizer] = None
-        return whole
-    return out
+        return whole, 0
+    return out, i

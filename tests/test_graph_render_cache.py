@@ -288,14 +288,18 @@ def test_a_copied_tree_renders_with_a_cache_of_its_own():
         assert same(render(other, node.id, tok), render(tree, node, tok))
 
 
-def test_the_prompt_and_the_path_to_it_share_one_template_call_where_the_template_shows_it():
+def test_the_prompt_and_the_path_to_it_share_one_template_call_where_the_template_shows_it(
+        monkeypatch):
     """A turn renders its chat with the generation prompt and without: where the template's
     last block is `if add_generation_prompt` over constants, the second is the first less
     that text (graph/gen_prompt.py) - one call fewer per turn, the same render."""
     from conftest import load_tiny
+    from forkv.graph import chat_render
     from forkv.graph.gen_prompt import _flag_block_is_fixed, generation_suffix
 
     tok = load_tiny("qwen3").tokenizer
+    # calls counted are the renders' own: no comparisons with a plain render (chat_render.py)
+    monkeypatch.setattr(chat_render, "_trust_of", lambda tok: chat_render._Trust(0, 0))
     assert generation_suffix(tok, {}) == "<|im_start|>assistant\n"
     calls = []
     real = tok.apply_chat_template
