@@ -541,3 +541,47 @@ def test_record_jobs_wait_for_a_quiet_moment_unless_drained(monkeypatch):
             break
         time.sleep(0.05)
     assert _queue(engine)["record_jobs"] == 0
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3", "qwen3_5"])
+def test_a_lone_row_decodes_on_its_plain_caches_and_joins_a_batch_when_another_comes(arch):
+    """A row decoding alone keeps mlx-lm's plain caches (no mask or offset arrays), is merged
+    when a second row joins and taken out again when it is left alone; with forkv's kernels
+    every token and logprob is the bits of the always-merged batch's."""
+    from forkv.engine.request.batchcache import BatchCache
+
+    lm = load_tiny(arch)
+    prompts = [random_tokens(n, seed=90 + n) for n in (70, 110)]
+
+    def run(solo: bool):
+        engine = _engine(lm)
+        sched = engine.scheduler
+        if not solo:
+            sched.batch = BatchCache(sched.batch.mergeable)
+        kinds = []
+        with engine.paused():
+            first = engine.submit(prompts[0], max_tokens=24)
+            while len(kinds) < 4:  # prefill, then a few steps decoding alone
+                engine.step_once()
+                if sched.batch.caches is not None:
+                    kinds.append((len(sched.rows), any(type(c).__name__.startswith("Batch")
+                                                        for c in sched.batch.caches)))
+            second = engine.submit(prompts[1], max_tokens=40)
+            while not second.done:
+                engine.step_once()
+                if sched.batch.caches is not None:
+                    kinds.append((len(sched.rows), any(type(c).__name__.startswith("Batch")
+                                                        for c in sched.batch.caches)))
+        return first.result(), second.result(), kinds
+
+    (a, b, kinds), (ra, rb, _) = run(True), run(False)
+    assert not any(merged for rows, merged in kinds if rows == 1), kinds
+    assert any(rows == 2 and merged for rows, merged in kinds), kinds
+    assert kinds[-1][0] == 1, kinds  # the second row ran on alone, unmerged again
+    exact = lm.kernels is not None
+    for got, ref in ((a, ra), (b, rb)):
+        assert got.token_ids == ref.token_ids
+        if exact:
+            assert got.logprobs == ref.logprobs
+        else:
+            np.testing.assert_allclose(got.logprobs, ref.logprobs, atol=1e-4, rtol=0)

@@ -72,7 +72,7 @@ class StepTotals:
 
 class Scheduler:
     def __init__(self, runner, prefix, block_size: int, max_seqs: int, max_prefill_tokens: int,
-                 mergeable: bool = True, deliver=None):
+                 mergeable: bool = True, deliver=None, copy=None):
         assert max_seqs >= 1 and max_prefill_tokens >= 1
         self.runner = runner
         self.prefix = prefix  # the prefix cache: match, commit, record jobs
@@ -82,7 +82,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.prefilling: deque[Sequence] = deque()  # round-robin order
         self.rows: list[Sequence] = []  # in the batch's row order
-        self.batch = BatchCache(mergeable)
+        self.batch = BatchCache(mergeable, copy)  # copy: a lone row decodes unmerged
         self.totals = StepTotals()
         self.last_busy = 0.0  # time.monotonic() of the last step with a request in it
         # deliver(events): hands the first tokens sampled from prefill to their clients
@@ -105,7 +105,7 @@ class Scheduler:
         self.waiting.clear()
         self.prefilling.clear()
         self.rows = []
-        self.batch = BatchCache(self.batch.mergeable)
+        self.batch = BatchCache(self.batch.mergeable, self.batch.copy)
         self.prefix.reset()
 
     def cancel(self, seq: Sequence) -> GenerationEvent | None:

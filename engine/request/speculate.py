@@ -115,7 +115,7 @@ def _probe(lm) -> str | None:
 
     def run(steps, back: int = 0):
         cache = lm.make_cache()
-        if mergeable:
+        if mergeable and getattr(lm, "is_vision", False):  # a lone text row decodes unmerged
             cache = [type(c).merge([c]) for c in cache]
         out, pos = [], 0
         for i, n in enumerate(steps):
