@@ -139,6 +139,11 @@ def test_the_bodies_found_to_fail_before(url, endpoint):
         assert status == 200, (seed, payload)
     status, payload = http("POST", url + endpoint, {**VALID[endpoint], "seed": 1 << 63})
     assert status == 400 and payload["error"]["param"] == "seed", payload
+    # a lone surrogate escape is valid JSON but no text (the tokenizer raised: a 500)
+    raw = json.dumps(VALID[endpoint])[:-1].encode() + b', "instructions": "a\\ud800b"}'
+    status, payload = http("POST", url + endpoint, raw)
+    assert status == 400 and payload["error"]["param"] == "instructions", payload
+    assert "surrogate" in payload["error"]["message"], payload
 
 
 def test_a_responses_role_that_is_no_string(url):

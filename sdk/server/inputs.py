@@ -52,7 +52,28 @@ async def read_json(request: Request, max_bytes: int) -> dict:
     where = _deeper_than(body, MAX_DEPTH)
     if where is not None:
         raise _too_deep(where)
+    _check_text(body)
     return body
+
+
+def _check_text(body: dict) -> None:
+    """400 for a string holding a lone UTF-16 surrogate (JSON lets "\\ud800" through; no
+    tokenizer can encode it), naming the top-level field it is in."""
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+        return
+    except UnicodeEncodeError:
+        pass
+    field = None
+    for k, v in body.items():
+        try:
+            json.dumps({k: v}, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            field = k
+            break
+    raise APIError(400, f"{field or 'The body'} holds a lone UTF-16 surrogate (an escape such "
+                        "as \\ud800 without its pair), which is not text; send valid "
+                        "Unicode.", "invalid_value", field)
 
 
 def _too_deep(where: str | None) -> APIError:
