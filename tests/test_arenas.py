@@ -46,3 +46,34 @@ def test_the_cli_process_bounds_the_arenas_and_others_keep_theirs():
     assert _arenas(cli) <= arenas.ARENAS
     assert _arenas("import forkv") > arenas.ARENAS  # a program that imports forkv
     assert _arenas(cli, {"MALLOC_ARENA_MAX": "4"}) > arenas.ARENAS  # the user's setting wins
+
+
+_TRIM = """
+import ctypes
+from forkv import arenas
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+def rss():
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1])
+# 64 MiB in small blocks, all freed but the last: glibc keeps the pages below it
+blocks = [libc.malloc(4096) for _ in range(16384)]
+for b in blocks[:-1]:
+    ctypes.memset(b, 1, 4096)
+    libc.free(ctypes.c_void_p(b))
+before = rss()
+print(arenas.trim(), before - rss())
+"""
+
+
+def test_trim_hands_freed_heap_back_and_loading_a_model_trims(monkeypatch):
+    out = subprocess.run([sys.executable, "-c", _TRIM], text=True, capture_output=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    trimmed, freed_kib = out.stdout.split()
+    assert trimmed == "True" and int(freed_kib) > 32 * 1024, out.stdout
+    from forkv.engine import load_model
+
+    calls = []
+    monkeypatch.setattr(arenas, "trim", lambda: calls.append(1) or True)
+    load_model("demo:qwen3:tiny")
+    assert calls == [1]

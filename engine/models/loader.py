@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ... import arenas
 from ..cache.layout import CacheLayout, cache_layout
 from ..errors import ModelLoadError
 from . import blas
@@ -125,6 +126,7 @@ def load_model(name: str, dtype: str = "auto", quantized: str = "auto", *,
     chosen, quant = _set_weights(model, config, dtype, quantized, path, kv_dtype)
     eos = eos_token_ids(path, config, tokenizer)  # configs, tokenizer, template's turn end
     kv = pick_kv_dtype(kv_dtype, model, quant, chosen)
+    arenas.trim()  # what parsing the tokenizer and weights freed, back to the system
     return LoadedModel(
         name=name, path=path, model=model, tokenizer=tokenizer, config=config, dtype=chosen,
         layout=cache_layout(_make_cache(model)),
@@ -234,6 +236,7 @@ def _load_vision_model(name: str, path: Path, dtype: str, quantized: str,
 
     parts = load_vision_parts(path)
     chosen, quant = _set_weights(parts.model, parts.config, dtype, quantized, path)
+    arenas.trim()
     return LoadedModel(
         name=name, path=path, model=parts.model, tokenizer=parts.tokenizer, config=parts.config,
         dtype=chosen, layout=cache_layout(_make_cache(parts.model.language_model)),
