@@ -21,11 +21,13 @@ import logging
 import os
 import signal
 import sys
+import threading
 
 __all__ = ["check", "finish", "guard_startup", "is_cli", "leave", "take_over"]
 
 INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C
 _MESSAGE = b"forkv: interrupted\n"
+_LEAVE_S = 10.0  # the most `leave` waits for engine threads and stores to close
 _pending = False  # a Ctrl-C arrived since take_over
 
 
@@ -97,7 +99,12 @@ def leave(code: int) -> None:
     wait (`forkv run --ui` holding its page), so no thread or destructor runs while the
     interpreter shuts down."""
     signal.signal(signal.SIGINT, _leave_quietly)
-    _close_everything()
+    # bounded: a thread that will not stop (a step still running on a loaded machine) must
+    # not keep a finished, interrupted command alive (`forkv run --ui` outlived a 30 s wait
+    # on CI twice); the stores' files are private and sealed either way
+    closer = threading.Thread(target=_close_everything, name="forkv-leave", daemon=True)
+    closer.start()
+    closer.join(_LEAVE_S)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

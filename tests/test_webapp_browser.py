@@ -434,6 +434,8 @@ def test_images_are_sent_shown_and_sent_again_on_regenerate(browser, tmp_path):
     with running_server("--model", "demo:qwen2_vl:tiny") as url:
         page = open_page(browser, url, max_tokens=4)
         page.set_input_files("#attach", str(picture))
+        # the page reads the file before it shows it: wait for the picture, do not count at once
+        page.wait_for_selector("#attachments img")
         assert page.locator("#attachments img").count() == 1
         send(page, "What colour is this?")
         assert page.locator("#attachments img").count() == 0  # sent with the message
