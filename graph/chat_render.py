@@ -20,11 +20,11 @@ from __future__ import annotations
 import json
 import threading
 import weakref
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from .lru import SizedLRU
 from .template_window import MARK, WindowTemplate, window_template
 
 __all__ = ["Chat", "ChatState", "ChatStates", "render_chat"]
@@ -65,9 +65,7 @@ class ChatStates:
     """Recent `ChatState`s of one tree, by the id of the last node of their chat."""
 
     def __init__(self) -> None:
-        self._states: OrderedDict[str, ChatState] = OrderedDict()
-        self._chars = 0
-        self._lock = threading.Lock()
+        self._states = SizedLRU(lambda: (MAX_STATES, MAX_CHARS), lambda state: len(state.body))
 
     def __len__(self) -> int:
         return len(self._states)
@@ -78,31 +76,19 @@ class ChatStates:
         for node_id in ids:
             state = self._states.get(node_id)
             if state is not None and state.tokenizer is tokenizer and state.kw == kw:
-                with self._lock:
-                    if node_id in self._states:
-                        self._states.move_to_end(node_id)
+                self._states.touch(node_id)
                 return state
         return None
 
     def put(self, node_id: str, state: ChatState) -> None:
-        with self._lock:
-            old = self._states.pop(node_id, None)
-            self._chars += len(state.body) - (len(old.body) if old else 0)
-            self._states[node_id] = state
-            while len(self._states) > 1 and (len(self._states) > MAX_STATES
-                                             or self._chars > MAX_CHARS):
-                self._chars -= len(self._states.popitem(last=False)[1].body)
+        self._states.put(node_id, state)
 
     def drop(self, node_ids) -> None:
         ids = set(node_ids)
-        with self._lock:
-            for key in [k for k in self._states if k in ids]:
-                self._chars -= len(self._states.pop(key).body)
+        self._states.drop(ids.__contains__)
 
     def clear(self) -> None:
-        with self._lock:
-            self._states.clear()
-            self._chars = 0
+        self._states.clear()
 
 
 @dataclass(slots=True)

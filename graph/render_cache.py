@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .chat_render import ChatStates
+from .lru import SizedLRU
 
 if TYPE_CHECKING:
     from .nodes import Node
@@ -154,8 +155,7 @@ class RenderCache:
     ending at a node, ("prompt", id) for the prompt of a pending node."""
 
     def __init__(self) -> None:
-        self._states: OrderedDict[tuple[str, str], PathState] = OrderedDict()
-        self._num_tokens = 0
+        self._states = SizedLRU(lambda: (MAX_STATES, MAX_TOKENS), lambda state: len(state.tokens))
         self._lock = threading.Lock()  # the server renders one tree from several threads
         self.chats = ChatStates()  # template renders by chat (chat_render.py)
         # Recent root->node paths (tuples of nodes), so that a child's extends its parent's
@@ -186,9 +186,7 @@ class RenderCache:
             if (state.tokenizer is tokenizer and state.settings == settings
                     and len(state.sigs) <= len(done)
                     and _same_sigs(state.sigs, done, sigs)):
-                with self._lock:
-                    if key in self._states:
-                        self._states.move_to_end(key)
+                self._states.touch(key)
                 return state
         return None
 
@@ -238,18 +236,11 @@ class RenderCache:
         return kept[1] if kept is not None and kept[0] is state else None
 
     def put(self, key: tuple[str, str], state: PathState) -> None:
-        with self._lock:
-            old = self._states.pop(key, None)
-            self._num_tokens += len(state.tokens) - (len(old.tokens) if old else 0)
-            self._states[key] = state
-            while len(self._states) > 1 and (len(self._states) > MAX_STATES
-                                             or self._num_tokens > MAX_TOKENS):
-                self._num_tokens -= len(self._states.popitem(last=False)[1].tokens)
+        self._states.put(key, state)
 
     def clear(self) -> None:
+        self._states.clear()
         with self._lock:
-            self._states.clear()
-            self._num_tokens = 0
             self._paths.clear()
             self._list = None
         self.chats.clear()
@@ -257,9 +248,8 @@ class RenderCache:
     def drop(self, node_ids) -> None:
         """Forget the states of removed nodes (a miss anyway: their ids never come back)."""
         ids = set(node_ids)
+        self._states.drop(lambda key: key[1] in ids)
         with self._lock:
-            for key in [k for k in self._states if k[1] in ids]:
-                self._num_tokens -= len(self._states.pop(key).tokens)
             for key in [k for k in self._paths if k in ids]:
                 del self._paths[key]
         self.chats.drop(ids)
