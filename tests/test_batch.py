@@ -558,20 +558,21 @@ def test_a_lone_row_decodes_on_its_plain_caches_and_joins_a_batch_when_another_c
         sched = engine.scheduler
         if not solo:
             sched.batch = BatchCache(sched.batch.mergeable)
-        kinds = []
+        kinds = []  # (rows decoding, whether their caches are merged) after each step
+
+        def step():
+            engine.step_once()
+            if sched.batch.caches is not None:
+                kinds.append((len(sched.rows), any(type(c).__name__.startswith("Batch")
+                                                    for c in sched.batch.caches)))
+
         with engine.paused():
             first = engine.submit(prompts[0], max_tokens=24)
             while len(kinds) < 4:  # prefill, then a few steps decoding alone
-                engine.step_once()
-                if sched.batch.caches is not None:
-                    kinds.append((len(sched.rows), any(type(c).__name__.startswith("Batch")
-                                                        for c in sched.batch.caches)))
+                step()
             second = engine.submit(prompts[1], max_tokens=40)
             while not second.done:
-                engine.step_once()
-                if sched.batch.caches is not None:
-                    kinds.append((len(sched.rows), any(type(c).__name__.startswith("Batch")
-                                                        for c in sched.batch.caches)))
+                step()
         return first.result(), second.result(), kinds
 
     (a, b, kinds), (ra, rb, _) = run(True), run(False)

@@ -10,8 +10,8 @@ in the same order.
 
 Caches whose record kind says mlx-lm cannot merge them exactly (chunked, other non-trimmable
 state, rotating with `keep`, anything no kind knows) make the batch hold one row, as its plain
-caches, and nothing is merged. With `solo` (text models), a row decoding alone is held as its
-plain caches too, merged only when a second row joins and taken out again when it is left
+caches, and nothing is merged. Given a `copy` (text models), a row decoding alone is held as
+its plain caches too, merged only when a second row joins and taken out again when it is left
 alone: a batch cache costs a lone row its mask, per-layer offset arrays and padded attention
 (~0.8 ms of a ~12 ms SmolLM2 step), and the kernels give a row the same bits either way.
 Knows nothing about tokens, sampling or stores.
