@@ -300,7 +300,7 @@ class Engine:
             # every answer of a speculating engine is a draft source for its namespace's next
             # requests, whether or not this one speculated
             if seq.drafter is not None or self.config.speculate != "off":
-                self.drafts.finished(seq.namespace, seq.tokens, seq.prompt_len)
+                self.drafts.finished(seq.namespace, seq.tokens, seq.prompt_len, seq.drafter)
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[Engine]:

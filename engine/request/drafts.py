@@ -6,14 +6,14 @@ answers, tool outputs) and from a bounded index of its namespace's recent output
 decoding's global tree, as a FIFO). Never from another namespace: a draft from another
 tenant's text would leak it through timing.
 
-Each source is indexed by its 12-, 6- and 3-grams; a lookup takes the longest of those the end
-of the sequence has occurred as, extends each earlier occurrence backwards to measure how long
-the match is, and drafts what followed the longest (most recent on ties). The longer keys find
-the right place in a run that repeats one token or phrase many times, where the last few
-occurrences of a trigram all sit at the run's end. The draft's length follows the match length and
+Each source is indexed by its n-grams (ngrams.py), and a draft is what followed the longest
+match of the sequence's end. The draft's length follows the match length and
 the request's recent acceptance, and a request whose drafts keep failing stops drafting for
-a while (longer each time), so chatty text pays nothing. Knows nothing about models, caches or
-sampling: the scheduler verifies what this proposes.
+a while (longer each time), so chatty text pays nothing. A finished request's own index is
+kept a while for the next request of its namespace that starts with the same tokens (a chat's
+next turn), which then indexes only its new tokens: a turn costs its own tokens, not the
+conversation's. Knows nothing about models, caches or sampling: the scheduler verifies what
+this proposes.
 """
 
 from __future__ import annotations
@@ -21,100 +21,22 @@ from __future__ import annotations
 import os
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..cache.blocks import shared_prefix
+from .ngrams import N as _N
+from .ngrams import PER_KEY as _PER_KEY
+from .ngrams import NgramIndex
 
 __all__ = ["DraftSources", "Drafter", "NgramIndex", "RecentOutputs"]
 
-_NS = (12, 6, 3)  # lookup keys: the last n tokens, longest first
-_N = _NS[-1]
-_PER_KEY = 4  # occurrences kept per key (the most recent)
-_MAX_MATCH = 32  # how far back a match is measured
 MAX_DRAFT = 24  # tokens verified beside the last one, at most
 _CONTEXT = 16  # prompt tokens kept before a recent output
-
-
-class NgramIndex:
-    """Token sequences indexed by n-gram: at which (sequence, end) each n-gram ended."""
-
-    def __init__(self):
-        self.seqs: dict[int, list[int]] = {}
-        # hash of an n-gram -> where it ended, (sequence id << 32 | end), one int or a list
-        # of the most recent: ~1/3 of the bytes of tuples (a hash collision only costs a
-        # lookup: the tokens are compared)
-        self._where: dict[int, int | list[int]] = {}
-        self._indexed: dict[int, int] = {}  # sequence id -> tokens indexed so far
-        self._next_id = 0
-
-    def add(self, tokens: Sequence[int]) -> int:
-        """Index a sequence (kept by reference: `extend` it by appending and calling `grow`)."""
-        sid = self._next_id
-        self._next_id += 1
-        self.seqs[sid] = tokens if isinstance(tokens, list) else list(tokens)
-        self._indexed[sid] = 0
-        self.grow(sid)
-        return sid
-
-    def grow(self, sid: int) -> None:
-        """Index the tokens appended to sequence `sid` since the last call."""
-        seq, start = self.seqs[sid], self._indexed[sid]
-        where = self._where
-        for end in range(max(start, _N), len(seq) + 1):
-            at = sid << 32 | end
-            for n in _NS:
-                if n > end:
-                    continue
-                key = hash(tuple(seq[end - n:end]))
-                hits = where.get(key)
-                if hits is None:
-                    where[key] = at  # most keys occur once: an int, not a list
-                elif isinstance(hits, int):
-                    where[key] = [hits, at]
-                else:
-                    hits.append(at)
-                    if len(hits) > _PER_KEY:
-                        del hits[0]
-        self._indexed[sid] = len(seq)
-
-    def drop(self, sid: int) -> None:
-        self.seqs.pop(sid, None)
-        self._indexed.pop(sid, None)
-
-    def prune(self) -> None:
-        """Forget the occurrences of dropped sequences (bounded memory after evictions)."""
-        live = self.seqs
-        for key, hits in list(self._where.items()):
-            kept = [h for h in ([hits] if isinstance(hits, int) else hits) if h >> 32 in live]
-            if not kept:
-                del self._where[key]
-            else:
-                self._where[key] = kept[0] if len(kept) == 1 else kept
-
-    def best(self, tail: Sequence[int], skip: tuple[int, int] | None = None
-             ) -> tuple[int, list[int], int] | None:
-        """(match length, the sequence, where the continuation starts) for the longest earlier
-        occurrence of the end of `tail`; `skip` = (sid, end) is the tail itself."""
-        for key_len in _NS:
-            if len(tail) < key_len:
-                continue
-            best = None
-            key = list(tail[-key_len:])
-            hits = self._where.get(hash(tuple(key)), ())
-            for at in reversed([hits] if isinstance(hits, int) else hits):
-                # most recent first: it wins ties
-                sid, end = at >> 32, at & 0xFFFFFFFF
-                if (sid, end) == skip:
-                    continue
-                seq = self.seqs.get(sid)
-                if seq is None or end >= len(seq) or seq[end - key_len:end] != key:
-                    continue
-                n = key_len
-                limit = min(_MAX_MATCH, end, len(tail))
-                while n < limit and seq[end - n - 1] == tail[-n - 1]:
-                    n += 1
-                if best is None or n > best[0]:
-                    best = (n, seq, end)
-            if best is not None:
-                return best
-        return None
+# A finished request's own index is kept for the next request of its namespace that starts
+# with the same tokens (the next turn of a chat): that one indexes its new tokens only.
+_KEPT_PER_NAMESPACE = 4
+_KEPT = 16  # kept indexes in all
+_MIN_SHARED = 64  # tokens a request shares with a kept index to take it over
 
 
 class RecentOutputs:
@@ -154,9 +76,18 @@ class Drafter:
     """Proposes draft tokens for one request and learns from how many were accepted."""
 
     def __init__(self, tokens: list[int], extra: Sequence[Sequence[int]] = (),
-                 recent: RecentOutputs | None = None, max_draft: int = MAX_DRAFT):
-        self.own = NgramIndex()
-        self._sid = self.own.add(tokens)  # the request's live token list, grown as it decodes
+                 recent: RecentOutputs | None = None, max_draft: int = MAX_DRAFT,
+                 kept: tuple[NgramIndex, int, int] | None = None):
+        """`kept` = (index, sequence id, shared tokens): a finished request's own index whose
+        sequence starts with `shared` of `tokens`, taken over (nothing else may hold it)."""
+        if kept is None:
+            # room per key for what a later rebase takes out (see NgramIndex)
+            self.own = NgramIndex(per_key=2 * _PER_KEY)
+            self._sid = self.own.add(tokens)  # the request's live token list, grown as it decodes
+        else:
+            self.own, self._sid, shared = kept
+            self.own.rebase(self._sid, tokens, shared)
+            self.own.grow(self._sid)
         for seq in extra:
             if len(seq) > _N:
                 self.own.add(list(seq))
@@ -174,6 +105,7 @@ class Drafter:
             return []
         if limit < 1:
             return []
+        assert self.own is not None, "a finished request's drafter drafts no more"
         tokens = self.own.seqs[self._sid]
         self.own.grow(self._sid)
         found = self.own.best(tokens, skip=(self._sid, len(tokens)))
@@ -187,6 +119,12 @@ class Drafter:
         # longer matches earn longer drafts; the cap follows recent acceptance
         k = min(limit, self.cap, self.max_draft, 2 * n)
         return list(seq[end:end + k])
+
+    def retire(self) -> tuple[NgramIndex, int]:
+        """(own index, its request's sequence id) of a finished request, handed on: this
+        drafter drafts no more."""
+        own, self.own = self.own, None
+        return own, self._sid
 
     def feedback(self, drafted: int, accepted: int) -> None:
         """`accepted` of `drafted` tokens were the model's own."""
@@ -218,11 +156,23 @@ def _env_tokens(name: str, default: int) -> int:
     return n
 
 
+@dataclass(slots=True)
+class _Kept:
+    """A finished request's own index, kept for its namespace's next request."""
+
+    namespace: str
+    index: NgramIndex
+    sid: int  # the request's sequence in it
+    tokens: int  # tokens of all its sequences (the request's and its extras)
+
+
 class DraftSources:
     """An engine's draft sources beyond a request's own: each namespace's recent outputs, at
     most `max_tokens` a namespace and `max_total` in all (the least recently used namespace
     gives up its oldest first). The index holds ~300 bytes a token, so the default total is
-    ~40 MB however many tenants a server has; FORKV_RECENT_TOKENS sets another total."""
+    ~40 MB however many tenants a server has; FORKV_RECENT_TOKENS sets another total. Finished
+    requests' own indexes are kept too, a few a namespace and `max_total` tokens in all, for
+    the next request that starts with the same tokens (taken over only within a namespace)."""
 
     def __init__(self, max_namespaces: int = 64, max_tokens: int = 65536,
                  max_total: int | None = None):
@@ -233,6 +183,9 @@ class DraftSources:
         self.max_total = max_total
         self.total = 0  # tokens kept over all namespaces
         self._recent: dict[str, RecentOutputs] = {}  # insertion order = least recently used
+        self._kept: dict[int, _Kept] = {}  # oldest first
+        self._kept_ids = 0
+        self.kept_tokens = 0
 
     def _of(self, namespace: str) -> RecentOutputs:
         recent = self._recent.pop(namespace, None) or RecentOutputs(self.max_tokens)
@@ -246,12 +199,47 @@ class DraftSources:
 
     def drafter(self, tokens: list[int], extra: Sequence[Sequence[int]], namespace: str
                 ) -> Drafter:
-        return Drafter(tokens, extra, self._of(namespace))
+        return Drafter(tokens, extra, self._of(namespace), kept=self._take(namespace, tokens))
 
-    def finished(self, namespace: str, tokens: Sequence[int], prompt_len: int) -> None:
+    def _take(self, namespace: str, tokens: list[int]) -> tuple[NgramIndex, int, int] | None:
+        """The kept index of `namespace` that shares the longest prefix with `tokens`, taken
+        out of the pool, if rebasing it is cheaper than indexing `tokens` afresh."""
+        best, shared = None, 0
+        for kid, kept in self._kept.items():
+            if kept.namespace != namespace:  # never another tenant's: its text would leak
+                continue
+            n = shared_prefix(kept.index.seqs[kept.sid], tokens)  # by slices, in C
+            if n > shared:
+                best, shared = kid, n
+        # rebasing takes out what follows the shared tokens (and the extras) again
+        if best is None or shared < _MIN_SHARED or 2 * shared <= self._kept[best].tokens:
+            return None
+        kept = self._kept.pop(best)
+        self.kept_tokens -= kept.tokens
+        return kept.index, kept.sid, shared
+
+    def _keep(self, namespace: str, drafter: Drafter) -> None:
+        index, sid = drafter.retire()
+        size = sum(len(s) for s in index.seqs.values())
+        if size < _MIN_SHARED or size > self.max_total:
+            return
+        mine = [kid for kid, k in self._kept.items() if k.namespace == namespace]
+        if len(mine) >= _KEPT_PER_NAMESPACE:
+            self.kept_tokens -= self._kept.pop(mine[0]).tokens
+        self._kept[self._kept_ids] = _Kept(namespace, index, sid, size)
+        self._kept_ids += 1
+        self.kept_tokens += size
+        while self.kept_tokens > self.max_total or len(self._kept) > _KEPT:
+            self.kept_tokens -= self._kept.pop(next(iter(self._kept))).tokens
+
+    def finished(self, namespace: str, tokens: Sequence[int], prompt_len: int,
+                 drafter: Drafter | None = None) -> None:
         """A request of `namespace` generated `tokens[prompt_len:]`: later ones may draft
         from it. The prompt's last tokens come along, so that a request that asks the same
-        again drafts from its first generated token on."""
+        again drafts from its first generated token on. Its `drafter` hands its own index on
+        to the namespace's next request that starts the same way."""
+        if drafter is not None:
+            self._keep(namespace, drafter)
         if len(tokens) <= prompt_len:
             return
         recent = self._of(namespace)
