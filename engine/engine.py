@@ -141,6 +141,8 @@ class Engine:
             require_chat_template(tok, self.lm.name)
             ids = tok.apply_chat_template(list(prompt), tokenize=True,
                                           add_generation_prompt=add_generation_prompt)
+        elif set(map(type, prompt)) <= {int}:  # (in C: a deep chat's prompt is 10Ks of ids)
+            ids = prompt
         else:
             ids = [int(t) for t in prompt]
         if not ids:

@@ -23,7 +23,6 @@ model callable of prefill chunks (decode steps are single tokens and never cut).
 from __future__ import annotations
 
 import contextlib
-from array import array
 from collections.abc import Callable, Iterator, Sequence
 
 from ..request.generate import run_pieces
@@ -147,7 +146,7 @@ class Turns:
         self.marker = tuple(marker)
         # The last `keys` answer: (keyer, tokens, {end: key}). A turn end's key reads only
         # the tokens before it, so ends inside the tokens a later call shares keep theirs.
-        self._last: tuple[object, array, dict[int, bytes]] = (None, array("i"), {})
+        self._last: tuple[object, list[int], dict[int, bytes]] = (None, [], {})
 
     @classmethod
     def for_checkpointer(cls, ck) -> Turns | None:
@@ -185,7 +184,7 @@ class Turns:
         """Keys of the turn-end checkpoints a run of `tokens` records, by position (for
         releasing them)."""
         keyer = keyer or self.ck.keyer
-        now = array("i", tokens)
+        now = list(tokens)  # a copy of its own (compared by slices, in C)
         last_keyer, last_tokens, last = self._last
         same = shared_prefix(now, last_tokens) if last_keyer is keyer else -1
         out = {e: last[e] if e <= same and e in last else turn_key(keyer, block_keys, tokens, e)

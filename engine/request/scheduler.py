@@ -255,8 +255,12 @@ class Scheduler:
         k, caches = len(draft), self.batch.caches
         saved = snapshot(caches)
         logits = self.runner.verify(seq, [seq.tokens[-1], *draft], caches, held)
-        seen = seq.tokens + draft
-        sampled = [seq.sampler(logits[0, i], seen[:held + 1 + i], ahead=i) for i in range(k + 1)]
+        # what the draws look back on: the penalty window, not the whole path (no matcher
+        # here: a row with one cannot verify)
+        base = max(0, held + 1 - seq.params.penalty_context)
+        seen = seq.tokens[base:] + draft
+        sampled = [seq.sampler(logits[0, i], seen[:held + 1 + i - base], ahead=i)
+                   for i in range(k + 1)]
         tokens = mx.stack([t for t, _ in sampled])
         picked = mx.stack([lp[t] for t, lp in sampled])
         mx.eval(tokens, picked, self.batch.state())
@@ -281,7 +285,7 @@ class Scheduler:
         used = len(events)
         seq.sampler.advance(used)
         if not rollback(caches, k + 1 - used, k + 1, saved):  # put back: feed the kept again
-            self.runner.verify(seq, seen[held:held + used], caches, held)
+            self.runner.verify(seq, seen[held - base:held - base + used], caches, held)
             mx.eval(self.batch.state())
         report.decoded = used
         # the row holds all it was fed; at a block boundary the prefix cache records it
