@@ -76,4 +76,38 @@ def test_trim_hands_freed_heap_back_and_loading_a_model_trims(monkeypatch):
     calls = []
     monkeypatch.setattr(arenas, "trim", lambda: calls.append(1) or True)
     load_model("demo:qwen3:tiny")
-    assert calls == [1]
+    assert calls == [1, 1]  # the tokenizer's parse before the weights are read, then the rest
+
+
+_HELD = """
+import ctypes, sys
+{setup}
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+def rss():
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1])
+libc.free(ctypes.c_void_p(libc.malloc(8 << 20)))  # glibc's moving threshold rises past 8 MiB
+big, small = [], []
+for _ in range(32):  # 32 x 2 MiB, each followed by a smaller block that stays (from the top
+    big.append(libc.malloc(2 << 20))  # of the heap, as the big ones: no free hole fits it)
+    ctypes.memset(big[-1], 1, 2 << 20)
+    small.append(libc.malloc(256 << 10))
+before = rss()
+for b in big:
+    libc.free(ctypes.c_void_p(b))
+print(before - rss())
+"""
+
+
+def test_the_cli_process_maps_large_blocks_so_freeing_them_hands_them_back():
+    def freed_kib(setup: str, env=None) -> int:
+        out = subprocess.run([sys.executable, "-c", _HELD.format(setup=setup)], text=True,
+                             capture_output=True, env={**os.environ, **(env or {})},
+                             timeout=120)
+        assert out.returncode == 0, out.stderr
+        return int(out.stdout)
+
+    cli = "sys.orig_argv = sys.argv = ['forkv', 'doctor']\nimport forkv"
+    assert freed_kib(cli) > 56 * 1024  # 64 MiB freed, 64 MiB back
+    assert freed_kib("import forkv") < 8 * 1024  # glibc's default: held between the small ones
+    assert freed_kib(cli, {"MALLOC_MMAP_THRESHOLD_": str(64 << 20)}) < 8 * 1024  # env wins

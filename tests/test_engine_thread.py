@@ -59,3 +59,46 @@ def test_async_forks_exit_cleanly():
 @pytest.mark.slow
 def test_async_forks_exit_cleanly_in_50_fresh_processes():
     _assert_clean(_exits(50))
+
+
+def test_the_engine_thread_hands_freed_heap_back_once_out_of_work(monkeypatch):
+    """After work, once there is none, the thread trims the heap (arenas.trim) — once, not on
+    every idle wake-up, and not again until more work has run."""
+    import threading
+    import time
+
+    from forkv import arenas
+    from forkv.engine.request.worker import EngineThread
+
+    trims = []
+    monkeypatch.setattr(arenas, "IDLE_TRIM_S", 0.05)
+    monkeypatch.setattr(arenas, "trim", lambda collect=True: trims.append(collect) or True)
+
+    class Owner:  # the thread holds its has_work and step weakly
+        def __init__(self):
+            self.left = 3
+
+        def has_work(self):
+            return self.left > 0
+
+        def step(self):
+            self.left -= 1
+
+    owner = Owner()
+    thread = EngineThread("test-trim", owner.has_work, owner.step)
+    try:
+        deadline = time.monotonic() + 10
+        while not trims and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert owner.left == 0 and trims == [False]  # no gc pass on the engine thread
+        time.sleep(0.3)  # idle: no more trims
+        assert trims == [False]
+        done = threading.Event()
+        thread.post(done.set)
+        assert done.wait(10)
+        deadline = time.monotonic() + 10
+        while len(trims) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert trims == [False, False]
+    finally:
+        thread.close()

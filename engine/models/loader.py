@@ -99,7 +99,9 @@ def load_model(name: str, dtype: str = "auto", quantized: str = "auto", *,
     `download=False` takes Hugging Face ids from the local cache only (a server loading what a
     request names)."""
     blas.activate()  # must precede the first mlx import to take effect
-    from mlx_lm.utils import load as mlx_lm_load
+    import mlx.core as mx
+    from mlx_lm.utils import load_model as mlx_lm_load_model
+    from mlx_lm.utils import load_tokenizer
 
     pick_dtype(dtype, "float32")  # a bad dtype fails before any folder is built or converted
     if kv_dtype not in KV_DTYPES:
@@ -114,7 +116,13 @@ def load_model(name: str, dtype: str = "auto", quantized: str = "auto", *,
     if is_vision_folder(path):
         return _load_vision_model(name, path, dtype, quantized, source.description)
     try:
-        model, tokenizer, config = mlx_lm_load(str(path), return_config=True)
+        # mlx-lm's `load`, in the other order: the tokenizer first, its parse's freed heap
+        # handed back, then the weights read. Parsing a 262K-word tokenizer.json needs ~700 MiB
+        # for a moment; beside the weights that set the load's peak (Gemma 3 270M: 1,146 MiB).
+        model, config = mlx_lm_load_model(path, lazy=True)
+        tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
+        arenas.trim()
+        mx.eval(model.parameters())
     except TypeError as e:  # ModelArgs(**config) missing a field its architecture needs
         raise ModelLoadError(_missing_fields(path, e)) from None
     except KeyError as e:

@@ -16,6 +16,7 @@ import atexit
 import logging
 import sys
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from concurrent.futures import Future
 from typing import Any
 
 import forkv.security  # noqa: F401 - its atexit cleanup must be registered before ours
+from forkv import arenas
 
 from ..errors import EngineClosed
 
@@ -41,6 +43,8 @@ class EngineThread:
         self._calls: deque[tuple[Callable, Future | None]] = deque()
         self._closing = False
         self.paused = False  # no automatic steps (tests and drains step by hand)
+        self._busy = False  # work ran since the last trim of freed heap
+        self._trimmed_at = 0.0
         self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self.thread.start()
         _live.add(self)
@@ -101,16 +105,38 @@ class EngineThread:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not (self._calls or self._closing or self._work()):
-                    self._cond.wait(self._timeout())
+                trim = self._wait_for_work()
                 calls = list(self._calls)
                 self._calls.clear()
                 if (self._closing or self._step() is None) and not calls:
                     _clear_streams()
                     return
+            if trim:
+                self._trim()
+                continue
             self._run_all(calls)
             del calls  # no reference to the engine may outlive the iteration (weak owner)
             self._step_once()
+
+    def _wait_for_work(self) -> bool:
+        """Wait (holding the lock) until there is work; True instead when there is none and
+        freed heap is due to be handed back (`_trim`)."""
+        while not (self._calls or self._closing or self._work()):
+            trim_in = (arenas.IDLE_TRIM_S - (time.monotonic() - self._trimmed_at)
+                       if self._busy else None)
+            if trim_in is not None and trim_in <= 0:
+                return True
+            timeout = self._timeout()
+            self._cond.wait(trim_in if timeout is None or (trim_in is not None
+                                                           and trim_in < timeout) else timeout)
+        self._busy = True
+        return False
+
+    def _trim(self) -> None:
+        """Out of work after some: hand the heap's freed pages back (at most every
+        IDLE_TRIM_S seconds), so RSS falls back after a long prompt's buffers."""
+        self._trimmed_at, self._busy = time.monotonic(), False
+        arenas.trim(collect=False)
 
     def _step_once(self) -> None:
         step = self._step() if self._work() else None
