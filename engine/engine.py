@@ -25,7 +25,7 @@ from typing import Any
 
 from .arrays import materialize
 from .cache.checkpoint import Checkpointer
-from .cache.live import REUSE_MODES, clone
+from .cache.live import REUSE_MODES, share
 from .cache.prefix_cache import PrefixCache
 from .cache.recordstore import RecordStore
 from .config import SPECULATE_MODES, EngineConfig
@@ -118,9 +118,10 @@ class Engine:
                 self.lm, self.checkpointer, self.block_size, make_seq=self._job_sequence,
                 vision=getattr(self.runner, "vision", None), mergeable=self.is_batched,
                 live_bytes=self.config.live_cache_mib << 20)
-            # A text row decoding alone runs on its own plain caches (batchcache.py); vision
-            # rows always decode through batch caches (per-row position state).
-            copy = None if self.lm.is_vision else partial(clone, make_cache=self.lm.make_cache)
+            # A text row decoding alone runs on its own plain caches (batchcache.py), new
+            # objects sharing the prompt cache's arrays until the first write; vision rows
+            # always decode through batch caches (per-row position state).
+            copy = None if self.lm.is_vision else partial(share, make_cache=self.lm.make_cache)
             self.scheduler = Scheduler(self.runner, self.prefix, self.block_size,
                                        self.config.max_seqs, self.config.prefill_budget,
                                        mergeable=self.is_batched, deliver=self._deliver_all,

@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from . import kinds as _kinds
+from .kinds.base import sharing
 from .blocks import shared_prefix
 
 REUSE_MODES = ("exact", "fast")
@@ -111,10 +112,13 @@ def cache_nbytes(cache: list) -> int:
     return sum(int(getattr(c, "nbytes", 0) or 0) for c in cache)
 
 
-def clone(cache: list, make_cache: Callable) -> list:
-    """Caches equal to `cache` that share nothing mutable with it."""
-    return _evaluated([k.load_whole(new, k.save_whole(c))
-                       for c, new, k in zip(cache, make_cache(), _kinds_of(cache))])
+def share(cache: list, make_cache: Callable) -> list:
+    """Caches equal to `cache`, new objects holding its arrays: nothing is copied until one
+    side writes, and then only what it writes over (mlx-lm's K/V caches grow by copying
+    anyway, sliding windows rewrite a ring of a few hundred tokens)."""
+    with sharing():
+        return [k.load_whole(new, k.save_whole(c))
+                for c, new, k in zip(cache, make_cache(), _kinds_of(cache))]
 
 
 class LivePool:

@@ -28,7 +28,7 @@ from .blocks import shared_prefix
 from .kinds import kind_of as _kind_of
 from .kinds.kv import GlobalKind
 from .layout import CacheKind
-from .live import LivePool, clone, rings, widen
+from .live import LivePool, rings, share, widen
 from .record_jobs import RecordJobs
 
 _LIVE_WAIT_MIN = 32  # a fast request waits for another's prompt to share at least this
@@ -241,7 +241,7 @@ class PrefixCache:
             return
         cache = take_cache()
         if seq.finish_reason is None and not self.mergeable:
-            cache = clone(cache, self.lm.make_cache)  # the batch runs its one row in place
+            cache = share(cache, self.lm.make_cache)  # the batch runs its one row's objects
         self._keep_live(seq, cache, seq.pos)
 
     def _keep_canonical(self, seq, take_cache: Callable[[], list]) -> bool:

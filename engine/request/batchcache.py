@@ -33,7 +33,7 @@ def merge_blocker(caches: list) -> str | None:
 
 class BatchCache:
     def __init__(self, mergeable: bool = True, copy=None):
-        """`copy(row)`: caches equal to `row` sharing nothing mutable with it; given, a lone
+        """`copy(row)`: new caches equal to `row` (live.share); given, a lone
         row decodes on its plain caches (the row handed to `add` may be kept elsewhere, as
         the prefix cache keeps a prompt's cache, so the batch decodes on its copy)."""
         self.mergeable = mergeable

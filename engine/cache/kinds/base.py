@@ -13,6 +13,8 @@ guess would give wrong logits). Knows nothing about keys, stores or models.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from collections.abc import Iterator
 from typing import ClassVar
 
@@ -35,10 +37,32 @@ def from_mlx_lm(cache) -> bool:
     return type(cache).__module__.startswith("mlx_lm.")
 
 
+_SHARE = contextvars.ContextVar("forkv_share_arrays", default=False)
+
+
 def copy_array(x):
+    """A real copy (a slice or the array itself would keep its whole buffer alive); inside
+    `sharing()`, a new array object reading the same buffer."""
     import mlx.core as mx
 
-    return mx.array(x)  # a real copy: a slice or the array itself would share the buffer
+    if _SHARE.get():
+        # A new object, never `x` itself: a cache's update assigns into its array object
+        # (`keys[..., i, :] = k`), which another cache holding that object would see.
+        return mx.stop_gradient(x)
+    return mx.array(x)
+
+
+@contextlib.contextmanager
+def sharing():
+    """`save_whole` / `load_whole` hand the cache's own arrays over instead of copies: mlx
+    arrays are values (a cache's update makes a new array; a buffer another array still reads
+    is never written in place), so two caches may start from the same arrays and each pays
+    for its own copy only when it writes (live.share)."""
+    token = _SHARE.set(True)
+    try:
+        yield
+    finally:
+        _SHARE.reset(token)
 
 
 def number(x) -> object:
