@@ -19,7 +19,9 @@ def _curves(grow: float = 0.0, **extra) -> dict:
         return [base * (0.6 if t < 30 else 1 + grow * i) for i, t in enumerate(TIMES)]
 
     out = {"t_s": TIMES, "rss_mib": curve(300.0), "store_bytes": curve(40e6),
-           "files": curve(20), "threads": curve(40), "sockets": [10] * len(TIMES)}
+           "files": curve(20), "threads": curve(40), "sockets": [10] * len(TIMES),
+           "mlx_active_mib": curve(200.0), "mlx_cache_mib": [30.0] * len(TIMES),
+           "live_mib": curve(16.0)}
     out.update(extra)
     return out
 

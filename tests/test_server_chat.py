@@ -223,6 +223,10 @@ def test_models_health_metrics(client, url):
         assert f"\n{name}" in text or text.startswith(name), name
     assert metric(url, "forkv_tokens_generated_total") > 0
     assert metric(url, "forkv_time_to_first_token_seconds_count") > 0
+    parts = {line.split('part="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+             for line in text.splitlines() if line.startswith("forkv_memory_bytes{")}
+    assert set(parts) == {"rss", "mlx_active", "mlx_cache", "live"}, parts
+    assert parts["rss"] > parts["mlx_active"] > 0 and parts["mlx_active"] >= parts["live"]
 
 
 _VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 5), st.floats(-1, 3),

@@ -2,12 +2,16 @@
 
 Names are prefixed `forkv_`: requests by endpoint and status, tokens reused / computed /
 generated, record hits and misses per kind, bytes per tier, queue depth, requests running,
-and a time-to-first-token histogram. Written by hand (a few lines) rather than with
+a time-to-first-token histogram, and where the process's memory goes (`memory_bytes`: resident
+set, mlx's arrays and its buffer cache, fast reuse's live caches; records by tier are in
+`tier_bytes`). Written by hand (a few lines) rather than with
 prometheus_client. Knows nothing about HTTP routing or models.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from collections import Counter
 
@@ -85,6 +89,10 @@ class Metrics:
                [({}, stats["in_flight"])])
         metric("namespaces", "gauge", "Checkpoint namespaces (tenants, salts) seen recently.",
                [({}, stats["namespaces"])])
+        metric("memory_bytes", "gauge", "Memory by part: the process's resident set (rss), "
+               "mlx's arrays (mlx_active) and freed buffers it keeps (mlx_cache), fast "
+               "reuse's live caches (live, part of mlx_active).",
+               [({"part": k}, v) for k, v in memory_split(stats.get("live_bytes", 0)).items()])
         if "models_loaded" in stats:
             metric("models_loaded", "gauge", "Models loaded now.", [({}, stats["models_loaded"])])
             metric("model_loads_total", "counter", "Models loaded on demand.",
@@ -100,3 +108,19 @@ class Metrics:
         out.append(f"forkv_time_to_first_token_seconds_sum {ttft_sum}")
         out.append(f"forkv_time_to_first_token_seconds_count {acc}")
         return "\n".join(out) + "\n"
+
+
+def memory_split(live_bytes: int = 0) -> dict[str, int]:
+    """{part: bytes}: the process's resident set (Linux), mlx's active and cached buffers
+    (where mlx is loaded), and `live_bytes`."""
+    out = {}
+    try:
+        with open("/proc/self/statm") as f:
+            out["rss"] = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        pass
+    mx = sys.modules.get("mlx.core")
+    if mx is not None:
+        out["mlx_active"], out["mlx_cache"] = mx.get_active_memory(), mx.get_cache_memory()
+    out["live"] = int(live_bytes)
+    return out

@@ -223,8 +223,8 @@ class ModelPool:
         """The backends' numbers summed, with the models loaded and loads/unloads so far."""
         total = {"hits": {}, "misses": {}, "tokens_reused": 0, "tokens_computed": 0,
                  "tokens_drafted": 0, "tokens_accepted": 0,
-                 "tier_bytes": {"ram": 0, "disk": 0}, "waiting": 0, "running": 0,
-                 "in_flight": 0, "namespaces": 0}
+                 "tier_bytes": {"ram": 0, "disk": 0}, "live_bytes": 0, "waiting": 0,
+                 "running": 0, "in_flight": 0, "namespaces": 0}
         for m in self.loaded:
             st = m.backend.stats()
             for name in ("hits", "misses", "tier_bytes"):
@@ -233,6 +233,7 @@ class ModelPool:
             for name in ("tokens_reused", "tokens_computed", "tokens_drafted",
                          "tokens_accepted", "waiting", "running", "in_flight", "namespaces"):
                 total[name] += st[name]
+            total["live_bytes"] += st.get("live_bytes", 0)
         total.update(models_loaded=len(self.loaded), model_loads=self.loads,
                      model_unloads=self.unloads)
         return total

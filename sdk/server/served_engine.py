@@ -85,6 +85,7 @@ class ServedEngine:
                 "tokens_drafted": st["steps"]["drafted_tokens"],
                 "tokens_accepted": st["steps"]["accepted_tokens"],
                 "tier_bytes": {t: st.get(t, {}).get("bytes", 0) for t in ("ram", "disk")},
+                "live_bytes": st.get("live", {}).get("bytes", 0),
                 "waiting": st["queue"]["waiting"],
                 "running": st["queue"]["prefilling"] + st["queue"]["running"],
                 "in_flight": self.in_flight, "namespaces": namespaces}
