@@ -86,11 +86,16 @@ def plan(
                 )
             if n.is_pending:
                 wanted.add(n.id)
+    if len(nodes) == 1:
+        # One path: its order is the tree's (parents first), and a node's pending ancestors
+        # are the pending nodes before it, so a deep tree is not walked (nor each path again).
+        chain = [n for n in tree.path(nodes[0]) if n.is_pending]
+        order = [(n, tuple(p.id for p in chain[:i])) for i, n in enumerate(chain)]
+    else:  # parents first, so waves come out in tree order
+        order = [(node, tuple(a.id for a in tree.ancestors(node) if a.is_pending))
+                 for node in tree if node.id in wanted]
     waves: list[list[Job]] = []
-    for node in tree:  # parents first, so waves come out in tree order
-        if node.id not in wanted:
-            continue
-        deps = tuple(a.id for a in tree.ancestors(node) if a.is_pending)
+    for node, deps in order:
         job = Job(node.id, node.kind, len(deps),
                   _job_gen(node.kind, node.gen, fmt, tree, node, tokenizer), deps)
         if not deps and tokenizer is not None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
@@ -103,22 +103,41 @@ def block_range(span: tuple[int, int], block_size: int) -> range:
     return range(start // block_size, (end - 1) // block_size + 1)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class RenderedPath:
     """One rendered path.
 
     `is_prompt` is True when `node_id` is to be generated: then `token_ids` is its prompt,
     `spans[node_id]` covers the generation-prompt tokens it adds (role header, think tag) and
     its generated tokens start at `len(token_ids)`. Otherwise the path ends with `node_id`.
+    `messages` (the chat the template was given) are written on first read, from the nodes
+    as they were rendered: most callers never read them, and a deep path has many.
     """
 
     node_id: str
-    messages: list[dict[str, Any]]
     prompt_text: str
     token_ids: list[int]
     spans: dict[str, tuple[int, int]]
     images: list[ImageRef]
     is_prompt: bool
+    _chat: tuple = ()  # (the messages' signatures and nodes, tool format): see `messages`
+    _messages: list[dict[str, Any]] | None = None
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        if self._messages is None:
+            object.__setattr__(self, "_messages", _snapshot_messages(*self._chat))
+        return self._messages
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RenderedPath):
+            return NotImplemented
+        return (self.node_id, self.prompt_text, self.token_ids, self.spans, self.images,
+                self.is_prompt, self.messages) == (
+            other.node_id, other.prompt_text, other.token_ids, other.spans, other.images,
+            other.is_prompt, other.messages)
+
+    __hash__ = None  # (mutable fields, as before)
 
     @property
     def num_tokens(self) -> int:
@@ -162,6 +181,25 @@ def _messages(nodes: Sequence[Node], calls: ToolFormat | None = None) -> list[di
         reasoning = None
         out.append(msg)
     return out
+
+
+class _Seen(NamedTuple):
+    """A node as its `signature` saw it (the same fields, in order): what its message needs."""
+
+    id: str
+    kind: str
+    status: str
+    text: str | None
+    name: str | None
+    tool_call_id: str | None
+    images: tuple  # (their hashes: the message counts them)
+    tool_calls: tuple
+
+
+def _snapshot_messages(sigs: Sequence[tuple] = (), calls: ToolFormat | None = None
+                       ) -> list[dict[str, Any]]:
+    """`_messages` of nodes as their signatures `sigs` recorded them."""
+    return _messages([_Seen(*sig) for sig in sigs], calls)
 
 
 class _Ids(Sequence):
@@ -359,7 +397,7 @@ def render(
     is_prompt = target.is_pending
     done = path[:-1] if is_prompt else path
     for n in done:
-        if n.is_pending:
+        if n.status != "done":  # (is_pending, inline: a deep path has many)
             raise NodeStateError(
                 f"node {n.id!r} above {target.id!r} has no text yet; run it "
                 "first (plan() orders the work for you).",
@@ -405,15 +443,14 @@ def render(
     state = PathState(tokenizer, settings, sigs, text, kept, ends)
     cache.put(("prompt" if is_prompt else "done", target.id), state)
     cache.keep_list(state, tokens)
-    messages = _messages(done, r.calls)
     return RenderedPath(
         node_id=target.id,
-        messages=messages,
         prompt_text=text,
         token_ids=tokens,
         spans=spans,
         images=_image_refs(done, spans, tokens, tokenizer),
         is_prompt=is_prompt,
+        _chat=(sigs, r.calls),
     )
 
 

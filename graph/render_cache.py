@@ -19,6 +19,7 @@ Knows nothing of templates or tokenizers beyond object identity.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from array import array
 from collections import OrderedDict
@@ -77,7 +78,7 @@ class PathState:
 
 
 def signature(node: Node) -> tuple:
-    """Everything about `node` that its rendering reads."""
+    """Everything about `node` that its rendering reads (render._Seen names the fields)."""
     images, calls = node.images, node.tool_calls
     return (node.id, node.kind, node.status, node.text, node.name, node.tool_call_id,
             tuple(p.sha256 for p in images) if images else (),
@@ -165,6 +166,9 @@ class RenderCache:
         # The newest state's tokens as a list (its own copy): a render extending it slices
         # this instead of converting the state's array back.
         self._list: tuple[PathState, list[int]] | None = None
+        # What the tree's last record_render wrote (results.py), so the next writes only
+        # what changed; None after anything else changes spans, blocks or turn keys.
+        self.record: Any = None
 
     def __len__(self) -> int:
         return len(self._states)
@@ -176,9 +180,12 @@ class RenderCache:
                  target: Node, sigs: Sequence[tuple] | None = None) -> PathState | None:
         """The deepest cached state whose nodes start `done` and render the same (`sigs`:
         the signatures of `done`, if the caller has them)."""
-        keys = [("done", n.id) for n in reversed(done)]
-        # A pending target's own prompt first; a done one's right after its whole path.
-        keys.insert(0 if target.is_pending else 1, ("prompt", target.id))
+        # A pending target's own prompt first; a done one's right after its whole path;
+        # then the deepest ancestors first (looked up lazily: the first hit is near the end).
+        done_keys = (("done", n.id) for n in reversed(done))
+        prompt = [("prompt", target.id)]
+        keys = (itertools.chain(prompt, done_keys) if target.is_pending
+                else itertools.chain(itertools.islice(done_keys, 1), prompt, done_keys))
         for key in keys:
             state = self._states.get(key)
             if state is None:
@@ -243,6 +250,7 @@ class RenderCache:
         with self._lock:
             self._paths.clear()
             self._list = None
+        self.record = None
         self.chats.clear()
 
     def drop(self, node_ids) -> None:
@@ -252,6 +260,7 @@ class RenderCache:
         with self._lock:
             for key in [k for k in self._paths if k in ids]:
                 del self._paths[key]
+        self.record = None
         self.chats.drop(ids)
 
 

@@ -7,13 +7,15 @@ results are computed or how keys are derived (the engine's business).
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .errors import NodeStateError
 from .nodes import BlockRef, Node, NodeResult, NodeStats
 from .render import block_range
+from .render_cache import common_prefix, render_cache
 
 if TYPE_CHECKING:
     from .render import RenderedPath
@@ -82,6 +84,7 @@ class ResultsMixin:
                 )
         node.status, node.text, node.result, node.error = "pending", None, None, None
         node.span, node.blocks, node.turn_keys = None, [], []
+        render_cache(self).record = None  # the next record_render writes every node again
         return node
 
     def record_render(
@@ -99,9 +102,16 @@ class ResultsMixin:
         starting before it).
         """
         self.block_size = block_size
-        num_keys = len(block_keys)
+        cache = render_cache(self)
+        last, cache.record = cache.record, None  # (stale if this call stops half way)
+        items = list(rendered.spans.items())
+        keys = list(block_keys)
+        turns = sorted((turn_keys or {}).items())
+        starts = sorted((span[0], node_id) for node_id, span in items)
+        skip, skip_turns = _recorded(last, items, keys, block_size, turns, starts)
+        num_keys = len(keys)
         get = self._node_getter()
-        for node_id, span in rendered.spans.items():
+        for node_id, span in items[skip:]:
             node = get(node_id)
             if node.span != span:
                 node.span = span
@@ -109,21 +119,21 @@ class ResultsMixin:
             rng = block_range(span, block_size)
             same = len(blocks) == len(rng)  # most are as the last render
             for b, i in zip(blocks, rng) if same else ():
-                if b.index != i or b.key != (block_keys[i] if i < num_keys else None):
+                if b.index != i or b.key != (keys[i] if i < num_keys else None):
                     same = False
                     break
             if not same:
-                node.blocks = [BlockRef(index=i, key=block_keys[i] if i < num_keys else None)
+                node.blocks = [BlockRef(index=i, key=keys[i] if i < num_keys else None)
                                for i in rng]
         # Turn keys accumulate: a later render of the path may place a node's tokens
         # differently, and the checkpoints of the earlier one stay in the store until released.
-        starts = sorted((span[0], node_id) for node_id, span in rendered.spans.items())
         firsts = [start for start, _ in starts]
-        for pos, key in sorted((turn_keys or {}).items()):
+        for pos, key in turns[skip_turns:]:
             i = bisect_left(firsts, pos)  # the last node starting before pos owns it
             node = get(starts[i - 1][1]) if i else None
             if node is not None and key not in node.turn_keys:
                 node.turn_keys.append(key)
+        cache.record = _Record(items, keys, block_size, turns, starts)
 
     def keys_only_in(self, node: NodeLike) -> set[str]:
         """Checkpoint keys (blocks and turn ends) used by `node`'s subtree and by no other
@@ -132,6 +142,45 @@ class ResultsMixin:
         inside = {node.id} | {n.id for n in self.descendants(node)}
         mine = set().union(*(_keys(self[n]) for n in inside))
         return mine - set().union(*(_keys(n) for n in self if n.id not in inside))
+
+
+@dataclass(frozen=True, slots=True)
+class _Record:
+    """What the last `record_render` of a tree wrote: the next one skips what it repeats."""
+
+    items: list[tuple[str, tuple[int, int]]]
+    keys: list[str]
+    block_size: int
+    turns: list[tuple[int, str]]
+    starts: list[tuple[int, str]]
+
+
+def _recorded(last: _Record | None, items: list, keys: list[str], block_size: int,
+              turns: list, starts: list) -> tuple[int, int]:
+    """(how many first nodes of `items`, how many first turn keys of `turns`) the last record
+    already wrote as this one would: a deep path's next turn touches only its last nodes.
+
+    A node is skipped when it and every node before it have the same id and span as last
+    time, and its blocks' keys are among the keys both records share; a turn key when it and
+    every one before it are as last time and its owner lies among the nodes before the first
+    start the two records do not share (so ownership is decided alike)."""
+    if last is None or last.block_size != block_size:
+        return 0, 0
+    same = common_prefix(last.items, items)
+    limit = common_prefix(last.keys, keys) * block_size  # blocks up to here keep their keys
+    skip = 0
+    while skip < same and items[skip][1][1] <= limit:  # (ints only: no node lookups)
+        skip += 1
+    shared_starts = common_prefix(last.starts, starts)
+    if not shared_starts:
+        return skip, 0
+    bound = starts[shared_starts - 1][0]
+    shared_turns = common_prefix(last.turns, turns)
+    return skip, bisect_right(turns, bound, hi=shared_turns, key=_pos)
+
+
+def _pos(item: tuple[int, str]) -> int:
+    return item[0]
 
 
 def _keys(node: Node) -> set[str]:

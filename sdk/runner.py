@@ -137,7 +137,10 @@ def tree_drafts(tree: Tree, node_id: str, limit: int = 8) -> list[list[int]]:
     """What a node may draft from besides its own prompt: the tokens other generated nodes of
     its tree produced off its path (its siblings first, then the newest), at most `limit`."""
     node = tree[node_id]
-    on_path = {n.id for n in tree.path(node)}
+    path = tree.path(node)
+    if len(path) == len(tree):  # a single conversation (a Session's chat): nothing else
+        return []
+    on_path = {n.id for n in path}
     parent = tree.parent(node)
     siblings = tree.children(parent) if parent is not None else []
     skip = on_path | {n.id for n in siblings}

@@ -71,3 +71,18 @@ def test_context_length_and_foreign():
         plan(t, tokenizer=TOK, context_length=100)
     with pytest.raises(ForeignNode):
         plan(Tree(), [finals[0]])
+
+
+def test_one_target_plans_from_its_path_not_the_tree(monkeypatch):
+    """A deep conversation's next turn is planned from its own path: the whole tree is not
+    walked (nor each path again), and the jobs are those of the tree-order walk."""
+    t = Tree()
+    node = t.system("S")
+    for i in range(30):
+        node = node.user(f"q{i}").final(text=f"a{i}")
+    r = node.user("next").reasoning()
+    f = r.final()
+    walked = plan(t, [f, f])  # more than one target: the tree-order walk
+    monkeypatch.setattr(Tree, "__iter__", lambda self: pytest.fail("the tree was walked"))
+    assert plan(t, [f]) == walked and ids(walked) == [[r.id], [f.id]]
+    assert walked[1][0].depends_on == (r.id,)

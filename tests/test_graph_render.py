@@ -143,3 +143,22 @@ def test_block_range_and_blocks():
     rp = render(t, r, TOK)
     blocks = rp.blocks(8)
     assert set(blocks) == {"s1", "u2", "r3"} and blocks["s1"][0] == 0
+
+
+def test_messages_are_written_on_first_read_as_the_nodes_were_rendered(monkeypatch):
+    """A render does not write the path's messages (a deep path has many, and most callers
+    never read them); read later, they are the nodes' as rendered, not as edited since."""
+    import importlib
+
+    render_module = importlib.import_module("forkv.graph.render")
+
+    t, _s, u, r, _f = build()
+    written = []
+    real = render_module._snapshot_messages
+    monkeypatch.setattr(render_module, "_snapshot_messages",
+                        lambda *a: written.append(1) or real(*a))
+    rp = render(t, r, TOK)
+    assert written == []
+    u.text = "edited"
+    assert rp.messages == [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}]
+    assert rp.messages is rp.messages and written == [1]

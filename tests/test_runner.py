@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from types import SimpleNamespace
 
+import pytest
 from forkv.engine import SamplingParams
 from forkv.engine.demo.tokenizer import chat_template
 from forkv.graph import ReasoningFormat, Tree
@@ -62,3 +63,22 @@ def test_calls_are_parsed_on_attach_with_the_nodes_own_settings():
     [call] = attach_tool_calls(tok, tree, final, "call_abc")
     assert (call.id, call.arguments) == ("call_abc_0", {"city": "Oslo"})
     assert final.tool_calls == [call]
+
+
+def test_drafts_of_a_single_conversation_walk_nothing(monkeypatch):
+    """tree_drafts on a tree that is one path (a Session's chat) returns at once: no walk of
+    the tree per request; with another branch its tokens are the draft."""
+    from forkv.runner import tree_drafts
+
+    tree = Tree()
+    node = tree.system("S")
+    for i in range(20):
+        node = node.user(f"q{i}").final({"max_tokens": 4})
+        tree.attach(node, f"a{i}", [i, i + 1])
+    nxt = node.user("next").final({"max_tokens": 4})
+    with monkeypatch.context() as m:
+        m.setattr(Tree, "__iter__", lambda self: pytest.fail("the tree was walked"))
+        assert tree_drafts(tree, nxt.id) == []
+    other = node.user("other").final({"max_tokens": 4})
+    tree.attach(other, "b", [7, 8])
+    assert tree_drafts(tree, nxt.id) == [[7, 8]]
