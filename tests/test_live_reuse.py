@@ -244,3 +244,51 @@ def test_bad_reuse_values_are_clear_errors(monkeypatch):
             engine.submit([1, 2, 3], max_tokens=1, reuse="later")
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+def test_a_prompt_and_its_answer_keep_one_copy_of_their_global_kv(arch):
+    """The prompt's entry and the answer's (which holds the prompt as its prefix) share the
+    global layers' K/V buffer once equal bit for bit; a prefix that differs keeps its own; a
+    turn continued from the shared entry still gets a fresh run's tokens."""
+    import mlx.core as mx
+
+    from forkv.engine.cache.live import _share_kv
+
+    lm = load_tiny(arch)
+    fast = _engine(lm, reuse="fast")
+    a = random_tokens(600, seed=5)
+    try:
+        first = fast.generate(a, GREEDY)
+        pool = fast.prefix.live
+        entries = sorted(pool.entries.values(), key=lambda e: len(e.tokens))
+        prompt, answer = entries[0], entries[-1]
+        assert len(prompt.tokens) == len(a) and answer.tokens[:len(a)] == a
+        globals_ = [(x, y) for x, y in zip(prompt.cache, answer.cache)
+                    if type(x).__name__ == "KVCache"]
+        assert globals_
+        for x, y in globals_:
+            assert mx.array_equal(x.keys, y.keys[..., :len(a), :]).item()
+        # copies of the prompt's K/V, then shared: their buffers go
+        before = mx.get_active_memory()
+        copies = [(type(x)(), y) for x, y in globals_]
+        for (c, y), (x, _) in zip(copies, globals_):
+            c.keys, c.values, c.offset = mx.array(x.keys), mx.array(x.values), x.offset
+        mx.eval([c.keys for c, _ in copies] + [c.values for c, _ in copies])
+        grown = mx.get_active_memory() - before
+        for c, y in copies:
+            _share_kv(c, y, c.offset)
+        del x
+        import gc
+
+        gc.collect()
+        assert mx.get_active_memory() - before < grown / 4  # the copies' buffers are gone
+        c, y = copies[0]
+        odd = type(c)()
+        odd.keys, odd.values, odd.offset = c.keys + 1, c.values, c.offset
+        _share_kv(odd, y, odd.offset)
+        assert not mx.array_equal(odd.keys, y.keys[..., :odd.offset, :]).item()  # kept
+        b = a + first.token_ids[:-1] + random_tokens(30, seed=6)
+        _assert_fast(fast, b, len(a) + len(first.token_ids) - 1)
+    finally:
+        fast.close()

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from . import kinds as _kinds
 from .kinds.base import sharing
+from .kinds.kv import GlobalKind as _GLOBAL
 from .blocks import shared_prefix
 
 REUSE_MODES = ("exact", "fast")
@@ -61,6 +62,26 @@ class LiveStats:
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__slots__}
+
+
+_SHARE_MIN = 256  # shorter shared prefixes are not worth an equality check
+
+
+def _share_kv(short, long_, p: int) -> None:
+    """`short`'s K/V (holding p tokens) as slices of `long_`'s first p, if equal bit for bit;
+    global-layer caches only (sliding windows and state are each entry's own)."""
+    import mlx.core as mx
+
+    if (_kinds.kind_of(short) is not _GLOBAL or type(short) is not type(long_)
+            or short.keys is None or long_.keys is None or short.offset != p
+            or long_.offset < p or short.keys.dtype != long_.keys.dtype):
+        return
+    keys, values = long_.keys[..., :p, :], long_.values[..., :p, :]
+    if (keys.shape != short.keys[..., :p, :].shape
+            or not mx.array_equal(keys, short.keys[..., :p, :]).item()
+            or not mx.array_equal(values, short.values[..., :p, :]).item()):
+        return
+    short.keys, short.values = keys, values
 
 
 def _kinds_of(cache: list) -> list:
@@ -155,11 +176,31 @@ class LivePool:
             return None
         entry = LiveEntry(list(tokens), cache, tag, frozenset(keys), nbytes, on_leave,
                           canonical_to)
+        self._share_prefixes(entry)
         self.entries[id(entry)] = entry
         self.nbytes += nbytes
         self.stats.puts += 1
         self._trim()
         return entry
+
+    def _share_prefixes(self, new: LiveEntry) -> None:
+        """One buffer for the global layers' K/V of a conversation's entries: where `new` and
+        an entry of its namespace hold one's tokens as the other's prefix (a prompt and its
+        answer, an answer and the next prompt), the shorter's keys and values become slices of
+        the longer's, once they are equal bit for bit (a fork's cache continues its source's
+        arrays, but a recomputed prefix may round differently: then both keep their own).
+        Without this every turn of a 32K-token chat kept its own copy of the 32K tokens' K/V
+        (Gemma 3 270M: ~110 MiB an entry). Byte accounting is unchanged (each entry counts
+        its own slices), so the budget errs on the safe side."""
+        for old in self.entries.values():
+            if old.tag != new.tag or not old.cache:
+                continue
+            p = shared_prefix(old.tokens, new.tokens)
+            if p < _SHARE_MIN or p not in (len(old.tokens), len(new.tokens)):
+                continue
+            short, long_ = (old, new) if p == len(old.tokens) else (new, old)
+            for a, b in zip(short.cache, long_.cache):
+                _share_kv(a, b, p)
 
     def _trim(self) -> None:
         while self.entries and (self.nbytes > self.budget_bytes
