@@ -44,6 +44,7 @@ def report(model: str | None = None) -> dict:
                      "serve): drafts from the prompt, the tree and recent outputs, verified "
                      "exactly" + ("" if config.speculate != "off" else ": off"),
         "kv_dtype": _kv_line(config.kv_dtype),
+        "memory": _memory_line(config),
     }
     if model:
         from forkv.engine import load_model
@@ -61,6 +62,24 @@ def report(model: str | None = None) -> dict:
         out["kv_dtype"] = (f"{lm.kv_dtype} for this model ({config.kv_dtype} asked; "
                            f"{_kv_bytes(lm)} bytes of cached K/V per token)")
     return out
+
+
+def _memory_line(config) -> str:
+    """What forkv may hold beyond the weights, by default or as set, and how malloc is set."""
+    from forkv import arenas
+    from forkv.security.settings import StoreSettings
+
+    def mib(n: int) -> str:
+        return f"{n / 2**20:,.0f} MiB" if n < 1 << 30 else f"{n / 2**30:g} GiB"
+
+    store = StoreSettings.from_env()
+    disk = (f"encrypted disk tier up to {mib(store.disk_budget)} (FORKV_DISK_BUDGET)"
+            if store.disk and store.disk_budget else "no disk tier")
+    return (f"records in RAM up to {mib(store.ram_budget)} (FORKV_RAM_BUDGET), fast reuse's "
+            f"live caches up to {mib(config.live_cache_mib << 20)} (FORKV_LIVE_CACHE_MIB), {disk}; "
+            f"the forkv process: {arenas.ARENAS} malloc arenas, mmap threshold "
+            f"{mib(arenas.MMAP_THRESHOLD)}, freed heap trimmed when the engine idles; "
+            "/metrics shows the split (forkv_memory_bytes, forkv_tier_bytes)")
 
 
 def _kv_line(asked: str) -> str:

@@ -11,6 +11,8 @@ def test_doctor_reports_blas_and_dtype(capsys):
     info = json.loads(capsys.readouterr().out)
     assert info["dtype"].startswith("float32") and "blas" in info
     assert sorted(info["cache_layout"].split(", ")) == ["2 global", "2 state"]
+    assert "records in RAM up to 64 MiB" in info["memory"]  # the RAM budget forkv keeps
+    assert "live caches up to 512 MiB" in info["memory"]
 
 
 def test_bad_model_is_a_clear_error(capsys):
