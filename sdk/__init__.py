@@ -7,9 +7,11 @@ model. Everything else lives in the submodules: `forkv.graph` (nodes, trees, ren
 Importing forkv does not import mlx.
 """
 
-from . import arenas, interrupts
+from . import interrupts
 
 interrupts.guard_startup()  # first: a Ctrl-C while the CLI imports is one line, exit 130
+from . import arenas  # noqa: E402 - after the guard (it imports ctypes)
+
 if interrupts.is_cli():
     arenas.limit()  # before any thread: a long-running server's malloc stays bounded
 

@@ -61,7 +61,13 @@ def run_spec(args) -> int:
             print(f"viewer: the run has finished; its page stays up at {viewer.url} until "
                   "Ctrl-C", flush=True)
             try:
-                threading.Event().wait()
+                # Wake twice a second: a Ctrl-C the kernel hands to another thread only sets
+                # Python's flag, and a main thread blocked for good in one wait never runs
+                # the handler (`forkv run --ui` outlived a 30 s wait after its SIGINT on a
+                # loaded CI machine, three times)
+                idle = threading.Event()
+                while not idle.wait(0.5):
+                    pass
             except KeyboardInterrupt:
                 viewer.close()
                 # the run is done and saved: leave in the fixed order (a plain return left
