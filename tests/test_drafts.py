@@ -155,3 +155,20 @@ def test_growing_indexes_each_occurrence_once():
     _check_entries(index)
     hits = index._where[hash((1, 2, 3))]
     assert [at & 0xFFFFFFFF for at in hits] == [3, 6, 9]
+
+
+def test_a_namespace_kept_small_by_the_total_forgets_its_dropped_outputs():
+    """A namespace's index holds keys for about its live tokens, not for everything it has
+    dropped, even when the sources' total keeps it far below its own cap."""
+    import random
+
+    from forkv.engine.request.drafts import _MIN_PRUNE, RecentOutputs
+
+    rnd = random.Random(0)
+    recent = RecentOutputs(max_tokens=65536)
+    for _ in range(400):
+        recent.add([rnd.randrange(50_000) for _ in range(40)])
+        recent.shrink(256)  # what DraftSources does to stay within its total
+    assert recent.tokens <= 256
+    keys = len(recent.index._where)
+    assert keys <= 3 * (recent.tokens + _MIN_PRUNE + 40), keys  # 3 n-gram sizes a position
