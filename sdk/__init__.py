@@ -7,10 +7,10 @@ model. Everything else lives in the submodules: `forkv.graph` (nodes, trees, ren
 Importing forkv does not import mlx.
 """
 
-from . import interrupts
+from . import _startup
 
-interrupts.guard_startup()  # first: a Ctrl-C while the CLI imports is one line, exit 130
-from . import arenas  # noqa: E402 - after the guard (it imports ctypes)
+_startup.guard()  # first: a Ctrl-C while the CLI imports is one line, exit 130
+from . import arenas, interrupts  # noqa: E402 - after the guard (they import ctypes, signal)
 
 if interrupts.is_cli():
     arenas.limit()  # before any thread: a long-running server's malloc stays bounded

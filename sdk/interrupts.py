@@ -1,17 +1,18 @@
 """How the `forkv` process ends on Ctrl-C: one line, status 130, never an abort or a traceback.
 
-Three moments. While forkv imports (before the CLI's error policy exists, ~2 s under load)
-`guard_startup` makes a Ctrl-C print `forkv: interrupted` and leave at once with 130: nothing
-is open yet. While a command runs, `take_over` gives SIGINT back to Python, so it is the
-KeyboardInterrupt the CLI catches (the command closes its engine on the way out). When the
-command has returned, `finish` ends the process in a fixed order: after an interrupt it joins
-every engine thread, closes every store, flushes, and leaves with `os._exit`, so no mlx thread
-or C++ destructor runs while the interpreter shuts down; after a normal run it only makes a
-late Ctrl-C leave at once instead of raising inside an exit handler (which would skip the
-engine join). A KeyboardInterrupt raised inside a `__del__` (a regex compiled while a
-tokenizer loads) would be printed as "Exception ignored" with a traceback and lost, so
-`take_over`'s handler also notes the Ctrl-C, its unraisable hook keeps that traceback off the
-terminal, and `check` raises it again before a command starts its long-running loop.
+Three moments. While forkv imports (before the CLI's error policy exists, ~2 s under load) the
+guard `_startup` installs as `import forkv`'s first line makes a Ctrl-C print `forkv:
+interrupted` and leave at once with 130: nothing is open yet. While a command runs, `take_over`
+gives SIGINT back to Python, so it is the KeyboardInterrupt the CLI catches (the command closes
+its engine on the way out). When the command has returned, `finish` ends the process in a fixed
+order: after an interrupt it joins every engine thread, closes every store, flushes, and leaves
+with `os._exit`, so no mlx thread or C++ destructor runs while the interpreter shuts down;
+after a normal run it only makes a late Ctrl-C leave at once instead of raising inside an exit
+handler (which would skip the engine join). A KeyboardInterrupt raised inside a `__del__` (a
+regex compiled while a tokenizer loads) would be printed as "Exception ignored" with a
+traceback and lost, so `take_over`'s handler also notes the Ctrl-C, its unraisable hook keeps
+that traceback off the terminal, and `check` raises it again before a command starts its
+long-running loop.
 Knows nothing about commands or models.
 """
 
@@ -23,39 +24,16 @@ import signal
 import sys
 import threading
 
-__all__ = ["check", "finish", "guard_startup", "is_cli", "leave", "take_over"]
+from ._startup import INTERRUPTED, is_cli
+from ._startup import leave_now as _leave_now
 
-INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C
-_MESSAGE = b"forkv: interrupted\n"
+__all__ = ["INTERRUPTED", "check", "finish", "is_cli", "leave", "take_over"]
 _LEAVE_S = 10.0  # the most `leave` waits for engine threads and stores to close
 _pending = False  # a Ctrl-C arrived since take_over
 
 
-def is_cli() -> bool:
-    """True in the `forkv` console script and in `python -m forkv.cli`."""
-    argv = getattr(sys, "orig_argv", None) or sys.argv
-    if "-m" in argv[:-1]:
-        return argv[argv.index("-m") + 1] == "forkv.cli"
-    return any(os.path.basename(a) == "forkv" for a in argv[:2])
-
-
-def _leave_now(signum=None, frame=None) -> None:
-    os.write(2, _MESSAGE)
-    os._exit(INTERRUPTED)
-
-
 def _leave_quietly(signum=None, frame=None) -> None:
     os._exit(INTERRUPTED)  # the CLI has already said "interrupted", or finished its output
-
-
-def guard_startup() -> None:
-    """In the CLI process only, and only over Python's own handler: a Ctrl-C before `take_over`
-    exits 130 with one line instead of a KeyboardInterrupt traceback from an import."""
-    try:
-        if is_cli() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            signal.signal(signal.SIGINT, _leave_now)
-    except (ValueError, OSError, IndexError):  # not the main thread, or no argv: leave it
-        pass
 
 
 def _interrupt(signum=None, frame=None) -> None:

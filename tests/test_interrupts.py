@@ -164,3 +164,39 @@ def test_a_ctrl_c_taken_by_a_del_prints_no_traceback(monkeypatch, capsys):
     assert capsys.readouterr().err == ""
     interrupts._unraisable(info(ValueError("a real bug")))
     assert "a real bug" in capsys.readouterr().err
+
+
+_FIRST_IMPORTS = """
+import _signal, sys
+
+seen = {}
+
+
+class Watch:
+    # records which SIGINT handler is in place when each of these modules starts importing
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name in ("signal", "logging", "threading", "ctypes", "forkv.interrupts",
+                    "forkv.arenas"):
+            seen.setdefault(name, _signal.getsignal(_signal.SIGINT))
+        return None
+
+
+sys.meta_path.insert(0, Watch)
+import forkv
+guard = forkv._startup.leave_now
+print(sorted(name for name, handler in seen.items() if handler is not guard))
+print(sorted(seen))
+"""
+
+
+def test_the_startup_guard_is_in_place_before_any_slow_import(tmp_path):
+    # A Ctrl-C 6 ms into `forkv serve` on a loaded CI machine landed in `signal`'s import of
+    # `enum` from sdk/interrupts.py, before the guard, and printed a traceback.
+    script = tmp_path / "forkv"  # a program named as the console script is a CLI process
+    script.write_text(_FIRST_IMPORTS)
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                       timeout=120)
+    unguarded, watched = p.stdout.splitlines()[-2:]
+    assert unguarded == "[]", (unguarded, p.stderr[-2000:])
+    assert "'forkv.interrupts'" in watched and "'signal'" in watched
