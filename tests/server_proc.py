@@ -35,7 +35,8 @@ def running_server(*args: str, timeout: float = 180.0, log=None):
     own_log = log is None
     log = tempfile.TemporaryFile() if own_log else log
     cmd = [sys.executable, "-m", "forkv.cli", "serve", "--port", str(port), *args]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ),
+                            preexec_fn=default_sigint)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout
@@ -57,6 +58,13 @@ def running_server(*args: str, timeout: float = 180.0, log=None):
 
 
 _shared: dict[tuple[str, ...], str] = {}
+
+
+def default_sigint() -> None:
+    """A child's `preexec_fn`: a pytest started with SIGINT ignored (a background job, as CI
+    scripts run it) passes SIG_IGN on, and Python then installs no KeyboardInterrupt handler:
+    the child would never see a test's Ctrl-C (`forkv run --ui` outlived a 30 s wait so)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def stop(proc: subprocess.Popen) -> None:

@@ -13,6 +13,7 @@ import time
 import pytest
 from conftest import load_tiny
 from forkv.cli import main
+from server_proc import default_sigint
 
 
 def _one_line(capsys) -> str:
@@ -80,17 +81,11 @@ def test_ctrl_c_exits_130_with_one_line(monkeypatch, capsys):
     assert capsys.readouterr().err == "forkv: interrupted\n"
 
 
-def _default_sigint() -> None:
-    # A pytest started with SIGINT ignored (a background job) passes SIG_IGN on, and Python
-    # then installs no KeyboardInterrupt handler: the child would never see the test's signal.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def test_ctrl_c_in_a_real_process():
     # `generate -` waits on stdin (and says so at -v): SIGINT there ends it with 130, one line.
     p = subprocess.Popen([sys.executable, "-m", "forkv.cli", "-v", "generate", "-"], text=True,
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         preexec_fn=_default_sigint)
+                         preexec_fn=default_sigint)
     assert "reading the prompt from stdin" in p.stderr.readline()
     p.send_signal(signal.SIGINT)
     # Keep stdin open until it has exited: closing it first races the signal (EOF, exit 2).
@@ -108,7 +103,7 @@ def test_ctrl_c_while_generating_removes_the_temp_folder(tmp_path):
                           "--model", "demo:qwen3:tiny", "--max-tokens", "4000",
                           "--no-progress"], env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                         preexec_fn=_default_sigint)
+                         preexec_fn=default_sigint)
     try:
         deadline = time.monotonic() + 120
         while not list(tmp_path.glob("forkv-*")) and time.monotonic() < deadline:

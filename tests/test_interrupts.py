@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from server_proc import free_port
+from server_proc import default_sigint, free_port
 
 _BESIDE_THE_ENGINE = """
 import sys, threading
@@ -43,13 +43,9 @@ def test_a_forward_beside_the_engine_exits_cleanly(where):
     assert p.returncode == 0 and p.stdout.strip() == "last line", (p.returncode, p.stderr)
 
 
-def _default_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)  # a background pytest passes SIG_IGN on
-
-
 def _interrupt(argv: list[str], after_s: float, timeout: float = 120) -> tuple[int, str]:
     p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                         preexec_fn=_default_sigint)
+                         preexec_fn=default_sigint)
     time.sleep(after_s)
     p.send_signal(signal.SIGINT)
     try:
@@ -196,7 +192,7 @@ def test_the_startup_guard_is_in_place_before_any_slow_import(tmp_path):
     script = tmp_path / "forkv"  # a program named as the console script is a CLI process
     script.write_text(_FIRST_IMPORTS)
     p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                       timeout=120)
+                       timeout=120, preexec_fn=default_sigint)
     unguarded, watched = p.stdout.splitlines()[-2:]
     assert unguarded == "[]", (unguarded, p.stderr[-2000:])
     assert "'forkv.interrupts'" in watched and "'signal'" in watched

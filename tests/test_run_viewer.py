@@ -15,6 +15,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from server_proc import default_sigint
 
 CHROMIUM = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome")
                  if shutil.which(b)), None)
@@ -60,7 +61,8 @@ def test_run_ui_streams_the_growing_tree_and_refuses_strangers(tmp_path):
     (tmp_path / "review.yaml").write_text(SPEC)
     proc = subprocess.Popen([sys.executable, "-m", "forkv.cli", "run", "review.yaml", "--ui",
                              "--no-progress", "--save", "tree.json"], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=default_sigint)
     try:
         line = proc.stdout.readline()
         assert line.startswith("viewer: http://127.0.0.1:"), line
