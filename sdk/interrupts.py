@@ -78,8 +78,8 @@ def leave(code: int) -> None:
     interpreter shuts down."""
     signal.signal(signal.SIGINT, _leave_quietly)
     # bounded: a thread that will not stop (a step still running on a loaded machine) must
-    # not keep a finished, interrupted command alive (`forkv run --ui` outlived a 30 s wait
-    # on CI twice); the stores' files are private and sealed either way
+    # not keep a finished, interrupted command alive; the stores' files are private and
+    # sealed either way
     closer = threading.Thread(target=_close_everything, name="forkv-leave", daemon=True)
     closer.start()
     closer.join(_LEAVE_S)
