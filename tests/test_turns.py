@@ -158,6 +158,40 @@ def test_next_turn_takes_over_the_exact_prompt_cache(arch):
         assert (handed[2], handed[3]) == (0, 1)
 
 
+def test_a_replayed_turn_shares_the_later_prompts_kv_comparing_one_block(monkeypatch):
+    """An earlier turn asked again (a replayed or forked chat) keeps its exact prompt's entry
+    as slices of the later prompt's K/V: both canonical, they are compared from the last block
+    boundary before the shorter one's end only, not over the whole chat (live.py); the replay
+    still gets the first run's tokens and logprobs bit for bit."""
+    import mlx.core as mx
+
+    import forkv.engine.cache.live as live_mod
+
+    compared = []
+    share_kv = live_mod._share_kv
+
+    def spy(short, long_, p, check_from=0):
+        compared.append((p, check_from))
+        share_kv(short, long_, p, check_from)
+
+    monkeypatch.setattr(live_mod, "_share_kv", spy)
+    engine = _engine(load_tiny("qwen3"))
+    B = engine.block_size
+    first = engine.generate(_chat(2), max_tokens=2, top_logprobs=0)
+    engine.generate(_chat(3), max_tokens=2)  # takes the first prompt's cache over
+    assert not compared
+    again = engine.generate(_chat(2), max_tokens=2, top_logprobs=0)
+    assert (again.token_ids, again.logprobs) == (first.token_ids, first.logprobs)
+    p = len(engine.encode(_chat(2)))
+    assert p > 2 * B and compared and {c for c in compared} == {(p, (p - 1) // B * B)}
+    entries = sorted(engine.prefix.live.entries.values(), key=lambda e: len(e.tokens))
+    short, long_ = entries[0], entries[-1]
+    assert len(short.tokens) == p and long_.tokens[:p] == short.tokens
+    for a, b in zip(short.cache, long_.cache):  # one buffer: the shorter's are slices
+        assert mx.array_equal(a.keys, b.keys[..., :p, :]).item()
+    engine.close()
+
+
 def test_timed_restores_report_read_and_build_seconds(engine):
     """`Checkpointer.timed` (forkv bench restore's hook) sees a turn-end restore's record reads
     and its cache build, and times nothing outside its block."""

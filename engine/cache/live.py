@@ -67,9 +67,10 @@ class LiveStats:
 _SHARE_MIN = 256  # shorter shared prefixes are not worth an equality check
 
 
-def _share_kv(short, long_, p: int) -> None:
-    """`short`'s K/V (holding p tokens) as slices of `long_`'s first p, if equal bit for bit;
-    global-layer caches only (sliding windows and state are each entry's own)."""
+def _share_kv(short, long_, p: int, check_from: int = 0) -> None:
+    """`short`'s K/V (holding p tokens) as slices of `long_`'s first p, if equal bit for bit
+    from token `check_from` on (the tokens before it known equal); global-layer caches only
+    (sliding windows and state are each entry's own)."""
     import mlx.core as mx
 
     if (_kinds.kind_of(short) is not _GLOBAL or type(short) is not type(long_)
@@ -77,9 +78,10 @@ def _share_kv(short, long_, p: int) -> None:
             or long_.offset < p or short.keys.dtype != long_.keys.dtype):
         return
     keys, values = long_.keys[..., :p, :], long_.values[..., :p, :]
+    a = check_from
     if (keys.shape != short.keys[..., :p, :].shape
-            or not mx.array_equal(keys, short.keys[..., :p, :]).item()
-            or not mx.array_equal(values, short.values[..., :p, :]).item()):
+            or not mx.array_equal(keys[..., a:, :], short.keys[..., a:p, :]).item()
+            or not mx.array_equal(values[..., a:, :], short.values[..., a:p, :]).item()):
         return
     short.keys, short.values = keys, values
 
@@ -146,8 +148,9 @@ class LivePool:
     """Recently finished caches, by namespace tag, least recently used first out."""
 
     def __init__(self, make_cache: Callable, budget_bytes: int, max_entries: int = 32,
-                 max_canonical: int = 4):
+                 max_canonical: int = 4, block_size: int = 256):
         self.make_cache = make_cache
+        self.block_size = block_size  # (canonical chunks never cross a block boundary)
         self.budget_bytes = budget_bytes
         self.max_entries = max_entries
         # exact prompts' caches kept at once: one per conversation that is between turns
@@ -191,7 +194,13 @@ class LivePool:
         arrays, but a recomputed prefix may round differently: then both keep their own).
         Without this every turn of a 32K-token chat kept its own copy of the 32K tokens' K/V
         (Gemma 3 270M: ~110 MiB an entry). Byte accounting is unchanged (each entry counts
-        its own slices), so the budget errs on the safe side."""
+        its own slices), so the budget errs on the safe side. Two exact prompts' entries
+        (both canonical through the shared tokens) are compared from the last block boundary
+        on only: before it both ran the same canonical chunks (cuts are a function of the
+        tokens), so their K/V are equal bit for bit, as their records are; only the shorter
+        one's last chunk may end where the longer one's does not. (Comparing a 14K-token
+        chat's whole K/V cost ~28 ms a turn on the engine thread, in front of every other
+        request.)"""
         for old in self.entries.values():
             if old.tag != new.tag or not old.cache:
                 continue
@@ -199,8 +208,10 @@ class LivePool:
             if p < _SHARE_MIN or p not in (len(old.tokens), len(new.tokens)):
                 continue
             short, long_ = (old, new) if p == len(old.tokens) else (new, old)
+            canonical = min(short.canonical_to, long_.canonical_to) >= p
+            check_from = (p - 1) // self.block_size * self.block_size if canonical else 0
             for a, b in zip(short.cache, long_.cache):
-                _share_kv(a, b, p)
+                _share_kv(a, b, p, check_from)
 
     def _trim(self) -> None:
         while self.entries and (self.nbytes > self.budget_bytes

@@ -60,7 +60,8 @@ class PrefixCache:
         enabled = checkpointer is not None and checkpointer.enabled
         # Text rows defer decoded blocks to jobs and keep live caches (vision rows cannot).
         self.defers = enabled and vision is None
-        self.live = LivePool(lm.make_cache, live_bytes) if self.defers else None
+        self.live = (LivePool(lm.make_cache, live_bytes, block_size=block_size)
+                     if self.defers else None)
         # Exact prompts' caches are handed over (`_hand_off`) where every layer is global K/V
         # and the batch merges copies of them (nothing writes into the one kept).
         self.hands_off = (self.live is not None and mergeable
