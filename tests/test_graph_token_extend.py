@@ -132,3 +132,23 @@ def test_extends_equal_whole_encodes_on_real_tokenizers(name):
     tok = load_model(name).tokenizer
     texts = _chat_texts(tok, 10, random.Random(5))
     assert _check_pairs(tok, texts) > token_extend.CHECKED_USES
+
+
+@pytest.mark.parametrize("name", ["gemma3-270m", "smollm2-135m"])
+def test_mlx_lm_detokenizer_is_built_only_when_asked_for(name):
+    # forkv streams with its own text stream; mlx-lm's SPM detokenizer holds every token's
+    # bytes (17 MiB for Gemma 3). Asked for, it is the one mlx-lm would have built.
+    from forkv.engine import load_model
+    from forkv.engine.models.named import NAMED_MODELS
+
+    if not NAMED_MODELS[name].is_local():
+        pytest.skip(f"{name} is not fetched here: run `forkv pull {name}`")
+    tok = load_model(name).tokenizer
+    assert type(tok._detokenizer).__name__ == "_LazyDetokenizer"
+    ids = tok.encode("Hello there, a café\n  indented")
+    detok = tok.detokenizer
+    assert type(tok._detokenizer).__name__.endswith("StreamingDetokenizer")
+    for i in ids:
+        detok.add_token(i)
+    detok.finalize()
+    assert detok.text.strip() == tok.decode(ids).strip()

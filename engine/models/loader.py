@@ -10,6 +10,7 @@ quantized.py's. This module knows how a folder becomes a model, not where folder
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,7 +121,8 @@ def load_model(name: str, dtype: str = "auto", quantized: str = "auto", *,
         # handed back, then the weights read. Parsing a 262K-word tokenizer.json needs ~700 MiB
         # for a moment; beside the weights that set the load's peak (Gemma 3 270M: 1,146 MiB).
         model, config = mlx_lm_load_model(path, lazy=True)
-        tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
+        tokenizer = lazy_detokenizer(load_tokenizer(path,
+                                                    eos_token_ids=config.get("eos_token_id")))
         arenas.trim()
         mx.eval(model.parameters())
     except TypeError as e:  # ModelArgs(**config) missing a field its architecture needs
@@ -143,6 +145,41 @@ def load_model(name: str, dtype: str = "auto", quantized: str = "auto", *,
         quantization=quant.label, quantization_reason=quant.reason, source=source.description,
         kernels=_kernel_module(quant), kv_dtype=kv,
     )
+
+
+class _LazyDetokenizer:
+    """mlx-lm's streaming detokenizer for a tokenizer wrapper, built on first use. forkv streams
+    text with its own (engine/request/textstream.py); the SPM one mlx-lm builds at load holds
+    every token's bytes (Gemma 3's 262K words: 17 MiB of the process for its whole life)."""
+
+    def __init__(self, wrapper, cls, kwargs: dict):
+        self._wrapper, self._cls, self._kwargs = wrapper, cls, kwargs
+
+    def _built(self):
+        real = self._wrapper._detokenizer
+        if real is self:
+            real = self._cls(self._wrapper._tokenizer, **self._kwargs)
+            self._wrapper._detokenizer = real  # built once, as mlx-lm's wrapper keeps it
+        return real
+
+    def __copy__(self):  # mlx-lm's `detokenizer` property hands each caller a copy
+        return copy.copy(self._built())
+
+    def __getattr__(self, name):
+        if name.startswith("_"):  # copy and pickle probe dunders on a bare instance
+            raise AttributeError(name)
+        return getattr(self._built(), name)
+
+
+def lazy_detokenizer(tokenizer):
+    """`tokenizer` (mlx-lm's TokenizerWrapper) with its streaming detokenizer freed until a
+    caller asks for it (`tokenizer.detokenizer` still works); any other object unchanged."""
+    built = getattr(tokenizer, "_detokenizer", None)
+    if built is None or isinstance(built, _LazyDetokenizer) or not hasattr(built, "reset"):
+        return tokenizer
+    kwargs = {"trim_space": built.trim_space} if hasattr(built, "trim_space") else {}
+    tokenizer._detokenizer = _LazyDetokenizer(tokenizer, type(built), kwargs)
+    return tokenizer
 
 
 def pick_kv_dtype(requested: str, model, quant: QuantChoice, dtype: str) -> str:
