@@ -85,6 +85,10 @@ def test_demo_vlm_loads_with_its_cache_layout(arch):
              "gemma3_vl": {"window", "global"}, "gemma4_vl": {"window", "global"}}[arch]
     assert set(lm.layout.kinds) == kinds and lm.layout.can_checkpoint
     assert load_model(str(lm.path)).fingerprint == lm.fingerprint
+    # one tokenizer for the processor and the engine (a 262K-word one is ~110 MiB a copy),
+    # but not where the processor changed its own (mlx-vlm's Gemma 4 one adds a word)
+    shared = lm.processor.tokenizer is lm.tokenizer._tokenizer
+    assert shared == (arch != "gemma4_vl")
 
 
 def test_logits_match_mlx_vlm(arch):

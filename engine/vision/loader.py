@@ -85,11 +85,26 @@ def load_vision_parts(path: Path) -> VisionParts:
     eos = [eos] if isinstance(eos, int) else list(eos or [])
     # mlx-lm's tokenizer wrapper gives the engine the same streaming detokenizer as for text.
     tokenizer = lazy_detokenizer(load_tokenizer(path, eos_token_ids=eos or None))
+    _share_tokenizer(processor, tokenizer)
     image_token = config.get("image_token_id", config.get("image_token_index"))
     return VisionParts(
         model=model, processor=processor, tokenizer=tokenizer, config=config,
         eos_token_ids=frozenset(eos or getattr(tokenizer, "eos_token_ids", ()) or ()),
         image_token_id=int(image_token), processor_digest=_processor_digest(path))
+
+
+def _share_tokenizer(processor, wrapper) -> None:
+    """Give `processor` the tokenizer mlx-lm's wrapper loaded from the same folder, where they
+    are the same class, words and settings: two copies of a 262K-word tokenizer are ~110 MiB
+    each. (mlx-vlm's Gemma 4 processor adds a word to its own: that one keeps its copy.)"""
+    own, loaded = getattr(processor, "tokenizer", None), getattr(wrapper, "_tokenizer", None)
+    if own is None or loaded is None or type(own) is not type(loaded) or len(own) != len(loaded):
+        return
+    # mlx-lm notes its tool parser in the settings, and the processor how it was loaded
+    ignore = ("tool_parser_type", "local_files_only")
+    if ({k: v for k, v in own.init_kwargs.items() if k not in ignore}
+            == {k: v for k, v in loaded.init_kwargs.items() if k not in ignore}):
+        processor.tokenizer = loaded
 
 
 def _use_mlx_lm_caches(language_model) -> None:
