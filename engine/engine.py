@@ -126,6 +126,8 @@ class Engine:
                                        self.config.max_seqs, self.config.prefill_budget,
                                        mergeable=self.is_batched, deliver=self._deliver_all,
                                        copy=copy)
+            # a request that comes in mid-step is admitted before the step spends more
+            self.scheduler.arrived = partial(getattr, self._worker, "has_calls")
         except BaseException:
             self._worker.close()
             raise

@@ -214,8 +214,10 @@ def test_long_prefills_take_turns_while_others_decode():
             # One chunk per step at most, and the running row decodes on every step.
             assert report.prefill_tokens <= B and running.id in {s.id for s, _ in report.events}
             owners += list(report.prefilled)
-    # Round-robin: the two long prompts alternate chunk by chunk (300 = 4 x 64 + 44).
-    assert owners == [a.id, b.id] * 5
+    # Round-robin: the two long prompts alternate chunk by chunk (300 = 4 x 64 + 44), but a
+    # prompt's last chunk goes first (its first token is one chunk away), and the one it
+    # passed goes first the step after.
+    assert owners == [a.id, b.id] * 3 + [a.id, a.id, b.id, b.id]
     _assert_same(running.result(), _single(lm, random_tokens(20, seed=100), max_tokens=60))
 
 
@@ -399,12 +401,55 @@ def test_a_request_waits_only_for_the_blocks_it_shares():
         b = engine.submit(short, max_tokens=2)
         first = engine.step_once()  # a prefills block 0; b waits for it
         assert list(first.prefilled) == [a.id] and _queue(engine)["waiting"] == 1
-        engine.step_once()  # b is admitted and restores block 0; a's next chunk comes first
-        third = engine.step_once()  # round robin: b prefills its tail while a is mid-prompt
-        assert list(third.prefilled) == [b.id]
+        # b is admitted, restores block 0 and prefills its tail before a's next chunk (its
+        # first token is one chunk away)
+        second = engine.step_once()
+        assert list(second.prefilled) == [b.id]
         assert b.done and not a.done  # b decoded its two tokens in that same step
+        assert list(engine.step_once().prefilled) == [a.id]  # a's turn, which b passed
     assert b.result().timings.reused_tokens == B
     assert a.result().timings.reused_tokens == 0
+
+
+def test_a_short_request_gets_its_first_token_before_a_long_prompt_goes_on():
+    """A short request arriving while a long prompt prefills gets its prefill and first token
+    in the next step, ahead of the long prompt's next chunk (which goes first the step
+    after); neither's tokens change."""
+    lm = load_tiny("qwen3")
+    engine = _engine(lm, max_prefill_tokens=B)
+    long, short = random_tokens(6 * B, seed=210), random_tokens(20, seed=211)
+    with engine.paused():
+        a = engine.submit(long, max_tokens=3)
+        engine.step_once()
+        engine.step_once()
+        b = engine.submit(short, max_tokens=3)
+        report = engine.step_once()
+        assert report.prefilled == {b.id: 20}
+        assert [s.id for s, _ in report.events] == [b.id, b.id]  # its first token, then one
+        assert list(engine.step_once().prefilled) == [a.id]  # a's turn, which b passed
+    _assert_same(a.result(), _single(lm, long, max_tokens=3))
+    _assert_same(b.result(), _single(lm, short, max_tokens=3))
+
+
+def test_a_request_that_arrives_mid_step_is_let_in_before_more_chunks_and_the_decode():
+    """When a request arrived during a step, the step prefills no further chunk (one at least)
+    and leaves its decode to the next step, never two steps running; tokens do not change."""
+    lm = load_tiny("qwen3")
+    engine = _engine(lm, max_prefill_tokens=4 * B)
+    running, long = random_tokens(20, seed=220), random_tokens(6 * B, seed=221)
+    with engine.paused():
+        r = engine.submit(running, max_tokens=8)
+        engine.step_once()
+        a = engine.submit(long, max_tokens=2)
+        engine.scheduler.arrived = lambda: True  # as if a request came in during each step
+        first, second = engine.step_once(), engine.step_once()
+        assert (first.prefilled, first.decoded) == ({a.id: B}, 0)
+        assert (second.prefilled, second.decoded) == ({a.id: B}, 1)
+        engine.scheduler.arrived = lambda: False
+        third = engine.step_once()
+        assert (third.prefilled, third.decoded) == ({a.id: 4 * B}, 2)  # the rest, both rows
+    _assert_same(r.result(), _single(lm, running, max_tokens=8))
+    _assert_same(a.result(), _single(lm, long, max_tokens=2))
 
 
 def test_an_engine_nobody_holds_ends_its_thread():

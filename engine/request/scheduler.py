@@ -10,13 +10,19 @@ cache), prefills on it in chunks, then joins the batch of decoding rows. Each `s
 2. admits waiting sequences into free slots (FIFO), except one whose prefix another sequence
    is computing right now (the prefix cache's `waits`: forks and `n > 1` compute a shared
    prefix once);
-3. prefills whole chunks, round-robin over the prefilling sequences, until the step has spent
-   `max_prefill_tokens` (at least one chunk, so prefill always progresses); a chunk is never
-   split, since other chunk edges would change the arithmetic and make records non-canonical
-   (a sequence restored whole — its prompt ends at a recorded turn end, whose record holds
-   the last logits — goes straight to decoding);
+3. prefills whole chunks until the step has spent `max_prefill_tokens` (at least one chunk):
+   first each sequence whose prompt ends within its next chunk (a short request, or a long
+   one's last chunk), shortest first, so that a short request's first token does not wait
+   behind another's long prompt; then round-robin over the rest (whose head goes first the
+   next step if these left it no chunk: every prefill progresses), stopping early between
+   chunks when a request `arrived` meanwhile. A chunk is never split, since other chunk
+   edges would change the arithmetic and make records non-canonical (a sequence restored
+   whole — its prompt ends at a recorded turn end, whose record holds the last logits — goes
+   straight to decoding). Each first token goes to its client (`deliver`) once sampled;
 4. runs one decode step for every row together, so a long prompt arriving never stalls the
-   others for more than one step's prefill budget.
+   others for more than one step's prefill budget; a step in which a request arrived leaves
+   its decode to the next (at most every other step), which admits and prefills that request
+   first. Which step a row decodes in, and beside which rows, changes none of its tokens.
 
 The prefix cache hears of each sequence when its prompt is prefilled and when it finishes
 (`commit`), and of each row that decodes onto a block boundary (`decoded`: a vision row's
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..events import GenerationEvent
@@ -85,6 +92,11 @@ class Scheduler:
         self.batch = BatchCache(mergeable, copy)  # copy: a lone row decodes unmerged
         self.totals = StepTotals()
         self.last_busy = 0.0  # time.monotonic() of the last step with a request in it
+        # arrived(): whether a request came in during the step (the engine thread's queue),
+        # so that it is admitted before the step spends more time on others
+        self.arrived: Callable[[], bool] | None = None
+        self._yielded = False  # the last step left its decode to this one
+        self._head_waited = False  # the last step's round gave its head no chunk
         # deliver(events): hands the first tokens sampled from prefill to their clients
         # before the step's decode (one decode step of TTFT: ~150-300 ms on a real model)
         self.deliver = deliver
@@ -131,10 +143,8 @@ class Scheduler:
         self._admit()
         self._prefill(report)
         t1 = time.perf_counter()
-        if self.deliver is not None and self.rows and report.events:
-            self.deliver(report.events)
-            report.delivered = len(report.events)
-        if self.rows:
+        self._deliver_new(report)
+        if self.rows and not self._yields():
             self._decode(report)
             totals.decode_steps += 1
             totals.decoded_tokens += report.decoded
@@ -160,27 +170,83 @@ class Scheduler:
         self.waiting.extendleft(reversed(held))
 
     def _prefill(self, report: StepReport) -> None:
-        spent = 0
+        # Sequences whose prompt ends within their next chunk go first, shortest first: their
+        # first token is one chunk away. Then round-robin, in the same budget; a round whose
+        # head got no chunk for them goes first the next step (no prompt waits for ever).
+        spent = 0 if self._head_waited else self._prefill_last(report)
+        rounds = 0
         while self.prefilling:
             seq = self.prefilling[0]
-            if not seq.is_prefilling:  # restored whole, with its last logits (a turn end)
+            if not seq.is_prefilling:  # (restored whole, admitted with the others)
                 self.prefilling.popleft()
-                logits, seq.last_logits = seq.last_logits, None
-                assert logits is not None, "a sequence restored whole needs its last logits"
-                seq.report_progress()
-                self._start_decoding(seq, logits, report)
+                self._first_token(seq, report)
                 continue
             n = seq.next_chunk(self.block_size)
+            if (spent or rounds) and (spent + n > self.max_prefill_tokens or self._arrived()):
+                break
+            spent += n
+            rounds += 1
+            self._prefill_chunk(report)
+        self._head_waited = bool(self.prefilling) and not rounds
+
+    def _prefill_last(self, report: StepReport) -> int:
+        """Prefill the sequences whose prompt ends within their next chunk, shortest first,
+        within the step's budget (at least one); the tokens spent."""
+        last = sorted((self._left(s), i, s) for i, s in enumerate(self.prefilling)
+                      if self._left(s) == (s.next_chunk(self.block_size)
+                                           if s.is_prefilling else 0))
+        spent = 0
+        for n, _, seq in last:
             if spent and spent + n > self.max_prefill_tokens:
                 break
-            logits = seq.prefill_chunk(seq.model, self.block_size)
             spent += n
-            report.prefilled[seq.id] = report.prefilled.get(seq.id, 0) + n
-            self.prefilling.popleft()
-            if seq.is_prefilling:
-                self.prefilling.append(seq)
+            self.prefilling.remove(seq)
+            if n:
+                self.prefilling.appendleft(seq)
+                self._prefill_chunk(report)
             else:
-                self._start_decoding(seq, logits, report)
+                self._first_token(seq, report)
+        return spent
+
+    @staticmethod
+    def _left(seq: Sequence) -> int:
+        return seq.prompt_len - seq.pos
+
+    def _prefill_chunk(self, report: StepReport) -> None:
+        """One chunk of the first prefilling sequence; it goes to the back of the round, or
+        starts decoding."""
+        seq = self.prefilling.popleft()
+        n = seq.next_chunk(self.block_size)
+        logits = seq.prefill_chunk(seq.model, self.block_size)
+        report.prefilled[seq.id] = report.prefilled.get(seq.id, 0) + n
+        if seq.is_prefilling:
+            self.prefilling.append(seq)
+        else:
+            self._start_decoding(seq, logits, report)
+            self._deliver_new(report)
+
+    def _first_token(self, seq: Sequence, report: StepReport) -> None:
+        """A sequence restored whole, with its last logits (a turn end): straight to its
+        first token."""
+        logits, seq.last_logits = seq.last_logits, None
+        assert logits is not None, "a sequence restored whole needs its last logits"
+        seq.report_progress()
+        self._start_decoding(seq, logits, report)
+        self._deliver_new(report)
+
+    def _deliver_new(self, report: StepReport) -> None:
+        if self.deliver is not None and len(report.events) > report.delivered:
+            self.deliver(report.events[report.delivered:])
+            report.delivered = len(report.events)
+
+    def _arrived(self) -> bool:
+        return self.arrived is not None and self.arrived()
+
+    def _yields(self) -> bool:
+        """Whether this step leaves its decode to the next, for a request that arrived during
+        it (never two steps running)."""
+        self._yielded = not self._yielded and self._arrived()
+        return self._yielded
 
     def _start_decoding(self, seq: Sequence, logits, report: StepReport) -> None:
         """Sample the first token from the prefill logits; join the batch unless done."""

@@ -54,6 +54,12 @@ class EngineThread:
         return threading.current_thread() is self.thread
 
     @property
+    def has_calls(self) -> bool:
+        """Whether calls (a new request, a cancel) wait for the thread: read without the lock,
+        a hint for a step to make room, no more."""
+        return bool(self._calls)
+
+    @property
     def is_alive(self) -> bool:
         return self.thread.is_alive() and not self._closing
 
