@@ -94,6 +94,37 @@ def test_turn_ends_equal_a_token_by_token_search():
         assert turn_ends(tokens, marker, B) == naive(tokens, marker, B), (tokens, marker, B)
 
 
+def test_a_turns_ends_search_only_the_tokens_it_does_not_share_with_the_last_call(monkeypatch):
+    """`Turns.ends` equals a whole search on every call, while a conversation's next call
+    (its prompt, run, render: each extends the one before) packs only the tokens after what
+    it shares with the last one: a turn at depth 60 costs its own tokens, not the path's."""
+    import random
+
+    import forkv.engine.cache.turns as turns_mod
+
+    packed = []
+    pack = turns_mod.tokens_bytes
+    monkeypatch.setattr(turns_mod, "tokens_bytes", lambda t: packed.append(len(t)) or pack(t))
+    marker = (7, 8)
+    turns = turns_mod.Turns(type("Ck", (), {"block_size": 16})(), marker)
+    rng = random.Random(1)
+    tokens: list[int] = []
+    for depth in range(60):
+        tokens = tokens + [rng.randrange(10) for _ in range(rng.randrange(3, 12))] + [7, 8]
+        for call in (tokens, tokens[:-3], tokens):  # a prompt, a shorter call, the prompt again
+            packed.clear()
+            assert turns.ends(call) == pack_free_ends(call, marker, 16), depth
+            assert sum(packed) <= 12 + 2 * len(marker), (depth, packed)
+    other = [rng.randrange(10) for _ in range(50)] + [7, 8]  # an unrelated prompt: searched whole
+    assert turns.ends(other) == pack_free_ends(other, marker, 16)
+
+
+def pack_free_ends(tokens, marker, B):
+    m = len(marker)
+    return [i + m for i in range(len(tokens) - m + 1)
+            if (i + m) % B and list(tokens[i:i + m]) == list(marker)]
+
+
 def test_turn_ends_change_the_key_seed():
     lm = load_tiny("gemma3")
     engine = _engine(lm)

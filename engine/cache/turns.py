@@ -23,12 +23,13 @@ model callable of prefill chunks (decode steps are single tokens and never cut).
 from __future__ import annotations
 
 import contextlib
+from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 
 from ..request.generate import run_pieces
 from ..request.lasthead import last_position_only
 from . import partial
-from .blocks import shared_prefix, tokens_bytes
+from .blocks import as_list, shared_prefix, tokens_bytes
 from .cuts import TURN_END, cut_key
 from .layout import CacheKind
 
@@ -54,19 +55,20 @@ def turn_marker(tokenizer) -> tuple[int, ...]:
     return tuple(int(t) for t in with_[len(without):])
 
 
-def turn_ends(tokens: Sequence[int], marker: Sequence[int], block_size: int) -> list[int]:
-    """Positions right after each occurrence of `marker` in `tokens` (block boundaries left
-    out: block records cover those), ascending."""
+def turn_ends(tokens: Sequence[int], marker: Sequence[int], block_size: int,
+              start: int = 0) -> list[int]:
+    """Positions right after each occurrence of `marker` in `tokens` that starts at or after
+    `start` (block boundaries left out: block records cover those), ascending."""
     m = len(marker)
     if not m:
         return []
     # Searched as packed int32 bytes (in C: a turn's tokens cost microseconds, not a Python
     # loop over the whole path); a hit counts only at a token boundary.
-    data, pattern = tokens_bytes(tokens), tokens_bytes(marker)
+    data, pattern = tokens_bytes(tokens[start:]), tokens_bytes(marker)
     out, at = [], data.find(pattern)
     while at >= 0:
         if at % 4 == 0:
-            end = at // 4 + m
+            end = start + at // 4 + m
             if end % block_size:
                 out.append(end)
             at = data.find(pattern, at + 4)
@@ -147,6 +149,10 @@ class Turns:
         # The last `keys` answer: (keyer, tokens, {end: key}). A turn end's key reads only
         # the tokens before it, so ends inside the tokens a later call shares keep theirs.
         self._last: tuple[object, list[int], dict[int, bytes]] = (None, [], {})
+        # The last `ends` answer: (tokens, ends). A turn's render, its prompt, its run and its
+        # records all extend the path before them, so each searches only its own tokens.
+        # Replaced whole (one assignment): safe to read from any thread.
+        self._ends: tuple[list[int], list[int]] = ([], [])
 
     @classmethod
     def for_checkpointer(cls, ck) -> Turns | None:
@@ -166,7 +172,16 @@ class Turns:
         return b"turn-ends:" + tokens_bytes(self.marker)
 
     def ends(self, tokens: Sequence[int]) -> list[int]:
-        return turn_ends(tokens, self.marker, self.ck.block_size)
+        """`turn_ends` of `tokens`; those inside the tokens the last call shares with it are
+        taken from that call (an end reads only the marker's tokens before it)."""
+        now = as_list(tokens)
+        last_tokens, last_ends = self._ends
+        same = shared_prefix(now, last_tokens)
+        keep = bisect_right(last_ends, same)
+        ends = last_ends[:keep] + turn_ends(now, self.marker, self.ck.block_size,
+                                            max(0, same - len(self.marker) + 1))
+        self._ends = (now if now is not tokens else list(now), ends)
+        return list(ends)
 
     def model(self, model, tokens: Sequence[int], keys: Sequence[bytes] | None,
               record: bool = True, keyer=None):
