@@ -132,6 +132,7 @@ def _try_native(model, what: str, kernel_groups=None,
         return None, native.status().reason
     from ..native.activations import use_native_activations
     from ..native.attention import use_native_attention
+    from ..native.blocks import use_native_blocks
     from ..native.fused import fuse_projections
     from ..native.layers import unsupported, use_kernel_groups, use_native
     from ..native.rowwise import use_native_rowwise
@@ -150,6 +151,8 @@ def _try_native(model, what: str, kernel_groups=None,
     attention = use_native_attention(model, lib)
     norms, ropes = use_native_rowwise(model, lib)
     mlps = use_native_activations(model, lib)
+    # after the others: a layer is fused only where each of its pieces is on the kernels
+    blocks = 0 if native.blocks_off() else use_native_blocks(model, lib)
     info = native.status()
     if kv_dtype == "auto":
         kv_dtype = native.DEFAULT_KV_DTYPE
@@ -157,7 +160,7 @@ def _try_native(model, what: str, kernel_groups=None,
     return QuantChoice(f"{what} on {label}", f"{count} quantized layers "
                        f"({fused} groups fused), "
                        f"{attention} attention layers, {norms} norms, {ropes} ropes and "
-                       f"{mlps} MLP activations "
+                       f"{mlps} MLP activations ({blocks} decoder layers in two calls) "
                        f"on forkv's CPU kernels ({info.isa}, {info.num_threads} threads)", False,
                        native=True), ""
 

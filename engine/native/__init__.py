@@ -8,7 +8,9 @@ The models whose attention runs on them store cached K/V at half width (kvcache.
 `DEFAULT_KV_DTYPE` unless asked otherwise), which the label names too. `FORKV_NATIVE=off` turns
 them off; `FORKV_NATIVE_ISA=avx2|scalar` picks a lower ISA than the best;
 `FORKV_NATIVE_THREADS` sizes their thread pool; `FORKV_NATIVE_FUSE=off` keeps q/k/v and
-gate/up as separate calls (fused.py: the same bits, for comparison). Without a compiler, or on
+gate/up as separate calls (fused.py: the same bits, for comparison) and every layer as
+separate kernel calls; `FORKV_NATIVE_BLOCKS=off` only the latter (blocks.py: whole llama and
+Gemma 3 decoder layers in two calls, the same bits). Without a compiler, or on
 another device than the CPU, forkv runs mlx's own kernels. Knows nothing about models
 (layers.py).
 """
@@ -23,7 +25,8 @@ from dataclasses import dataclass
 
 from .build import BuildError, built_library
 
-__all__ = ["DEFAULT_KV_DTYPE", "NativeInfo", "fuse_off", "kernel_label", "load", "status"]
+__all__ = ["DEFAULT_KV_DTYPE", "NativeInfo", "blocks_off", "fuse_off", "kernel_label", "load",
+           "status"]
 
 # Bump when a kernel's arithmetic changes (its results, not its speed).
 # 2: decode attention, RMS norm and RoPE; 3: activations, prefill attention, groups of 16;
@@ -97,6 +100,13 @@ def status() -> NativeInfo:
 def fuse_off() -> bool:
     """Whether FORKV_NATIVE_FUSE turns the fused projections off (fused.py)."""
     return os.environ.get("FORKV_NATIVE_FUSE", "").strip().lower() in ("off", "0", "false", "no")
+
+
+def blocks_off() -> bool:
+    """Whether FORKV_NATIVE_BLOCKS (or FORKV_NATIVE_FUSE) turns the fused decoder layers off
+    (blocks.py)."""
+    value = os.environ.get("FORKV_NATIVE_BLOCKS", "").strip().lower()
+    return fuse_off() or value in ("off", "0", "false", "no")
 
 
 def kernel_label(kv_dtype: str = DEFAULT_KV_DTYPE) -> str:

@@ -229,19 +229,21 @@ void Activation::eval_cpu(const std::vector<mx::array>& inputs,
     thread_local std::vector<float> xbuf, mbuf;
     const float* x = row_major(in[0], xbuf);
     const float* m = in.size() > 1 ? row_major(in[1], mbuf) : nullptr;
-    float* y = out.data<float>();
-    const int64_t n = int64_t(out.size());
-    auto* fn = by_isa(isa, &act512, &act256, &act_portable);
-    // Split in 64-element-aligned pieces once there is enough work to wake the pool; an
-    // element's value does not depend on the piece it falls in.
-    Pool& p = pool();
-    const int threads =
-        n >= (1 << 15) ? std::max(1, std::min(current_threads(), p.num_threads())) : 1;
-    p.run(threads, [&](int t) {
-      const int64_t i0 = (n * t / threads) & ~int64_t(63);
-      const int64_t i1 = t + 1 == threads ? n : (n * (t + 1) / threads) & ~int64_t(63);
-      fn(act, x, m, y, i0, i1);
-    });
+    activation_rows(act, x, m, out.data<float>(), int64_t(out.size()), isa);
+  });
+}
+
+void activation_rows(Act act, const float* x, const float* m, float* y, int64_t n, Isa isa) {
+  auto* fn = by_isa(isa, &act512, &act256, &act_portable);
+  // Split in 64-element-aligned pieces once there is enough work to wake the pool; an
+  // element's value does not depend on the piece it falls in.
+  Pool& p = pool();
+  const int threads =
+      n >= (1 << 15) ? std::max(1, std::min(current_threads(), p.num_threads())) : 1;
+  p.run(threads, [&](int t) {
+    const int64_t i0 = (n * t / threads) & ~int64_t(63);
+    const int64_t i1 = t + 1 == threads ? n : (n * (t + 1) / threads) & ~int64_t(63);
+    fn(act, x, m, y, i0, i1);
   });
 }
 

@@ -21,6 +21,9 @@ enum class Act : int { gelu_approx = 0, silu = 1 };
 mlx::core::array activation(const mlx::core::array& x, const std::string& kind,
                             const std::optional<mlx::core::array>& mul);
 
+// The kernel activation() runs: y[i] = act(x[i]) (times m[i] where m is given), i < n.
+void activation_rows(Act act, const float* x, const float* m, float* y, int64_t n, Isa isa);
+
 // log(sum(exp(x))) over the last axis, keeping it (x [..., V] -> [..., 1]); float32. A row is
 // reduced in one fixed order (max, then 16 lanes of exp sums and a fixed tree), so its value
 // never depends on the other rows. mlx's takes ~5 ms over Gemma 3's 262,144 logits here.

@@ -460,6 +460,40 @@ View view_of(const mx::array& x, std::vector<float>& buf) {
 
 }  // namespace
 
+void attention_eval(const std::vector<mx::array>& in, float* out, float scale, int kind,
+                    bool causal, int rot, Isa isa) {
+  thread_local std::vector<float> qbuf, kbuf, vbuf;
+  Args a;
+  a.B = in[0].shape(0); a.Hq = in[0].shape(1); a.Hkv = in[1].shape(1);
+  a.L = in[0].shape(2); a.S = in[1].shape(2); a.D = in[0].shape(3);
+  a.q = view_of(in[0], qbuf);
+  const KvType kv = kv_type(in[1]);
+  if (kv == KvType::float32) {
+    a.k = view_of(in[1], kbuf);
+    a.v = view_of(in[2], vbuf);
+  } else if (a.L > 1 || in[1].strides()[3] != 1 || in[2].strides()[3] != 1) {
+    a.k = widened(in[1], widen_fn(kv, isa), kbuf);
+    a.v = widened(in[2], widen_fn(kv, isa), vbuf);
+  } else {  // a decode step: each block's rows widened where they are read
+    a.widen = widen_fn(kv, isa);
+    const auto& ks = in[1].strides();
+    const auto& vs = in[2].strides();
+    a.kh = {in[1].data<uint16_t>(), ks[0], ks[1], ks[2]};
+    a.vh = {in[2].data<uint16_t>(), vs[0], vs[1], vs[2]};
+  }
+  a.scale = scale;
+  a.causal = causal;
+  a.rot = a.S ? rot % a.S : 0;
+  a.mask_kind = kind;
+  if (kind) {
+    const auto& st = in[3].strides();
+    a.m0 = st[0]; a.m1 = st[1]; a.m2 = st[2]; a.m3 = st[3];
+    a.mask = kind == 1 ? static_cast<const void*>(in[3].data<bool>())
+                       : static_cast<const void*>(in[3].data<float>());
+  }
+  run_attention(a, out, isa);
+}
+
 void Attention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   auto& out = outputs[0];
   out.set_data(mx::allocator::malloc(out.nbytes()));
@@ -470,36 +504,7 @@ void Attention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
   for (const auto& x : inputs) in.push_back(mx::array::unsafe_weak_copy(x));
   encoder.dispatch([in = std::move(in), out = mx::array::unsafe_weak_copy(out), scale = scale_,
                     kind = mask_kind_, causal = causal_, rot = rot_, isa = isa_]() mutable {
-    thread_local std::vector<float> qbuf, kbuf, vbuf;
-    Args a;
-    a.B = in[0].shape(0); a.Hq = in[0].shape(1); a.Hkv = in[1].shape(1);
-    a.L = in[0].shape(2); a.S = in[1].shape(2); a.D = in[0].shape(3);
-    a.q = view_of(in[0], qbuf);
-    const KvType kv = kv_type(in[1]);
-    if (kv == KvType::float32) {
-      a.k = view_of(in[1], kbuf);
-      a.v = view_of(in[2], vbuf);
-    } else if (a.L > 1 || in[1].strides()[3] != 1 || in[2].strides()[3] != 1) {
-      a.k = widened(in[1], widen_fn(kv, isa), kbuf);
-      a.v = widened(in[2], widen_fn(kv, isa), vbuf);
-    } else {  // a decode step: each block's rows widened where they are read
-      a.widen = widen_fn(kv, isa);
-      const auto& ks = in[1].strides();
-      const auto& vs = in[2].strides();
-      a.kh = {in[1].data<uint16_t>(), ks[0], ks[1], ks[2]};
-      a.vh = {in[2].data<uint16_t>(), vs[0], vs[1], vs[2]};
-    }
-    a.scale = scale;
-    a.causal = causal;
-    a.rot = a.S ? rot % a.S : 0;
-    a.mask_kind = kind;
-    if (kind) {
-      const auto& st = in[3].strides();
-      a.m0 = st[0]; a.m1 = st[1]; a.m2 = st[2]; a.m3 = st[3];
-      a.mask = kind == 1 ? static_cast<const void*>(in[3].data<bool>())
-                         : static_cast<const void*>(in[3].data<float>());
-    }
-    run_attention(a, out.data<float>(), isa);
+    attention_eval(in, out.data<float>(), scale, kind, causal, rot, isa);
   });
 }
 

@@ -36,6 +36,11 @@ mlx::core::array decode_attention(const mlx::core::array& q, const mlx::core::ar
                                   const mlx::core::array& v, float scale,
                                   const std::optional<mlx::core::array>& mask);
 
+// The kernel attention() runs, on evaluated inputs {q, k, v[, mask as [B, Hq, L, S]]} (mask
+// kind 0 none, 1 bool, 2 float32), into out [B, Hq, L, D].
+void attention_eval(const std::vector<mlx::core::array>& in, float* out, float scale,
+                    int mask_kind, bool causal, int rot, Isa isa);
+
 class Attention : public mlx::core::Primitive {
  public:
   Attention(mlx::core::Stream stream, float scale, int mask_kind, bool causal, int rot, Isa isa)

@@ -5,6 +5,7 @@
 
 #include "activation.h"
 #include "attention.h"
+#include "block.h"
 #include "pool.h"
 #include "rowwise.h"
 #include "qmatmul.h"
@@ -22,6 +23,13 @@ NB_MODULE(_forkv_native, m) {
         "mask"_a = nb::none());
   m.def("attention", &forkv::attention, "q"_a, "k"_a, "v"_a, "scale"_a, "mask"_a = nb::none(),
         "causal"_a = false, "rot"_a = 0);
+  m.def("attn_in", &forkv::attn_in, "x"_a, "norm"_a, "qk_norms"_a, "arrays"_a, "specs"_a,
+        "eps"_a, "norm_offset"_a, "qk_eps"_a, "n_heads"_a, "n_kv_heads"_a, "head_dim"_a,
+        "rope_dims"_a, "rope_traditional"_a, "rope_base"_a, "rope_scale"_a, "offset"_a,
+        "kv_dtype"_a);
+  m.def("block_out", &forkv::block_out, "q"_a, "keys"_a, "values"_a, "mask"_a.none(),
+        "causal"_a, "rot"_a, "scale"_a, "x"_a, "norms"_a, "arrays"_a, "specs"_a, "counts"_a,
+        "eps"_a, "norm_offset"_a, "act"_a, "act_mul"_a);
   m.def("activation", &forkv::activation, "x"_a, "kind"_a, "mul"_a = nb::none());
   m.def("logsumexp", &forkv::logsumexp, "x"_a);
   m.def("sample", &forkv::sample, "scores"_a, "u"_a);

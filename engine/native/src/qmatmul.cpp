@@ -26,8 +26,8 @@ struct Scratch {
   std::vector<float> dxv, dx, xsum;
 };
 
-// The call's columns [ends[s], ends[s+1]) go to ys[s], row stride ends[s+1] - ends[s] (one
-// segment: the whole [M, N] output).
+}  // namespace
+
 void run_qgemm(const float* x, int M, int K, const QuantW& w, const std::vector<int>& ends,
                const std::vector<float*>& ys, Isa isa) {
   thread_local Scratch scratch;
@@ -74,7 +74,20 @@ void run_qgemm(const float* x, int M, int K, const QuantW& w, const std::vector<
     }
   });
 }
-}  // namespace
+
+QuantW quant_w(const mx::array& w, const mx::array& scales, const mx::array* biases, int N,
+               int K, int bits, int group_size) {
+  QuantW qw;
+  qw.N = N; qw.K = K; qw.bits = bits; qw.group_size = group_size;
+  qw.data = w.data<uint8_t>();
+  qw.row_bytes = row_bytes(K, bits);
+  if (scales.dtype() == mx::float16)
+    qw.scales16 = scales.data<uint16_t>();
+  else
+    qw.scales = scales.data<float>();
+  qw.biases = biases ? biases->data<float>() : nullptr;
+  return qw;
+}
 
 Isa current_isa() {
   int v = g_isa.load();
@@ -125,15 +138,8 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs,
                     biases = mx::array::unsafe_weak_copy(biases), outs = std::move(outs),
                     ends = std::move(ends), K, N, M, bits, group_size, isa,
                     has_biases]() mutable {
-    QuantW qw;
-    qw.N = N; qw.K = K; qw.bits = bits; qw.group_size = group_size;
-    qw.data = w.data<uint8_t>();
-    qw.row_bytes = row_bytes(K, bits);
-    if (scales.dtype() == mx::float16)
-      qw.scales16 = scales.data<uint16_t>();
-    else
-      qw.scales = scales.data<float>();
-    qw.biases = has_biases ? biases.data<float>() : nullptr;
+    const QuantW qw = quant_w(w, scales, has_biases ? &biases : nullptr, N, K, bits,
+                              group_size);
     if (M == 0) return;
     thread_local std::vector<float> gathered;
     const float* xp = row_major(x, gathered);

@@ -24,6 +24,15 @@ std::vector<mlx::core::array> quantized_matmul_split(
     const std::optional<mlx::core::array>& biases, int bits, int group_size,
     const std::vector<int>& widths);
 
+// The kernel both calls run: x [M, K] (row-major float32) times w's rows, the columns
+// [ends[s], ends[s+1]) into ys[s] (row stride ends[s+1] - ends[s]).
+void run_qgemm(const float* x, int M, int K, const QuantW& w, const std::vector<int>& ends,
+               const std::vector<float*>& ys, Isa isa);
+
+// Evaluated kernel arrays (as `matmul_inputs` checks them) as the kernels read them.
+QuantW quant_w(const mlx::core::array& w, const mlx::core::array& scales,
+               const mlx::core::array* biases, int N, int K, int bits, int group_size);
+
 // mlx-packed 5/6-bit weights [N, K*bits/32] as the kernels read them [N, row_bytes].
 mlx::core::array repack(const mlx::core::array& w, int K, int bits);
 

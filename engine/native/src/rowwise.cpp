@@ -102,7 +102,75 @@ void norm_portable(const Rows& x, const float* w, float eps, float off, int64_t 
   norm_rows(x, w, eps, off, r0, r1, out);
 }
 
+void norm_impl(const Rows& rows, const float* w, float eps, float offset, float* y, Isa isa) {
+  auto* fn = by_isa(isa, &norm512, &norm256, &norm_portable);
+  for_rows(rows.count, [&](int64_t r0, int64_t r1) { fn(rows, w, eps, offset, r0, r1, y); });
+}
+
+// `count` rows of D floats one after another.
+Rows contiguous_rows(const float* x, int64_t count, int D) {
+  Rows rows;
+  rows.base = x;
+  rows.shape = {count};
+  rows.strides = {D};
+  rows.count = count;
+  rows.D = D;
+  return rows;
+}
+
+// Rows of x [B, ..., L, D] (x's rows r in row order, `per_b` of them under one index of the
+// first axis) at positions (offsets ? offsets[b] : offset) + l, into y (row order).
+void rope_impl(const Rows& rows, int64_t B, int64_t L, const int32_t* offsets, int offset,
+               int dims, bool traditional, float base, float scale, float* y) {
+  thread_local std::vector<float> table;
+  const int D = rows.D, half = dims / 2;
+  const int64_t per_b = rows.count / B;  // rows under one index of the first axis
+  // cos and sin per (first-axis index, position), shared by every head. The angle is
+  // formed and reduced to [-pi, pi] in double: at position 31,000 a float32 angle is off
+  // by ~1e-3 rad (mlx's own rope by up to 9e-4 against float64).
+  std::vector<double> inv(half);
+  for (int i = 0; i < half; ++i) inv[i] = std::pow(double(base), -double(i) / double(half));
+  table.resize(size_t(B * L) * 2 * half);
+  constexpr double two_pi = 6.283185307179586476925286766559;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t l = 0; l < L; ++l) {
+      const double pos = double((offsets ? offsets[b] : offset) + l) * double(scale);
+      float* t = table.data() + size_t(b * L + l) * 2 * half;
+      for (int i = 0; i < half; ++i) {
+        const float theta = float(std::remainder(pos * inv[i], two_pi));
+        t[i] = std::cos(theta);
+        t[half + i] = std::sin(theta);
+      }
+    }
+  const float* tab = table.data();  // the calling thread's: workers have their own
+  for_rows(rows.count, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = rows.row(r);
+      float* yr = y + size_t(r) * D;
+      const float* t = tab + size_t((r / per_b) * L + r % L) * 2 * half;
+      for (int i = 0; i < half; ++i) {
+        const int a = traditional ? 2 * i : i, b2 = traditional ? 2 * i + 1 : i + half;
+        const float x1 = xr[a], x2 = xr[b2], c = t[i], s = t[half + i];
+        yr[a] = x1 * c - x2 * s;
+        yr[b2] = x1 * s + x2 * c;
+      }
+      for (int d = 2 * half; d < D; ++d) yr[d] = xr[d];
+    }
+  });
+}
+
 }  // namespace
+
+void rms_norm_rows(const float* x, int64_t count, int D, const float* w, float eps,
+                   float offset, float* y, Isa isa) {
+  norm_impl(contiguous_rows(x, count, D), w, eps, offset, y, isa);
+}
+
+void rope_rows(const float* x, int64_t B, int64_t L, int64_t count, int D, int dims,
+               bool traditional, float base, float scale, int offset, float* y) {
+  rope_impl(contiguous_rows(x, count, D), B, L, nullptr, offset, dims, traditional, base,
+            scale, y);
+}
 
 // ---------------------------------------------------------------- RMS norm
 
@@ -118,11 +186,7 @@ void RmsNorm::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::arr
                     out = mx::array::unsafe_weak_copy(out), eps = eps_, offset = offset_,
                     isa = isa_]() mutable {
     thread_local std::vector<float> buf;
-    const Rows rows = rows_of(x, buf);
-    auto* fn = by_isa(isa, &norm512, &norm256, &norm_portable);
-    const float* wp = w.data<float>();
-    float* y = out.data<float>();
-    for_rows(rows.count, [&](int64_t r0, int64_t r1) { fn(rows, wp, eps, offset, r0, r1, y); });
+    norm_impl(rows_of(x, buf), w.data<float>(), eps, offset, out.data<float>(), isa);
   });
 }
 
@@ -162,47 +226,14 @@ void Rope::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>
   encoder.dispatch([in = std::move(in), out = mx::array::unsafe_weak_copy(out), dims = dims_,
                     traditional = traditional_, base = base_, scale = scale_,
                     offset = offset_]() mutable {
-    thread_local std::vector<float> buf, table;
+    thread_local std::vector<float> buf;
     const auto& x = in[0];
     const Rows rows = rows_of(x, buf);
-    const int D = rows.D, half = dims / 2, nd = int(x.ndim());
+    const int nd = int(x.ndim());
     const int64_t L = x.shape(nd - 2);
     const int64_t B = nd >= 3 ? x.shape(0) : 1;
-    const int64_t per_b = rows.count / B;  // rows under one index of the first axis
     const int32_t* offsets = in.size() > 1 ? in[1].data<int32_t>() : nullptr;
-    // cos and sin per (first-axis index, position), shared by every head. The angle is
-    // formed and reduced to [-pi, pi] in double: at position 31,000 a float32 angle is off
-    // by ~1e-3 rad (mlx's own rope by up to 9e-4 against float64).
-    std::vector<double> inv(half);
-    for (int i = 0; i < half; ++i) inv[i] = std::pow(double(base), -double(i) / double(half));
-    table.resize(size_t(B * L) * 2 * half);
-    constexpr double two_pi = 6.283185307179586476925286766559;
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t l = 0; l < L; ++l) {
-        const double pos = double((offsets ? offsets[b] : offset) + l) * double(scale);
-        float* t = table.data() + size_t(b * L + l) * 2 * half;
-        for (int i = 0; i < half; ++i) {
-          const float theta = float(std::remainder(pos * inv[i], two_pi));
-          t[i] = std::cos(theta);
-          t[half + i] = std::sin(theta);
-        }
-      }
-    const float* tab = table.data();  // the stream thread's: workers have their own
-    float* y = out.data<float>();
-    for_rows(rows.count, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        const float* xr = rows.row(r);
-        float* yr = y + size_t(r) * D;
-        const float* t = tab + size_t((r / per_b) * L + r % L) * 2 * half;
-        for (int i = 0; i < half; ++i) {
-          const int a = traditional ? 2 * i : i, b2 = traditional ? 2 * i + 1 : i + half;
-          const float x1 = xr[a], x2 = xr[b2], c = t[i], s = t[half + i];
-          yr[a] = x1 * c - x2 * s;
-          yr[b2] = x1 * s + x2 * c;
-        }
-        for (int d = 2 * half; d < D; ++d) yr[d] = xr[d];
-      }
-    });
+    rope_impl(rows, B, L, offsets, offset, dims, traditional, base, scale, out.data<float>());
   });
 }
 

@@ -25,6 +25,14 @@ mlx::core::array rms_norm(const mlx::core::array& x, const mlx::core::array& w, 
 mlx::core::array rope(const mlx::core::array& x, int dims, bool traditional, float base,
                       float scale, int offset, const std::optional<mlx::core::array>& offsets);
 
+// The kernels the primitives run, on `count` contiguous rows of D floats (the fused decoder
+// blocks call them: the same code, so the same bits). rope_rows: x [B, ..., L, D] in row
+// order, row r at position offset + r % L.
+void rms_norm_rows(const float* x, int64_t count, int D, const float* w, float eps,
+                   float offset, float* y, Isa isa);
+void rope_rows(const float* x, int64_t B, int64_t L, int64_t count, int D, int dims,
+               bool traditional, float base, float scale, int offset, float* y);
+
 class RmsNorm : public mlx::core::Primitive {
  public:
   RmsNorm(mlx::core::Stream s, float eps, float offset, Isa isa)
