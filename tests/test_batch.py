@@ -432,8 +432,9 @@ def test_a_short_request_gets_its_first_token_before_a_long_prompt_goes_on():
 
 
 def test_a_request_that_arrives_mid_step_is_let_in_before_more_chunks_and_the_decode():
-    """When a request arrived during a step, the step prefills no further chunk (one at least)
-    and leaves its decode to the next step, never two steps running; tokens do not change."""
+    """When a request arrived during a step that prefills, the step prefills no further chunk
+    (one at least) and leaves its decode to the next step, never two steps running; tokens do
+    not change."""
     lm = load_tiny("qwen3")
     engine = _engine(lm, max_prefill_tokens=4 * B)
     running, long = random_tokens(20, seed=220), random_tokens(6 * B, seed=221)

@@ -20,9 +20,10 @@ cache), prefills on it in chunks, then joins the batch of decoding rows. Each `s
    whole — its prompt ends at a recorded turn end, whose record holds the last logits — goes
    straight to decoding). Each first token goes to its client (`deliver`) once sampled;
 4. runs one decode step for every row together, so a long prompt arriving never stalls the
-   others for more than one step's prefill budget; a step in which a request arrived leaves
-   its decode to the next (at most every other step), which admits and prefills that request
-   first. Which step a row decodes in, and beside which rows, changes none of its tokens.
+   others for more than one step's prefill budget; a step that prefilled while a request
+   arrived leaves its decode to the next (at most every other step), which admits and
+   prefills that request first. Which step a row decodes in, and beside which rows, changes
+   none of its tokens.
 
 The prefix cache hears of each sequence when its prompt is prefilled and when it finishes
 (`commit`), and of each row that decodes onto a block boundary (`decoded`: a vision row's
@@ -144,7 +145,7 @@ class Scheduler:
         self._prefill(report)
         t1 = time.perf_counter()
         self._deliver_new(report)
-        if self.rows and not self._yields():
+        if self.rows and not self._yields(report):
             self._decode(report)
             totals.decode_steps += 1
             totals.decoded_tokens += report.decoded
@@ -242,10 +243,11 @@ class Scheduler:
     def _arrived(self) -> bool:
         return self.arrived is not None and self.arrived()
 
-    def _yields(self) -> bool:
-        """Whether this step leaves its decode to the next, for a request that arrived during
-        it (never two steps running)."""
-        self._yielded = not self._yielded and self._arrived()
+    def _yields(self, report: StepReport) -> bool:
+        """Whether this step, which prefilled or started a sequence, leaves its decode to the
+        next, for a request that arrived during it (never two steps running)."""
+        started = bool(report.prefilled or report.events)
+        self._yielded = not self._yielded and started and self._arrived()
         return self._yielded
 
     def _start_decoding(self, seq: Sequence, logits, report: StepReport) -> None:
