@@ -18,11 +18,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from forkv.errors import ForkvError
 from forkv.security import StoreSettings
-from forkv.security.settings import parse_bool
+from forkv.security.settings import parse_bool, parse_size
 
-__all__ = ["SPECULATE_MODES", "EngineConfig", "EngineConfigError"]
+__all__ = ["DEFAULT_RAM", "SPECULATE_MODES", "EngineConfig", "EngineConfigError", "parse_ram"]
 
 SPECULATE_MODES = ("auto", "on", "off")
+DEFAULT_RAM = 2 << 30  # why: EngineConfig.ram's description, docs/memory.md
 
 _STORE_FIELDS = frozenset(f.name for f in fields(StoreSettings))
 
@@ -46,8 +47,17 @@ class EngineConfig(BaseModel):
     reuse: str = Field(
         "exact", description="exact (restore records only: bit for bit a fresh run's logits) "
         "or fast (also continue a recently finished request's cache at any token)")
+    ram: int | None = Field(
+        DEFAULT_RAM, description="bytes (or a size: '2GiB', '512MB') an engine may hold "
+        "beyond the weights, over the running requests' caches, fast reuse's live pool, the RAM "
+        "tier's records and the vision-feature cache; under pressure the pool shrinks first, "
+        "then records spill to the encrypted disk tier, then requests wait (a request too big "
+        "for it alone runs alone); 'off': no shared budget, each part's own cap only. Default "
+        "2 GiB: a quarter of an 8 GiB laptop, room for 8 requests of 32K tokens on Gemma 3 "
+        "270M (~110 MiB each at float16 K/V) beside a full pool and RAM tier (docs/memory.md)")
     live_cache_mib: int = Field(
-        512, ge=0, description="RAM for the caches fast reuse continues (0: none kept)")
+        512, ge=0, description="cap on the RAM (inside `ram`) for the caches fast reuse "
+        "continues (0: none kept)")
     speculate: str = Field(
         "auto", description="draft tokens from the request, its tree and its namespace's "
         "recent outputs and verify them (the same tokens either way): auto (where verifying "
@@ -60,6 +70,11 @@ class EngineConfig(BaseModel):
         "auto", description="cached K/V where forkv's CPU kernels run attention: auto "
         "(float16), float16, bfloat16, float32 (elsewhere always float32)")
     settings: StoreSettings = Field(default_factory=StoreSettings.from_env)
+
+    @field_validator("ram", mode="before")
+    @classmethod
+    def _ram(cls, value: Any) -> int | None:
+        return parse_ram(value)
 
     @field_validator("dtype")
     @classmethod
@@ -133,9 +148,25 @@ class EngineConfig(BaseModel):
                 f"fix the keyword or FORKV_{name.upper()}.") from None
 
 
+def parse_ram(value: Any) -> int | None:
+    """The RAM budget in bytes from an int or a size ('2GiB', '512MB'); None for None or
+    'off'. A ValueError that says what it takes otherwise."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("off", "none")):
+        return None
+    try:
+        n = parse_size(value, "ram")
+    except ValueError:
+        raise ValueError("must be a size such as '2GiB' or '512MB', or 'off'") from None
+    if n <= 0:
+        raise ValueError("must be more than 0 bytes ('off' for no shared budget)")
+    return n
+
+
 def _parse_env(name: str, raw: str) -> Any:
     var = f"FORKV_{name.upper()}"
     field = EngineConfig.model_fields[name]
+    if name == "ram":
+        return raw  # a size: the field parses it
     if field.annotation is bool:
         try:
             return parse_bool(raw, var)

@@ -24,6 +24,7 @@ from functools import partial
 from typing import Any
 
 from .arrays import materialize
+from .cache.budget import RamBudget, measure_footprint
 from .cache.checkpoint import Checkpointer
 from .cache.live import REUSE_MODES, share
 from .cache.prefix_cache import PrefixCache
@@ -122,15 +123,30 @@ class Engine:
             # objects sharing the prompt cache's arrays until the first write; vision rows
             # always decode through batch caches (per-row position state).
             copy = None if self.lm.is_vision else partial(share, make_cache=self.lm.make_cache)
+            self.budget = self._make_budget()
             self.scheduler = Scheduler(self.runner, self.prefix, self.block_size,
                                        self.config.max_seqs, self.config.prefill_budget,
                                        mergeable=self.is_batched, deliver=self._deliver_all,
-                                       copy=copy)
+                                       copy=copy, budget=self.budget)
             # a request that comes in mid-step is admitted before the step spends more
             self.scheduler.arrived = partial(getattr, self._worker, "has_calls")
         except BaseException:
             self._worker.close()
             raise
+
+    def _make_budget(self) -> RamBudget:
+        """The one RAM budget (`config.ram`) over the running requests' caches, the live
+        pool, the RAM tier and the feature cache (cache/budget.py)."""
+        budget = RamBudget(self.config.ram, self.block_size)
+        try:  # two tokens through the request path's model callable, on the engine thread
+            budget.footprint = self._worker.call(lambda: measure_footprint(
+                self.lm, self.block_size, self.runner.model_of([0, 1])))
+        except Exception as e:  # noqa: BLE001 - then the first request's caches tell it
+            _log.debug("no footprint probe for %s: %s", self.lm.name, e)
+        budget.attach("pool", self.prefix.live)
+        budget.attach("records", self.store.ram if self.store is not None else None)
+        budget.attach("features", self.vision.features if self.lm.is_vision else None)
+        return budget
 
     # -- prompts -----------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[int] | Sequence[dict],

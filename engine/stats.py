@@ -1,8 +1,9 @@
 """`Engine.stats()`: one plain dict of what the engine did and holds.
 
 Reuse and hits / misses per record kind (the checkpointer), bytes and records per tier with
-evictions (the record store and its disk tier), and the request queue (the scheduler). Reads
-counters only: safe from any thread, and it never touches mlx.
+evictions (the record store and its disk tier), the request queue (the scheduler), and the RAM
+budget's split (cache/budget.py). Reads counters only: safe from any thread, and it never
+touches mlx.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ def engine_stats(engine) -> dict:
     sched = engine.scheduler
     queue = {"waiting": len(sched.waiting), "prefilling": len(sched.prefilling),
              "running": len(sched.rows), "record_jobs": len(engine.prefix.jobs)}
-    out: dict = {"queue": queue, "steps": sched.totals.as_dict()}
+    out: dict = {"queue": queue, "steps": sched.totals.as_dict(),
+                 "ram_budget": engine.budget.as_dict()}
     ck = engine.checkpointer
     if ck is None:
         return {"checkpoints": False, **out}

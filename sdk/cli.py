@@ -73,6 +73,16 @@ def add_kv_dtype_option(p) -> None:
                         "(auto: float16, half float32's bytes; FORKV_KV_DTYPE)")
 
 
+def add_ram_option(p) -> None:
+    """`--ram`, shared by generate, run and serve (None: FORKV_RAM, else 2 GiB)."""
+    p.add_argument("--ram", default=None, metavar="SIZE",
+                   help="what forkv may hold beyond the weights (e.g. 2GiB, 512MB; off: no "
+                        "shared budget): running requests' caches, fast reuse's live caches, "
+                        "records in RAM, image features; under pressure the live caches go "
+                        "first, then records spill to the encrypted disk tier, then requests "
+                        "wait (default 2GiB; FORKV_RAM)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="forkv", description="Conversation graphs with exact block checkpoints on MLX.",

@@ -59,6 +59,7 @@ def report(model: str | None = None) -> dict:
         why = blocker(lm, config.speculate)
         out["speculate"] = (f"{config.speculate}: on for this model" if why is None else
                             f"{config.speculate}: off for this model: {why}")
+        out["memory"] += _model_memory(lm, config)
         out["kv_dtype"] = (f"{lm.kv_dtype} for this model ({config.kv_dtype} asked; "
                            f"{_kv_bytes(lm)} bytes of cached K/V per token)")
     return out
@@ -67,19 +68,43 @@ def report(model: str | None = None) -> dict:
 def _memory_line(config) -> str:
     """What forkv may hold beyond the weights, by default or as set, and how malloc is set."""
     from forkv import arenas
+    from forkv.engine.vision.features import DEFAULT_FEATURE_BYTES
     from forkv.security.settings import StoreSettings
 
-    def mib(n: int) -> str:
-        return f"{n / 2**20:,.0f} MiB" if n < 1 << 30 else f"{n / 2**30:g} GiB"
-
     store = StoreSettings.from_env()
-    disk = (f"encrypted disk tier up to {mib(store.disk_budget)} (FORKV_DISK_BUDGET)"
+    disk = (f"encrypted disk tier up to {_mib(store.disk_budget)} (FORKV_DISK_BUDGET)"
             if store.disk and store.disk_budget else "no disk tier")
-    return (f"records in RAM up to {mib(store.ram_budget)} (FORKV_RAM_BUDGET), fast reuse's "
-            f"live caches up to {mib(config.live_cache_mib << 20)} (FORKV_LIVE_CACHE_MIB), {disk}; "
-            f"the forkv process: {arenas.ARENAS} malloc arenas, mmap threshold "
-            f"{mib(arenas.MMAP_THRESHOLD)}, freed heap trimmed when the engine idles; "
-            "/metrics shows the split (forkv_memory_bytes, forkv_tier_bytes)")
+    parts = (f"fast reuse's live caches up to {_mib(config.live_cache_mib << 20)} "
+             f"(FORKV_LIVE_CACHE_MIB), records in RAM up to {_mib(store.ram_budget)} "
+             f"(FORKV_RAM_BUDGET), a vision model's image features up to "
+             f"{_mib(DEFAULT_FEATURE_BYTES)}")
+    if config.ram is None:
+        budget = f"no shared RAM budget (--ram off): running requests' caches, {parts}"
+    else:
+        budget = (f"one RAM budget of {_mib(config.ram)} (--ram, FORKV_RAM) over running "
+                  f"requests' caches, {parts}; under pressure the pool shrinks first, then "
+                  "records spill to the disk tier, then requests wait")
+    return (f"{budget}; {disk}; the forkv process: {arenas.ARENAS} malloc arenas, mmap "
+            f"threshold {_mib(arenas.MMAP_THRESHOLD)}, freed heap trimmed when the engine "
+            "idles; /metrics shows the split (forkv_ram_bytes, forkv_ram_budget_bytes, "
+            "forkv_memory_bytes, forkv_tier_bytes)")
+
+
+def _model_memory(lm, config) -> str:
+    """What one request of this model holds, against the RAM budget."""
+    from forkv.engine.cache.budget import measure_footprint
+
+    n = min(32768, lm.context_length)
+    need = measure_footprint(lm, 256).bytes_at(n)
+    text = f"; {lm.name}: a request of {n:,} tokens holds ~{_mib(need)} of caches"
+    if config.ram is not None:
+        text += (f", the budget holds {config.ram // need:,} of them" if need <= config.ram
+                 else ", more than the budget: such a request runs alone")
+    return text
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.0f} MiB" if n < 1 << 30 else f"{n / 2**30:g} GiB"
 
 
 def _kv_line(asked: str) -> str:

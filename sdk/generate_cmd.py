@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from .cli import add_kv_dtype_option, add_speculate_option
+from .cli import add_kv_dtype_option, add_ram_option, add_speculate_option
 
 __all__ = ["DEFAULT_MODEL", "add_arguments", "read_prompt", "run_generate",
            "sampling_from_args"]
@@ -48,6 +48,7 @@ def add_arguments(p) -> None:
     p.add_argument("--no-progress", action="store_true", help="no prefill progress bar")
     add_speculate_option(p)
     add_kv_dtype_option(p)
+    add_ram_option(p)
 
 
 def read_prompt(arg: str, stdin=None) -> str:
@@ -97,7 +98,8 @@ def run_generate(args) -> int:
             {"role": "user", "content": text}]
     engine = forkv.load(args.model, chat_template=getattr(args, "chat_template", None),
                         speculate=getattr(args, "speculate", None),
-                        kv_dtype=getattr(args, "kv_dtype", None))
+                        kv_dtype=getattr(args, "kv_dtype", None),
+                        ram=getattr(args, "ram", None))
     event, last = None, None  # the last character printed
     try:
         with PrefillBar(force=False if args.no_progress else None) as bar:

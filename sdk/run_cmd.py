@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from . import interrupts
-from .cli import add_kv_dtype_option, add_speculate_option
+from .cli import add_kv_dtype_option, add_ram_option, add_speculate_option
 
 __all__ = ["SCORERS", "add_arguments", "run_spec"]
 
@@ -36,6 +36,7 @@ def add_arguments(p) -> None:
                         "until Ctrl-C)")
     add_speculate_option(p)
     add_kv_dtype_option(p)
+    add_ram_option(p)
 
 
 def run_spec(args) -> int:
@@ -88,7 +89,8 @@ def _run(args, path: Path, spec, model: str, out: Path, viewer) -> None:
     template = getattr(args, "chat_template", None)
     with forkv.Session(model, tree=spec.build(), chat_template=template,
                        speculate=getattr(args, "speculate", None),
-                       kv_dtype=getattr(args, "kv_dtype", None)) as session:
+                       kv_dtype=getattr(args, "kv_dtype", None),
+                       ram=getattr(args, "ram", None)) as session:
         session.tree.model_id = session.model_id  # pin the fingerprint in what we save
         print(f"{path.name}: {len(spec.nodes)} spec nodes on {session.model_id}", flush=True)
         publish = viewer.publish if viewer is not None else (lambda tree, done=False: None)

@@ -13,6 +13,8 @@ def test_doctor_reports_blas_and_dtype(capsys):
     assert sorted(info["cache_layout"].split(", ")) == ["2 global", "2 state"]
     assert "records in RAM up to 64 MiB" in info["memory"]  # the RAM budget forkv keeps
     assert "live caches up to 512 MiB" in info["memory"]
+    assert "one RAM budget of 2 GiB (--ram, FORKV_RAM)" in info["memory"]  # over all of them
+    assert "demo:qwen3_5:tiny: a request of 32,768 tokens holds ~" in info["memory"]
 
 
 def test_bad_model_is_a_clear_error(capsys):

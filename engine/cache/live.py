@@ -159,6 +159,7 @@ class LivePool:
         self.entries: OrderedDict[int, LiveEntry] = OrderedDict()
         self.nbytes = 0
         self.stats = LiveStats()
+        self.on_grow: Callable[[], None] | None = None  # the RAM budget's settle (budget.py)
 
     @property
     def enabled(self) -> bool:
@@ -184,7 +185,9 @@ class LivePool:
         self.nbytes += nbytes
         self.stats.puts += 1
         self._trim()
-        return entry
+        if self.on_grow is not None:
+            self.on_grow()
+        return entry if id(entry) in self.entries else None
 
     def _share_prefixes(self, new: LiveEntry) -> None:
         """One buffer for the global layers' K/V of a conversation's entries: where `new` and
@@ -213,9 +216,14 @@ class LivePool:
             for a, b in zip(short.cache, long_.cache):
                 _share_kv(a, b, p, check_from)
 
-    def _trim(self) -> None:
-        while self.entries and (self.nbytes > self.budget_bytes
-                                or len(self.entries) > self.max_entries):
+    def shrink_to(self, limit: int) -> None:
+        """Evict least recently used entries until the pool holds at most `limit` bytes (the
+        RAM budget's pressure)."""
+        self._trim(limit)
+
+    def _trim(self, limit: int | None = None) -> None:
+        limit = self.budget_bytes if limit is None else min(limit, self.budget_bytes)
+        while self.entries and (self.nbytes > limit or len(self.entries) > self.max_entries):
             _, entry = self.entries.popitem(last=False)
             self._leave(entry, evicted=True)
         canonical = [k for k, e in self.entries.items() if e.canonical_to]

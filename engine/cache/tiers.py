@@ -79,6 +79,7 @@ class RamTier:
         self._bytes = 0
         self._evictions = 0
         self._by_kind: dict[str, int] = {}
+        self.on_grow: Callable[[], None] | None = None  # the RAM budget's settle (budget.py)
 
     def put(self, key: bytes, kind: str, data: Record, meta: dict[str, str] | None = None) -> bool:
         with self._lock:
@@ -89,6 +90,8 @@ class RamTier:
             if self.namespace_budget:
                 self._enforce(self.namespace_budget, data.namespace)
             self._enforce_budget()
+        if self.on_grow is not None:
+            self.on_grow()
         return True
 
     def get_into(self, key: bytes, kind: str, alloc=None) -> Record | None:
@@ -122,6 +125,16 @@ class RamTier:
         with self._lock:
             for slot in list(self._records):
                 self._drop(slot)
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def shrink_to(self, limit: int) -> None:
+        """Spill records (in eviction order) until at most `limit` bytes stay (the RAM
+        budget's pressure)."""
+        with self._lock:
+            self._enforce(min(limit, self.budget))
 
     def items(self) -> list[tuple[tuple[bytes, str], Record]]:
         """((key, kind), record) of every record held, least recently used first."""

@@ -27,6 +27,10 @@ class TextRunner:
                 "the images.")
         return self.engine.encode(prompt), None
 
+    def model_of(self, tokens: list[int]):
+        """The model callable `(inputs, cache=)` of a text-only prompt of `tokens`."""
+        return self.engine.lm.model
+
     def decode(self, rows, inputs, caches):
         return self.engine.lm.model(inputs, cache=caches)
 
@@ -51,6 +55,12 @@ class VisionRunner:
         # The feature cache belongs to the engine thread: render there.
         request = self.engine.run_on_thread(self.vision.render, prompt, images)
         return request.tokens, request
+
+    def model_of(self, tokens: list[int]):
+        """TextRunner.model_of: the language model at the positions of a text-only prompt."""
+        from ..vision.images import VisionPrompt
+
+        return self.vision.sequence(VisionPrompt(list(tokens), []))
 
     def decode(self, rows, inputs, caches):
         # Each row at its own position state (e.g. M-RoPE), through the merged caches.

@@ -9,7 +9,8 @@ cache), prefills on it in chunks, then joins the batch of decoding rows. Each `s
    request needs that job's blocks;
 2. admits waiting sequences into free slots (FIFO), except one whose prefix another sequence
    is computing right now (the prefix cache's `waits`: forks and `n > 1` compute a shared
-   prefix once);
+   prefix once); the RAM budget (cache/budget.py) may hold the queue until running
+   sequences finish, after making room by shrinking the live pool and the RAM tier;
 3. prefills whole chunks until the step has spent `max_prefill_tokens` (at least one chunk):
    first each sequence whose prompt ends within its next chunk (a short request, or a long
    one's last chunk), shortest first, so that a short request's first token does not wait
@@ -80,7 +81,7 @@ class StepTotals:
 
 class Scheduler:
     def __init__(self, runner, prefix, block_size: int, max_seqs: int, max_prefill_tokens: int,
-                 mergeable: bool = True, deliver=None, copy=None):
+                 mergeable: bool = True, deliver=None, copy=None, budget=None):
         assert max_seqs >= 1 and max_prefill_tokens >= 1
         self.runner = runner
         self.prefix = prefix  # the prefix cache: match, commit, record jobs
@@ -101,6 +102,7 @@ class Scheduler:
         # deliver(events): hands the first tokens sampled from prefill to their clients
         # before the step's decode (one decode step of TTFT: ~150-300 ms on a real model)
         self.deliver = deliver
+        self.budget = budget  # the RAM budget: whether running caches leave room for another
 
     @property
     def busy(self) -> bool:
@@ -120,6 +122,7 @@ class Scheduler:
         self.rows = []
         self.batch = BatchCache(self.batch.mergeable, self.batch.copy)
         self.prefix.reset()
+        self._reserve()
 
     def cancel(self, seq: Sequence) -> GenerationEvent | None:
         """Drop `seq` wherever it is, leaving the other rows as they are; None if done."""
@@ -154,6 +157,7 @@ class Scheduler:
         totals.prefill_tokens += report.prefill_tokens
         totals.prefill_s += t1 - t0
         totals.recomputed_tokens += report.recomputed
+        self._reserve()  # (rows that finished give their room back)
         if report.prefilled or report.decoded or report.events or self.busy:
             self.last_busy = time.monotonic()
         return report
@@ -166,9 +170,28 @@ class Scheduler:
             if self.prefix.waits(seq, self.prefilling):
                 held.append(seq)
                 continue
+            if self.budget is not None and not self.budget.admits(
+                    seq, self._running(), alone=not (self.prefilling or self.rows)):
+                held.append(seq)  # it and those after it wait for running ones to finish
+                break
             self.prefix.match(seq)
             self.prefilling.append(seq)
+            self._reserve()  # room for it: the pool shrinks, then the RAM tier spills
         self.waiting.extendleft(reversed(held))
+
+    def _running(self) -> list[Sequence]:
+        """Every sequence holding a cache now: prefilling, decoding, a record job's."""
+        job = self.prefix.jobs.current
+        return [*self.prefilling, *self.rows, *([job.seq] if job is not None else [])]
+
+    def _reserve(self) -> None:
+        if self.budget is None:
+            return
+        if self.budget.footprint is None:  # read off the first caches that hold tokens
+            for seq in self.prefilling:
+                self.budget.learn(seq.cache)
+            self.budget.learn(self.batch.caches, self.batch.num_rows)
+        self.budget.reserve(self._running())
 
     def _prefill(self, report: StepReport) -> None:
         # Sequences whose prompt ends within their next chunk go first, shortest first: their

@@ -38,6 +38,7 @@ class FeatureCache:
         self._grids: OrderedDict[bytes, tuple[int, int, int]] = OrderedDict()
         self._lock = threading.Lock()
         self.stats = FeatureStats()
+        self.on_grow = None  # the RAM budget's settle (engine/cache/budget.py)
 
     def get(self, digest: bytes):
         """The features of an image, or None (counted as a hit or a miss)."""
@@ -56,11 +57,27 @@ class FeatureCache:
                 return
             self._features[digest] = features
             self.stats.bytes += features.nbytes
-            while self.stats.bytes > self.budget:
-                _, old = self._features.popitem(last=False)
-                self.stats.bytes -= old.nbytes
-                self.stats.evictions += 1
+            self._shrink(self.budget)
             self.stats.entries = len(self._features)
+        if self.on_grow is not None:
+            self.on_grow()
+
+    @property
+    def nbytes(self) -> int:
+        return self.stats.bytes
+
+    def shrink_to(self, limit: int) -> None:
+        """Evict least recently used features until at most `limit` bytes stay (the RAM
+        budget's pressure)."""
+        with self._lock:
+            self._shrink(min(limit, self.budget))
+            self.stats.entries = len(self._features)
+
+    def _shrink(self, limit: int) -> None:
+        while self._features and self.stats.bytes > limit:
+            _, old = self._features.popitem(last=False)
+            self.stats.bytes -= old.nbytes
+            self.stats.evictions += 1
 
     def grid(self, digest: bytes) -> tuple[int, int, int] | None:
         with self._lock:

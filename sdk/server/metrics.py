@@ -2,10 +2,11 @@
 
 Names are prefixed `forkv_`: requests by endpoint and status, tokens reused / computed /
 generated, record hits and misses per kind, bytes per tier, queue depth, requests running,
-a time-to-first-token histogram, and where the process's memory goes (`memory_bytes`: resident
+a time-to-first-token histogram, where the process's memory goes (`memory_bytes`: resident
 set, mlx's arrays and its buffer cache, fast reuse's live caches; records by tier are in
-`tier_bytes`). Written by hand (a few lines) rather than with
-prometheus_client. Knows nothing about HTTP routing or models.
+`tier_bytes`) and the RAM budget's split (`ram_budget_bytes`, `ram_bytes` by part). Written
+by hand (a few lines) rather than with prometheus_client. Knows nothing about HTTP routing or
+models.
 """
 
 from __future__ import annotations
@@ -93,6 +94,17 @@ class Metrics:
                "mlx's arrays (mlx_active) and freed buffers it keeps (mlx_cache), fast "
                "reuse's live caches (live, part of mlx_active).",
                [({"part": k}, v) for k, v in memory_split(stats.get("live_bytes", 0)).items()])
+        ram = stats.get("ram")
+        if ram is not None:
+            metric("ram_budget_bytes", "gauge", "The RAM budget over what forkv holds beyond "
+                   "the weights (--ram; summed over loaded models; 0: none).",
+                   [({}, ram["budget"])])
+            metric("ram_bytes", "gauge", "What the RAM budget counts, by part: running "
+                   "requests' caches (the most they can come to hold), fast reuse's live pool, "
+                   "the RAM tier's records, vision features.",
+                   [({"part": k}, v) for k, v in ram["parts"].items()])
+            metric("ram_waits_total", "counter", "Requests that waited for room in the RAM "
+                   "budget.", [({}, ram["waits"])])
         if "models_loaded" in stats:
             metric("models_loaded", "gauge", "Models loaded now.", [({}, stats["models_loaded"])])
             metric("model_loads_total", "counter", "Models loaded on demand.",

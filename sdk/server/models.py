@@ -224,7 +224,8 @@ class ModelPool:
         total = {"hits": {}, "misses": {}, "tokens_reused": 0, "tokens_computed": 0,
                  "tokens_drafted": 0, "tokens_accepted": 0,
                  "tier_bytes": {"ram": 0, "disk": 0}, "live_bytes": 0, "waiting": 0,
-                 "running": 0, "in_flight": 0, "namespaces": 0}
+                 "running": 0, "in_flight": 0, "namespaces": 0,
+                 "ram": {"budget": 0, "waits": 0, "parts": {}}}
         for m in self.loaded:
             st = m.backend.stats()
             for name in ("hits", "misses", "tier_bytes"):
@@ -234,6 +235,12 @@ class ModelPool:
                          "tokens_accepted", "waiting", "running", "in_flight", "namespaces"):
                 total[name] += st[name]
             total["live_bytes"] += st.get("live_bytes", 0)
+            ram = st.get("ram")
+            if ram is not None:  # (each model's engine has a budget of its own)
+                total["ram"]["budget"] += ram["budget"]
+                total["ram"]["waits"] += ram["waits"]
+                for k, v in ram["parts"].items():
+                    total["ram"]["parts"][k] = total["ram"]["parts"].get(k, 0) + v
         total.update(models_loaded=len(self.loaded), model_loads=self.loads,
                      model_unloads=self.unloads)
         return total

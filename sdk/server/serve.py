@@ -14,7 +14,7 @@ import ipaddress
 import os
 import sys
 
-from forkv.cli import add_kv_dtype_option, add_speculate_option
+from forkv.cli import add_kv_dtype_option, add_ram_option, add_speculate_option
 from forkv.errors import ForkvError
 
 __all__ = ["BindRefused", "add_arguments", "check_bind", "run_serve", "serve"]
@@ -93,6 +93,11 @@ def run_serve(args) -> int:
     models = tuple(args.model or ())
     if getattr(args, "kv_dtype", None):  # every model this server loads reads it (EngineConfig)
         os.environ["FORKV_KV_DTYPE"] = args.kv_dtype
+    if getattr(args, "ram", None):  # checked here, before any model loads; each engine's own
+        from forkv.engine.config import EngineConfig
+
+        EngineConfig.from_env(ram=args.ram)
+        os.environ["FORKV_RAM"] = args.ram
     memory = None if args.model_memory is None else int(args.model_memory * (1 << 30))
     config = ServerConfig(model=models[0] if len(models) == 1 else None, models=models,
                           host=args.host, port=args.port, api_keys=keys,
@@ -163,6 +168,7 @@ def add_arguments(p) -> None:
                         "a fresh run with the same chunking (FORKV_REUSE)")
     add_speculate_option(p)
     add_kv_dtype_option(p)
+    add_ram_option(p)
     p.add_argument("--max-body", type=int, default=32 << 20, help="largest request body, bytes")
     p.add_argument("--reasoning", choices=("auto", "on", "off"), default="auto",
                    help="Responses API: split thinking into reasoning items (auto: when the "

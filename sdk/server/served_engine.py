@@ -86,9 +86,16 @@ class ServedEngine:
                 "tokens_accepted": st["steps"]["accepted_tokens"],
                 "tier_bytes": {t: st.get(t, {}).get("bytes", 0) for t in ("ram", "disk")},
                 "live_bytes": st.get("live", {}).get("bytes", 0),
+                "ram": _ram_split(st["ram_budget"]),
                 "waiting": st["queue"]["waiting"],
                 "running": st["queue"]["prefilling"] + st["queue"]["running"],
                 "in_flight": self.in_flight, "namespaces": namespaces}
 
     def close(self) -> None:
         self.engine.close()
+
+
+def _ram_split(ram: dict) -> dict:
+    """The RAM budget (0: none) and what each part holds against it (engine/cache/budget.py)."""
+    return {"budget": ram["budget"] or 0, "waits": ram["waits"],
+            "parts": {k: ram[k] for k in ("running", "pool", "records", "features")}}
