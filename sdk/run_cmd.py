@@ -63,9 +63,8 @@ def run_spec(args) -> int:
                   "Ctrl-C", flush=True)
             try:
                 # Wake twice a second: a Ctrl-C the kernel hands to another thread only sets
-                # Python's flag, and a main thread blocked for good in one wait never runs
-                # the handler (`forkv run --ui` outlived a 30 s wait after its SIGINT on a
-                # loaded CI machine, three times)
+                # Python's flag, and a main thread blocked for good in one wait would not run
+                # the handler
                 idle = threading.Event()
                 while not idle.wait(0.5):
                     pass
