@@ -89,8 +89,8 @@ def _is_native(module, table: dict) -> bool:
 class _Plan:
     """What a converted layer's calls read besides its parameters: fixed at conversion."""
 
-    __slots__ = ("attn_in", "attn_keys", "attn_specs", "out_keys", "out_specs", "counts",
-                 "eps", "offset", "qk_eps", "sandwich", "act", "act_mul")
+    __slots__ = ("attn_in", "attn_keys", "attn_specs", "out_layers", "out_keys", "out_specs",
+                 "counts", "eps", "offset", "qk_eps", "sandwich", "act", "act_mul")
 
 
 def _plan(block) -> _Plan | None:
@@ -122,15 +122,14 @@ def _plan(block) -> _Plan | None:
     p = _Plan()
     p.attn_specs, p.attn_keys = _specs(qkv)
     p.attn_in = qkv
-    layers = o + gate_up + down
-    p.out_specs, p.out_keys = _specs(layers)
+    p.out_layers = o + gate_up + down
+    p.out_specs, p.out_keys = _specs(p.out_layers)
     p.counts = [len(o), len(gate_up)]
     p.eps = norms[0].eps
     p.offset = 1.0 if gemma else 0.0
     p.qk_eps = qk[0].eps if qk else 0.0
     p.sandwich = gemma
     p.act, p.act_mul = act, act_mul
-    _plain(block, "_forkv_out_layers", layers)
     return p
 
 
@@ -179,7 +178,7 @@ def _block_class(cls: type) -> type:
                   self.post_feedforward_layernorm["weight"]] if p.sandwich
                  else [self.post_attention_layernorm["weight"]])
         return lib.block_out(q, keys, values, mask, causal, rot, attn.scale, x, norms,
-                             _arrays(self._forkv_out_layers, p.out_keys), p.out_specs,
+                             _arrays(p.out_layers, p.out_keys), p.out_specs,
                              p.counts, p.eps, p.offset, p.act, p.act_mul)
 
     return subclass_with_call(cls, __call__, _subclasses)
