@@ -144,7 +144,8 @@ class Engine:
         except Exception as e:  # noqa: BLE001 - then the first request's caches tell it
             _log.debug("no footprint probe for %s: %s", self.lm.name, e)
         budget.attach("pool", self.prefix.live)
-        budget.attach("records", self.store.ram if self.store is not None else None)
+        # (a store of the caller's own may have no RAM tier: `store=` takes any RecordStore-like)
+        budget.attach("records", getattr(self.store, "ram", None))
         budget.attach("features", self.vision.features if self.lm.is_vision else None)
         return budget
 

@@ -284,3 +284,16 @@ def test_the_burst_benchmark_runs_each_setting_in_its_own_process():
     assert rows[0]["tokens_sha256"] == rows[1]["tokens_sha256"]  # the budget changed no token
     assert rows[0]["waits"] == 0 and rows[1]["waits"] >= 1
     assert all(r["peak_rss_mib"] >= r["rss_after_load_mib"] > 0 for r in rows)
+
+
+def test_a_store_of_the_callers_own_without_a_ram_tier_is_taken():
+    # `Engine(store=...)` takes any RecordStore-like object (`forkv bench store` passes one
+    # that keeps plain files): the budget has no records part to attach then.
+    from forkv.bench.store import _PlainFilesStore
+
+    lm = load_tiny("qwen3")
+    eng = Engine(lm, store=_PlainFilesStore(32))
+    try:
+        assert eng.generate(random_tokens(40), max_tokens=3).token_ids
+    finally:
+        eng.close()
