@@ -7,6 +7,7 @@ an explicit `-m` expression chooses. `.ci/run` passes `--slow`, so CI runs every
 """
 
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -67,6 +68,23 @@ def mlx_lm_model(name: str):
     from forkv.engine.models.loader import resolve_model_path
 
     return load(str(resolve_model_path(name)))[0]
+
+
+@pytest.fixture(scope="module")
+def lib():
+    """forkv's kernels (engine/native), their best ISA set again after the module's tests;
+    a skip where they are turned off or cannot build, a failure where they should build."""
+    from forkv.engine import native
+
+    module = native.load()
+    if module is None:
+        if "FORKV_NATIVE=off" in native.status().reason:
+            pytest.skip("forkv's kernels are turned off (FORKV_NATIVE=off)")
+        if shutil.which("cmake") and shutil.which("c++"):
+            pytest.fail(f"the kernels should build on this machine: {native.status().reason}")
+        pytest.skip(f"forkv's kernels are not available: {native.status().reason}")
+    yield module
+    module.set_isa(module.best_isa())
 
 
 @pytest.fixture(params=ARCHS)

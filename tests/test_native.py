@@ -18,19 +18,6 @@ from forkv.engine import native
 ISAS = ("avx512vnni", "avx2", "scalar")
 
 
-@pytest.fixture(scope="module")
-def lib():
-    module = native.load()
-    if module is None:
-        if "FORKV_NATIVE=off" in native.status().reason:
-            pytest.skip("forkv's kernels are turned off (FORKV_NATIVE=off)")
-        if shutil.which("cmake") and shutil.which("c++"):
-            pytest.fail(f"the kernels should build on this machine: {native.status().reason}")
-        pytest.skip(f"forkv's kernels are not available: {native.status().reason}")
-    yield module
-    module.set_isa(module.best_isa())
-
-
 @pytest.fixture(autouse=True)
 def _best_isa_after():
     # a test that walks the ISAs leaves the last (scalar) set: the next one would run a real

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import mlx_lm_model
-from test_native import _isas, lib  # noqa: F401  (the module-scoped kernels fixture)
+from test_native import _isas
 
 
 def _gelu_approx(x):
@@ -26,7 +26,7 @@ def _silu(x):
 
 
 @pytest.mark.parametrize("kind, reference", [("gelu_approx", _gelu_approx), ("silu", _silu)])
-def test_activations_are_their_definitions_on_every_isa(lib, kind, reference):  # noqa: F811
+def test_activations_are_their_definitions_on_every_isa(lib, kind, reference):
     x = mx.concatenate([mx.linspace(-95, 95, 40_001), mx.random.normal((40_000,)) * 4,
                         mx.array([0.0, -0.0, 1e-30, -1e-30])])
     m = mx.random.normal(x.shape)
@@ -48,7 +48,7 @@ def test_activations_are_their_definitions_on_every_isa(lib, kind, reference):  
         mx.array(np.array(strided)), kind)).item()
 
 
-def test_activation_rejects_what_it_cannot_run(lib):  # noqa: F811
+def test_activation_rejects_what_it_cannot_run(lib):
     x = mx.zeros((4, 8))
     with pytest.raises(ValueError, match="unknown kind 'relu'"):
         lib.activation(x, "relu")
@@ -68,7 +68,7 @@ class _Counting:
 
 
 @pytest.mark.parametrize("name", ["demo:gemma3:tiny", "demo:qwen3:tiny"])  # nn.gelu_approx; swiglu
-def test_mlp_activations_move_onto_the_kernels_per_model(lib, name):  # noqa: F811
+def test_mlp_activations_move_onto_the_kernels_per_model(lib, name):
     from forkv.engine import load_model
     from forkv.engine.native.activations import use_native_activations
 
@@ -92,7 +92,7 @@ def test_mlp_activations_move_onto_the_kernels_per_model(lib, name):  # noqa: F8
     assert nn.gelu_approx is not None and nn.silu(mx.array([1.0])).item() > 0.73  # mlx.nn intact
 
 
-def test_logsumexp_is_mlxs_to_rounding_and_rows_stand_alone(lib):  # noqa: F811
+def test_logsumexp_is_mlxs_to_rounding_and_rows_stand_alone(lib):
     x = mx.random.normal((3, 262_147)) * 8
     x = mx.concatenate([x, mx.full((1, 262_147), -mx.inf)])
     for isa in _isas(lib):
@@ -109,7 +109,7 @@ def test_logsumexp_is_mlxs_to_rounding_and_rows_stand_alone(lib):  # noqa: F811
         lib.logsumexp(x.astype(mx.bfloat16))
 
 
-def test_sample_draws_by_the_weights_and_never_an_excluded_token(lib):  # noqa: F811
+def test_sample_draws_by_the_weights_and_never_an_excluded_token(lib):
     """Inverse-CDF draws: frequencies follow softmax(scores), -inf tokens never come up,
     u's ends pick the first and the last weighted token, and each row draws on its own."""
     weights = [0.1, 0.0, 0.2, 0.3, 0.4]
@@ -136,7 +136,7 @@ def test_sample_draws_by_the_weights_and_never_an_excluded_token(lib):  # noqa: 
         lib.sample(mx.stack([x, x]), mx.array(0.5))
 
 
-def test_the_models_module_is_left_alone(lib):  # noqa: F811
+def test_the_models_module_is_left_alone(lib):
     """Only a marked class's own `__call__` sees the dispatchers. The model's module keeps
     mlx.nn, so its module-level functions - Gemma 4's `geglu` is under `mx.compile` - keep
     mlx's activations: a compiled function would freeze whichever choice its first trace

@@ -6,29 +6,13 @@ mlx-lm's code; FORKV_NATIVE_BLOCKS=off turns it off."""
 
 from __future__ import annotations
 
-import shutil
-
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
 
 from forkv.engine import native
-
-ISAS = ("avx512vnni", "avx2", "scalar")
-
-
-@pytest.fixture(scope="module")
-def lib():
-    module = native.load()
-    if module is None:
-        if "FORKV_NATIVE=off" in native.status().reason:
-            pytest.skip("forkv's kernels are turned off (FORKV_NATIVE=off)")
-        if shutil.which("cmake") and shutil.which("c++"):
-            pytest.fail(f"the kernels should build on this machine: {native.status().reason}")
-        pytest.skip(f"forkv's kernels are not available: {native.status().reason}")
-    yield module
-    module.set_isa(module.best_isa())
+from test_native import ISAS
 
 
 def _on_kernels(model, lib, blocks: bool) -> int:
