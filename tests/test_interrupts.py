@@ -62,8 +62,13 @@ def _before_forkv(rc: int, err: str) -> bool:
     runpy's and importlib's frozen frames, before forkv's first line installs its guard):
     Python's own behaviour, which no code of forkv's can run early enough to change."""
     frames = re.findall(r'File "([^"]*)"', err)
-    return (rc == -signal.SIGINT and err.rstrip().endswith("KeyboardInterrupt") and bool(frames)
-            and all(f.startswith("<frozen ") for f in frames))
+    if not err.rstrip().endswith("KeyboardInterrupt") or not frames:
+        return False
+    if rc == 1 and err.startswith("Fatal Python error: init_import_site"):
+        # Earlier still: the interpreter was importing `site` (the venv's .pth files) and
+        # aborts its own start-up; no frame of forkv's can be on the stack yet.
+        return not any("/forkv/" in f for f in frames)
+    return rc == -signal.SIGINT and all(f.startswith("<frozen ") for f in frames)
 
 
 def _busy(n: int) -> list[subprocess.Popen]:
@@ -114,6 +119,17 @@ def test_only_interrupts_before_forkv_are_set_aside():
     assert _before_forkv(-signal.SIGINT, early)
     assert not _before_forkv(-signal.SIGINT, in_forkv)
     assert not _before_forkv(130, early) and not _before_forkv(-signal.SIGINT, "")
+    # A Ctrl-C while the interpreter imports `site` (seen on a clean-clone CI run, 6 ms in)
+    in_site = ("Fatal Python error: init_import_site: Failed to import the site module\n"
+               "Python runtime state: initialized\nTraceback (most recent call last):\n"
+               '  File "<frozen site>", line 616, in <module>\n'
+               '  File "/v/site-packages/_virtualenv.py", line 287, in <module>\n'
+               '  File "<frozen importlib._bootstrap>", line 1165, in _find_and_load\n'
+               "KeyboardInterrupt\n")
+    assert _before_forkv(1, in_site)
+    assert not _before_forkv(1, in_site.replace("/v/site-packages/_virtualenv.py",
+                                                "/x/forkv/sdk/cli.py"))
+    assert not _before_forkv(1, "Fatal Python error: init_import_site\nKeyboardInterrupt\n")
 
 
 def test_a_ctrl_c_swallowed_in_a_del_is_raised_again_before_serving(monkeypatch):
