@@ -15,6 +15,10 @@ from ..vision.images import has_image_parts
 
 
 class TextRunner:
+    # a row's decode input is its last token alone, so a step can be built on a token not yet
+    # read back (ahead.py); a vision row's position state follows its token count
+    runs_ahead = True
+
     def __init__(self, engine):
         self.engine = engine
 
@@ -47,6 +51,8 @@ class TextRunner:
 
 
 class VisionRunner:
+    runs_ahead = False
+
     def __init__(self, engine):
         self.engine = engine
         self.vision = engine.vision

@@ -195,6 +195,14 @@ class Sampler:
             p.frequency_penalty or None, p.penalty_context)
 
     @property
+    def reads_tokens(self) -> bool:
+        """Whether a draw reads the values of the tokens before it (penalties, a constraint);
+        one that does not can be built before the last token is read back (ahead.py)."""
+        p = self.params
+        return (self._matcher is not None or p.repetition_penalty != 1.0
+                or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0)
+
+    @property
     def can_verify(self) -> bool:
         """Whether a row's draw at a position ahead is a pure function of the tokens before it
         (a constraint's matcher keeps state as it walks the output)."""

@@ -24,7 +24,9 @@ cache), prefills on it in chunks, then joins the batch of decoding rows. Each `s
    others for more than one step's prefill budget; a step that prefilled while a request
    arrived leaves its decode to the next (at most every other step), which admits and
    prefills that request first. Which step a row decodes in, and beside which rows, changes
-   none of its tokens.
+   none of its tokens. A text row decoding alone queues its next step before reading this
+   one's token back (ahead.py), so the Python on both sides of the kernels overlaps them; a
+   waiting request has that step taken first, at the start of the next.
 
 The prefix cache hears of each sequence when its prompt is prefilled and when it finishes
 (`commit`), and of each row that decodes onto a block boundary (`decoded`: a vision row's
@@ -40,6 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..events import GenerationEvent
+from .ahead import Step, can_take_back, is_enabled, take_back
 from .batchcache import BatchCache
 from .sampling import top_logprobs
 from .sequence import Sequence
@@ -103,6 +106,8 @@ class Scheduler:
         # before the step's decode (one decode step of TTFT: ~150-300 ms on a real model)
         self.deliver = deliver
         self.budget = budget  # the RAM budget: whether running caches leave room for another
+        self.runs_ahead = is_enabled()  # whether a lone row's steps may run ahead (ahead.py)
+        self._ahead: Step | None = None  # the lone row's next decode step, queued
 
     @property
     def busy(self) -> bool:
@@ -120,6 +125,7 @@ class Scheduler:
         self.waiting.clear()
         self.prefilling.clear()
         self.rows = []
+        self._ahead = None
         self.batch = BatchCache(self.batch.mergeable, self.batch.copy)
         self.prefix.reset()
         self._reserve()
@@ -134,12 +140,18 @@ class Scheduler:
             self.prefilling.remove(seq)
         elif seq in self.rows:
             i = self.rows.index(seq)
+            self._ahead = None  # (the one row's: its cache goes with it)
             self.batch.remove([i])
             del self.rows[i]
         return seq.finish("cancelled")
 
     def step(self) -> StepReport:
         report, totals = StepReport(), self.totals
+        # A step queued ahead is taken first when a request waits: admitting it may change the
+        # batch the step was built on.
+        early = self._ahead is not None and bool(self.waiting or self.prefilling)
+        if early:
+            self._timed_decode(report, time.perf_counter())
         t = time.perf_counter()
         report.recomputed += self.prefix.work(self.waiting, idle=not self.busy)
         t0 = time.perf_counter()
@@ -148,11 +160,8 @@ class Scheduler:
         self._prefill(report)
         t1 = time.perf_counter()
         self._deliver_new(report)
-        if self.rows and not self._yields(report):
-            self._decode(report)
-            totals.decode_steps += 1
-            totals.decoded_tokens += report.decoded
-            totals.decode_s += time.perf_counter() - t1
+        if self.rows and not early and not self._yields(report):
+            self._timed_decode(report, t1)
         totals.steps += 1
         totals.prefill_tokens += report.prefill_tokens
         totals.prefill_s += t1 - t0
@@ -161,6 +170,13 @@ class Scheduler:
         if report.prefilled or report.decoded or report.events or self.busy:
             self.last_busy = time.monotonic()
         return report
+
+    def _timed_decode(self, report: StepReport, t1: float) -> None:
+        totals = self.totals
+        self._decode(report)
+        totals.decode_steps += 1
+        totals.decoded_tokens += report.decoded
+        totals.decode_s += time.perf_counter() - t1
 
     # -- the phases ---------------------------------------------------------------------------
     def _admit(self) -> None:
@@ -295,15 +311,20 @@ class Scheduler:
         import mlx.core as mx
 
         rows, B = self.rows, self.block_size
-        if len(rows) == 1 and rows[0].drafter is not None and self._speculate(report):
+        step, self._ahead = self._ahead, None
+        if (step is None and len(rows) == 1 and rows[0].drafter is not None
+                and self._speculate(report)):
             return
-        inputs = mx.array([[seq.tokens[-1]] for seq in rows])
-        logits = self.runner.decode(rows, inputs, self.batch.caches)
-        sampled = [seq.sampler(logits[i, -1], seq.tokens) for i, seq in enumerate(rows)]
-        tokens = mx.stack([t for t, _ in sampled])
-        picked = mx.stack([lp[t] for t, lp in sampled])
-        mx.eval(tokens, picked, self.batch.state())
-        tokens, picked = tokens.tolist(), picked.tolist()
+        if step is None:
+            step = self._build(rows, mx.array([[seq.tokens[-1]] for seq in rows]))
+        if self._runs_ahead(rows):
+            mx.async_eval(step.tokens, step.picked, self.batch.state())
+            ids = step.tokens if step.tokens.dtype == mx.int32 else step.tokens.astype(mx.int32)
+            self._ahead = self._build(rows, ids[:, None])
+            mx.async_eval(self._ahead.tokens, self._ahead.picked, self.batch.state())
+        else:
+            mx.eval(step.tokens, step.picked, self.batch.state())
+        tokens, picked, sampled = step.tokens.tolist(), step.picked.tolist(), step.sampled
         tops = [_top(lp, seq.params.top_logprobs) for (_, lp), seq in zip(sampled, rows)]
         report.decoded = len(rows)
 
@@ -322,10 +343,38 @@ class Scheduler:
             event = seq.accept(tokens[i], picked[i], tops[i])
             report.events.append((seq, event))
             if event.finish_reason is not None:
+                if self._ahead is not None:  # the row was fed the token it ends on: undo it
+                    self._ahead = None
+                    take_back(self.batch.caches)
                 done.append(i)
                 # everything the row was fed (the last sampled token never was)
                 self.prefix.commit(seq, lambda i=i: swapped.get(i) or self.batch.extract(i))
         self._reshape(done, swapped)
+
+    def _build(self, rows: list[Sequence], inputs) -> Step:
+        """The graph of one decode step of `rows` on `inputs` ([rows, 1] ids), unevaluated."""
+        import mlx.core as mx
+
+        logits = self.runner.decode(rows, inputs, self.batch.caches)
+        sampled = [seq.sampler(logits[i, -1], seq.tokens) for i, seq in enumerate(rows)]
+        return Step(mx.stack([t for t, _ in sampled]), mx.stack([lp[t] for t, lp in sampled]),
+                    sampled)
+
+    def _runs_ahead(self, rows: list[Sequence]) -> bool:
+        """Whether the next decode step may be built and queued before this one's tokens are
+        read back (ahead.py), this step's graph being built: one text row on its own caches,
+        nobody waiting, and a next step sure to run unless the row stops on this token (no
+        block boundary for the prefix cache to record at, not the last token allowed), whose
+        token the caches can take back then."""
+        if (not self.runs_ahead or len(rows) != 1 or not self.batch.is_plain
+                or not self.batch.mergeable or not getattr(self.runner, "runs_ahead", False)
+                or self.waiting or self.prefilling or self._arrived()):
+            return False
+        seq = rows[0]
+        return (seq.drafter is None and not seq.sampler.reads_tokens
+                and seq.timings.generated_tokens + 1 < seq.params.max_tokens
+                and len(seq.tokens) % self.block_size != 0
+                and can_take_back(self.batch.caches))
 
     def _speculate(self, report: StepReport) -> bool:
         """One verify step for the batch's one row, if it has a draft: its last token and the

@@ -1,0 +1,99 @@
+"""Decode steps run ahead (engine/request/ahead.py): a lone row's next step is queued before its
+token is read back. No token or logprob changes; a row that stops takes the step ahead back out
+of its cache (the next turn continues that cache as if it never ran); a request that arrives
+meanwhile joins the batch after it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from conftest import load_tiny
+from forkv.engine import Engine, SamplingParams
+from forkv.engine.cache.recordstore import RecordStore
+from forkv.engine.request import scheduler as scheduler_module
+from helpers import fresh_run, random_tokens
+
+
+def _engine(lm, ahead: bool, **kw) -> Engine:
+    engine = Engine(lm, store=RecordStore(1 << 30, None), speculate="off", **kw)
+    engine.scheduler.runs_ahead = ahead
+    return engine
+
+
+@pytest.fixture
+def count_ahead(monkeypatch):
+    """How many decode steps were queued ahead."""
+    counts = [0]
+    runs_ahead = scheduler_module.Scheduler._runs_ahead
+
+    def spy(self, rows):
+        ok = runs_ahead(self, rows)
+        counts[0] += ok
+        return ok
+
+    monkeypatch.setattr(scheduler_module.Scheduler, "_runs_ahead", spy)
+    return counts
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+@pytest.mark.parametrize("params", [
+    SamplingParams(max_tokens=300, temperature=0),  # crosses block 256 (recorded there)
+    SamplingParams(max_tokens=60, temperature=0.8, top_p=0.9, seed=7),
+    SamplingParams(max_tokens=40, temperature=0, repetition_penalty=1.3),  # never ahead
+], ids=["greedy", "seeded", "penalty"])
+def test_running_ahead_changes_no_token(arch, params, count_ahead):
+    lm = load_tiny(arch)
+    prompt = random_tokens(40, seed=31)
+    got = {}
+    for ahead in (False, True):
+        with _engine(lm, ahead) as engine:
+            got[ahead] = engine.generate(prompt, params)
+    assert got[True].token_ids == got[False].token_ids
+    assert got[True].logprobs == got[False].logprobs
+    assert (count_ahead[0] > 0) == (params.repetition_penalty == 1.0)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+def test_a_row_that_stops_takes_the_step_ahead_back(arch, count_ahead):
+    lm = load_tiny(arch)
+    prompt = random_tokens(40, seed=32)
+    params = SamplingParams(max_tokens=30, temperature=1.0, seed=8)  # (greedy ones loop)
+    free = fresh_run(lm, prompt, params)
+    ids = free.token_ids
+    end = next(i for i in range(4, len(ids)) if ids[i] not in ids[:i]) + 1
+    stop = ids[end - 1]
+    # the same model with that token as its end of sequence
+    lm = dataclasses.replace(lm, eos_token_ids=frozenset({stop}))
+    got = {}
+    for ahead in (False, True):
+        with _engine(lm, ahead, reuse="fast") as engine:
+            first = engine.generate(prompt, params)
+            assert first.finish_reason == "stop" and first.token_ids == free.token_ids[:end]
+            fed = prompt + first.token_ids[:-1]  # the last sampled token is never fed
+            second = engine.generate(fed + random_tokens(20, seed=33), max_tokens=8,
+                                     temperature=0)
+            assert second.timings.reused_tokens == len(fed)  # the finished row's cache
+            got[ahead] = second
+    assert count_ahead[0] > 0
+    assert got[True].token_ids == got[False].token_ids
+    assert got[True].logprobs == got[False].logprobs
+
+
+def test_a_request_arriving_meanwhile_joins_after_the_step_ahead(count_ahead):
+    lm = load_tiny("qwen3")
+    a, b = random_tokens(30, seed=34), random_tokens(50, seed=35)
+    with _engine(lm, True) as engine, engine.paused():
+        ra = engine.submit(a, max_tokens=20, temperature=0)
+        for _ in range(4):
+            engine.step_once()
+        assert engine.scheduler._ahead is not None
+        rb = engine.submit(b, max_tokens=10, temperature=0)
+        while not (ra.done and rb.done):
+            engine.step_once()
+    assert count_ahead[0] > 0
+    for r, prompt, n in ((ra, a, 20), (rb, b, 10)):
+        want = fresh_run(lm, prompt, max_tokens=n, temperature=0)
+        got = r.result()
+        assert got.token_ids == want.token_ids and got.logprobs == want.logprobs
