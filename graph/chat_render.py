@@ -230,7 +230,8 @@ def _extend(tokenizer, wt: WindowTemplate, base: ChatState, chat: Chat, gen: boo
     first = "".join(head)
     body = first + kept + "".join(new)
     shift = len(first) - base.starts[h]
-    starts = (_starts(head) + [x + shift for x in base.starts[h:s]]
+    starts = (_starts(head) + (base.starts[h:s] if not shift  # (the usual case: a C copy)
+                               else [x + shift for x in base.starts[h:s]])
               + _starts(new, len(first) + len(kept)) + [len(body)])
     return pre + body + tail, ChatState(tokenizer, kw, list(chat.sigs), n, body, starts,
                                         report)

@@ -39,6 +39,11 @@ __all__ = [
 Kind = Literal["system", "user", "reasoning", "final", "tool"]
 Status = Literal["pending", "done", "failed"]
 GENERATED_KINDS: frozenset[str] = frozenset({"reasoning", "final"})
+# The fields a render reads (render_cache.signature): assigning one tells the node's tree,
+# whose renders keep the node's signature until then. A list counts when assigned: give images
+# or tool calls a new list rather than changing one in place.
+_RENDERED = frozenset({"id", "kind", "status", "text", "name", "tool_call_id", "images",
+                       "tool_calls"})
 
 
 class GenSettings(BaseModel):
@@ -261,6 +266,13 @@ class Node(BaseModel):
 
     def __repr__(self) -> str:
         return f"Node(id={self.id!r}, kind={self.kind!r}, status={self.status!r})"
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name in _RENDERED:  # its tree's renders read it: their kept signature is stale
+            tree = (self.__pydantic_private__ or {}).get("_tree")
+            if tree is not None:
+                tree._forget_signature(self.id)
 
     # -- state -------------------------------------------------------------------------
 

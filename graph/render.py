@@ -22,6 +22,8 @@ renders share - often just the role header. Reuse is decided on tokens, never on
 
 from __future__ import annotations
 
+import itertools
+import operator
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,6 +39,7 @@ from .render_cache import (
     PathState,
     RenderCache,
     common_prefix,
+    end_bounds,
     render_cache,
     reusable_ends,
     signature,
@@ -183,6 +186,9 @@ def _messages(nodes: Sequence[Node], calls: ToolFormat | None = None) -> list[di
     return out
 
 
+_kind, _status, _images = (operator.attrgetter(f) for f in ("kind", "status", "images"))
+
+
 class _Seen(NamedTuple):
     """A node as its `signature` saw it (the same fields, in order): what its message needs."""
 
@@ -225,7 +231,9 @@ class _Chat:
     def __init__(self, nodes: Sequence[Node], sigs: Sequence[tuple],
                  calls: ToolFormat | None):
         self.nodes, self.sigs, self.calls = nodes, sigs, calls
-        self._at = [i for i, n in enumerate(nodes) if n.kind != "reasoning"]
+        kinds = list(map(_kind, nodes))  # (in C: a deep chat often has no reasoning at all)
+        self._at = ([i for i, k in enumerate(kinds) if k != "reasoning"]
+                    if "reasoning" in kinds else list(range(len(kinds))))
         self.num_messages = len(self._at)
 
     @property
@@ -365,10 +373,10 @@ def _node_end(r: _Renderer, done: Sequence[Node], i: int, text: str, tokens: lis
     if char_end is not None:
         enc = r.encode_from(text[:char_end], text, tokens)
         how = "prefix" if text.startswith(prefix) else "found"
-        raw = common_prefix(enc, tokens)
+        raw = common_prefix(enc, tokens, r.reused)  # (its first r.reused are tokens')
         return NodeEnd(max(prev, raw), how, char_end, raw, len(enc), len(prefix))
     enc = r.encode_from(prefix, text, tokens)
-    raw = common_prefix(enc, tokens)
+    raw = common_prefix(enc, tokens, r.reused)
     return NodeEnd(max(prev, raw), "lost", None, raw, len(enc), len(prefix))
 
 
@@ -396,16 +404,16 @@ def render(
     target = path[-1]
     is_prompt = target.is_pending
     done = path[:-1] if is_prompt else path
-    for n in done:
-        if n.status != "done":  # (is_pending, inline: a deep path has many)
-            raise NodeStateError(
-                f"node {n.id!r} above {target.id!r} has no text yet; run it "
-                "first (plan() orders the work for you).",
-                n.id,
-            )
+    if any(map("done".__ne__, map(_status, done))):  # (checked in C: a deep path has many)
+        n = next(n for n in done if n.status != "done")
+        raise NodeStateError(
+            f"node {n.id!r} above {target.id!r} has no text yet; run it "
+            "first (plan() orders the work for you).",
+            n.id,
+        )
     tools = [t.to_openai() for t in visible_tools(path)]
     cache = render_cache(tree)
-    sigs = [signature(n) for n in done]
+    sigs = cache.signatures(done)
     r = _Renderer(tokenizer, fmt, dict(template_kwargs or {}), tools, cache, done, sigs)
     text = r.prompt_text(done, target) if is_prompt else r.path_text(done)
     settings = r.settings
@@ -433,16 +441,27 @@ def render(
             prev_char = e.char_end if e.char_end is not None else prev_char
         ends.append(e)
         prev = e.end
-    spans: dict[str, tuple[int, int]] = {}
-    start = 0
-    for n, e in zip(done, ends):
+    # The first nodes whose end records are base's own keep base's spans (and its bounds):
+    # copied in C, so a deep path's nodes are not walked again.
+    j = min(len(ends), len(base.ends)) if base is not None and base.spans is not None else 0
+    while j and ends[j - 1] is not base.ends[j - 1]:
+        j -= 1
+    spans = dict(itertools.islice(base.spans.items(), j)) if j else {}
+    start = ends[j - 1].end if j else 0
+    for n, e in zip(itertools.islice(done, j, None), itertools.islice(ends, j, None)):
         spans[n.id] = (start, e.end)
         start = e.end
-    if is_prompt:
-        spans[target.id] = (start, len(tokens))
-    state = PathState(tokenizer, settings, sigs, text, kept, ends)
+    # base's bounds cover its records but a last one: valid here if all of those are kept
+    if j and base.bounds is not None and j >= len(base.ends) - (base.ends[-1].how == "last"):
+        bounds = end_bounds(ends, j, base.bounds)
+    else:
+        bounds = end_bounds(ends)
+    state = PathState(tokenizer, settings, sigs, text, kept, ends, spans, bounds)
     cache.put(("prompt" if is_prompt else "done", target.id), state)
     cache.keep_list(state, tokens)
+    spans = dict(spans)  # (the caller's own: the state's stays as it is)
+    if is_prompt:
+        spans[target.id] = (start, len(tokens))
     return RenderedPath(
         node_id=target.id,
         prompt_text=text,
@@ -458,6 +477,8 @@ def _image_refs(
     nodes: Sequence[Node], spans: dict[str, tuple[int, int]], tokens: Sequence[int], tokenizer: Any
 ) -> list[ImageRef]:
     """Images in path order; positions only when the tokenizer names its image token id."""
+    if not any(map(_images, nodes)):  # (checked in C: most paths have none)
+        return []
     image_id = getattr(tokenizer, "image_token_id", None)
     out: list[ImageRef] = []
     for n in nodes:

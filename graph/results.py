@@ -10,6 +10,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from .errors import NodeStateError
@@ -107,7 +108,8 @@ class ResultsMixin:
         items = list(rendered.spans.items())
         keys = list(block_keys)
         turns = sorted((turn_keys or {}).items())
-        starts = sorted((span[0], node_id) for node_id, span in items)
+        spans = rendered.spans
+        starts = sorted(zip(map(_first, spans.values()), spans))  # (start, id), built in C
         skip, skip_turns = _recorded(last, items, keys, block_size, turns, starts)
         num_keys = len(keys)
         get = self._node_getter()
@@ -127,7 +129,7 @@ class ResultsMixin:
                                for i in rng]
         # Turn keys accumulate: a later render of the path may place a node's tokens
         # differently, and the checkpoints of the earlier one stay in the store until released.
-        firsts = [start for start, _ in starts]
+        firsts = list(map(_first, starts))
         for pos, key in turns[skip_turns:]:
             i = bisect_left(firsts, pos)  # the last node starting before pos owns it
             node = get(starts[i - 1][1]) if i else None
@@ -176,11 +178,10 @@ def _recorded(last: _Record | None, items: list, keys: list[str], block_size: in
         return skip, 0
     bound = starts[shared_starts - 1][0]
     shared_turns = common_prefix(last.turns, turns)
-    return skip, bisect_right(turns, bound, hi=shared_turns, key=_pos)
+    return skip, bisect_right(turns, bound, hi=shared_turns, key=_first)
 
 
-def _pos(item: tuple[int, str]) -> int:
-    return item[0]
+_first = itemgetter(0)  # a span's start; a (start, id) or (position, key) pair's first
 
 
 def _keys(node: Node) -> set[str]:

@@ -106,8 +106,10 @@ def extend_encoding_at(tokenizer: Any, encode: Callable[[str], list[int]], text:
         i -= 1
     if i < 0 or encode(old_text[pos:]) != list(old_tokens[i:]):
         return None
-    head = old_tokens[:i]  # (a list's slice is a list; an array's is converted)
-    out = (head if isinstance(head, list) else list(head)) + encode(text[pos:])
+    out = old_tokens[:i]  # (a list's slice is a new list; an array's is converted)
+    if not isinstance(out, list):
+        out = list(out)
+    out += encode(text[pos:])  # (in place: one copy of a deep path's tokens, not two)
     if table.checks_left > 0:
         whole = encode(text)
         with _lock:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import operator
 import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -169,9 +170,14 @@ def make_tools(tools: Iterable[Any] | None) -> list[ToolSpec]:
     return specs
 
 
+_tools = operator.attrgetter("tools")
+
+
 def visible_tools(path: Sequence[Node]) -> list[ToolSpec]:
     """The tools declared on `path` (root first); a later declaration of a name replaces an
     earlier one."""
+    if not any(map(_tools, path)):  # (checked in C: most paths declare none)
+        return []
     out: dict[str, ToolSpec] = {}
     for node in path:
         for spec in node.tools:

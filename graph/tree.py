@@ -100,6 +100,10 @@ class Tree(BranchingMixin, ResultsMixin):
             )
         return self._g.nodes[node_id]["node"]
 
+    def _forget_signature(self, node_id: str) -> None:
+        """A field that renders read was assigned on `node_id` (Node.__setattr__)."""
+        render_cache(self).forget_signature(node_id)
+
     def _node_getter(self) -> Callable[[str], Node]:
         """`_resolve` for ids, faster where the id is in the tree (the same errors)."""
         nodes = self._g.nodes

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import operator
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -97,8 +98,12 @@ def record_render(engine: Engine, tree: Tree, rendered: RenderedPath,
         return
     keys = engine.block_keys(rendered.token_ids, namespace=namespace)
     turns = engine.turn_keys(rendered.token_ids, namespace=namespace)
-    tree.record_render(rendered, [k.hex() for k in keys], engine.block_size,
-                       {pos: k.hex() for pos, k in turns.items()})
+    # (hex in C: a deep path has many blocks and turn ends)
+    tree.record_render(rendered, list(map(_hex, keys)), engine.block_size,
+                       dict(zip(turns, map(_hex, turns.values()))))
+
+
+_hex = operator.methodcaller("hex")
 
 
 def _clean_text(kind: str, text: str, finish: str | None, last_id: int | None,
