@@ -16,6 +16,16 @@ inline void relax() {
   _mm_pause();
 #endif
 }
+// A wait's first spins only pause; later ones also yield the core, so a thread that waits
+// never holds it from one with work (the Python thread building the next step, the server
+// streaming a token, or the very worker being waited for, descheduled on a busy machine).
+constexpr int kPauses = 16;
+inline void wait_a_moment(int spins) {
+  if (spins < kPauses)
+    relax();
+  else
+    std::this_thread::yield();
+}
 constexpr auto kSpin = std::chrono::microseconds(200);
 }  // namespace
 
@@ -55,7 +65,8 @@ void Pool::run(int n, const std::function<void(int)>& fn) {
   fn(0);
   int mine = 1;
   for (int index; (index = claim(epoch, n)) >= 0; ++mine) fn(index);
-  while (finished_.load(std::memory_order_acquire) != n - mine) relax();
+  for (int spins = 0; finished_.load(std::memory_order_acquire) != n - mine; ++spins)
+    wait_a_moment(spins);
 }
 
 void Pool::work() {
@@ -65,8 +76,8 @@ void Pool::work() {
     auto start = std::chrono::steady_clock::now();
     int spins = 0;
     while (epoch_.load(std::memory_order_acquire) == seen) {
-      relax();
-      if (++spins % 256 == 0 && std::chrono::steady_clock::now() - start > kSpin) {
+      wait_a_moment(spins);
+      if (++spins % 16 == 0 && std::chrono::steady_clock::now() - start > kSpin) {
         std::unique_lock<std::mutex> lock(mutex_);
         wake_.wait(lock, [&] { return epoch_.load(std::memory_order_acquire) != seen; });
         break;

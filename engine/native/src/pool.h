@@ -1,6 +1,7 @@
 // A small fork-join thread pool for the kernels: the caller works too, workers spin briefly
-// between calls (a decode step makes ~150 calls a few microseconds apart) and then sleep, so
-// an idle pool costs no CPU, and nothing here touches OpenBLAS's threads. Threads claim the
+// between calls (a decode step makes ~150 calls a few microseconds apart), yielding the core
+// to any thread that wants it, and then sleep, so an idle pool costs no CPU, and nothing here
+// touches OpenBLAS's threads. Threads claim the
 // call's indices; the caller runs every index no worker has claimed by the time it is done
 // with its own, so a worker that is asleep or descheduled (a busy machine) never holds up a
 // call it has not started.
