@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 
 from forkv.engine.request.drafts import Drafter, DraftSources
-from forkv.engine.request.ngrams import NS, NgramIndex
+from forkv.engine.request.ngrams import NS, NgramIndex, NgramLog
 
 
 def _text(rng: random.Random, n: int, vocab: int = 300) -> list[int]:
@@ -26,7 +26,7 @@ def _decode(drafters: list[Drafter], answer: list[int]) -> list[list[list[int]]]
             out.append(draft)
             if draft:
                 d.feedback(len(draft), 1 if draft[0] == tok else 0)
-            d.own.seqs[d._sid].append(tok)
+            d.tokens.append(tok)
     return seen
 
 
@@ -43,6 +43,24 @@ def _check_entries(index: NgramIndex) -> None:
             assert any(n <= end and hash(tuple(seq[end - n:end])) == key for n in NS)
 
 
+def _check_log(index: NgramLog, upto: dict[int, int] | None = None) -> None:
+    """Every occurrence the log holds is one of a live sequence, at its stated place (up to
+    `upto`'s end for a sequence), once; its segments are sorted for lookups."""
+    seen: set[tuple[int, int]] = set()
+    for seg in index._segs:
+        keys, ats = seg.keys.tolist(), seg.at.tolist()
+        assert sorted(zip(keys, [-a for a in ats])) == list(zip(keys, [-a for a in ats]))
+        pairs = set(zip(keys, ats))
+        assert len(pairs) == len(keys) and not pairs & seen, "an occurrence indexed twice"
+        seen |= pairs
+        for key, at in pairs:
+            sid, end = at >> 32, at & 0xFFFFFFFF
+            assert sid in index.seqs, "an occurrence of a forgotten sequence"
+            seq = list(index.seqs[sid])
+            assert end <= (upto or {}).get(sid, len(seq))
+            assert any(n <= end and hash(tuple(seq[end - n:end])) == key for n in NS)
+
+
 def test_a_chats_next_turn_drafts_as_a_fresh_index_would():
     rng = random.Random(1)
     sources = DraftSources()
@@ -53,14 +71,19 @@ def test_a_chats_next_turn_drafts_as_a_fresh_index_would():
         live = list(prompt)
         d = sources.drafter(live, extras, "a")
         if turn:
-            assert d.own is taken, "the last turn's index was not taken over"
+            assert d.base is taken, "the last turn's index was not taken over"
+            shared = len(d._held)
+            _check_log(d.base, {0: shared})
+            assert d.own._indexed[0] == len(live) and shared > len(live) - 60  # new ones only
         fresh = Drafter(list(prompt), extras, sources._of("a"))
         answer = _text(rng, 40) + prompt[-30:]  # a repeat, so that drafts get accepted
         a, b = _decode([d, fresh], answer)
         assert a == b and any(a)
         _check_entries(d.own)
-        taken = d.own
         sources.finished("a", live, len(prompt), d)
+        (taken,) = [k.index for k in sources._kept.values()]
+        assert list(taken.seqs[0]) == live  # the request's tokens, not its extras
+        _check_log(taken)
         # the next prompt: this one, the answer re-rendered (its last token differs), a new ask
         prompt = live[:-1] + [299] + _text(rng, 50)
         extras = [_text(rng, 30)] if turn % 2 else []
@@ -69,23 +92,26 @@ def test_a_chats_next_turn_drafts_as_a_fresh_index_would():
 def test_a_rebased_index_holds_no_stale_occurrence():
     rng = random.Random(2)
     for _ in range(30):
-        old = _text(rng, rng.randrange(20, 200), vocab=8)  # repeats a lot: full key lists
-        index = NgramIndex(per_key=8)
+        old = _text(rng, rng.randrange(20, 200), vocab=8)  # repeats a lot: long key runs
+        index = NgramLog()
         sid = index.add(old)
         index.add(_text(rng, 50, vocab=8))
         cut = rng.randrange(0, len(old))
         new = old[:cut] + _text(rng, rng.randrange(0, 100), vocab=8)
-        index.rebase(sid, new, cut)
-        assert index._indexed[sid] == cut  # only the new tokens are hashed
-        index.grow(sid)
-        _check_entries(index)
+        held = index.rebase(sid, new, cut)
+        assert list(held) == old[:cut] and list(index.seqs) == [sid]
+        _check_log(index, {sid: cut})
+        before = index.num_entries
+        index.extend(sid, new, cut)
+        assert index.num_entries - before == sum(max(0, len(new) - max(cut, n - 1)) for n in NS)
+        _check_log(index)
         assert list(index.seqs) == [sid]
         # what a lookup finds is in the new tokens, where it says
         for n in range(3, len(new)):
             found = index.best(new[:n])
             if found is not None:
                 k, seq, end = found
-                assert seq is new and seq[end - k:end] == new[n - k:n]
+                assert list(seq) == new and seq[end - k:end].tolist() == new[n - k:n]
 
 
 def test_another_namespace_never_takes_an_index_over():
@@ -93,12 +119,12 @@ def test_another_namespace_never_takes_an_index_over():
     sources = DraftSources()
     prompt = _text(rng, 500)
     mine = sources.drafter(list(prompt), [], "a")
-    index = mine.own
-    sources.finished("a", mine.own.seqs[mine._sid], len(prompt), mine)
+    sources.finished("a", mine.tokens, len(prompt), mine)
+    (index,) = [k.index for k in sources._kept.values()]
     theirs = sources.drafter(list(prompt) + [1, 2, 3], [], "b")
-    assert theirs.own is not index and index in [k.index for k in sources._kept.values()]
+    assert theirs.base is None and index in [k.index for k in sources._kept.values()]
     again = sources.drafter(list(prompt) + [1, 2, 3], [], "a")
-    assert again.own is index and not sources._kept
+    assert again.base is index and not sources._kept
 
 
 def test_a_kept_index_serves_one_live_request():
@@ -106,15 +132,15 @@ def test_a_kept_index_serves_one_live_request():
     sources = DraftSources()
     prompt = _text(rng, 300)
     first = sources.drafter(list(prompt), [], "a")
-    sources.finished("a", first.own.seqs[first._sid], len(prompt), first)
+    sources.finished("a", first.tokens, len(prompt), first)
     assert first.own is None  # a finished request's drafter hands its index on
     one = sources.drafter(prompt + [7], [], "a")
     two = sources.drafter(prompt + [8], [], "a")
-    assert one.own is not two.own
+    assert one.base is not None and two.base is None
     # a prompt that shares too little builds its own
     other = _text(rng, 300)
-    sources.finished("a", one.own.seqs[one._sid], len(prompt) + 1, one)
-    assert sources.drafter(prompt[:40] + other, [], "a").own is not None
+    sources.finished("a", one.tokens, len(prompt) + 1, one)
+    assert sources.drafter(prompt[:40] + other, [], "a").base is None
     assert len(sources._kept) == 1
 
 
@@ -124,24 +150,23 @@ def test_kept_indexes_stay_bounded():
     for i in range(60):
         prompt = _text(rng, rng.randrange(100, 900))
         d = sources.drafter(list(prompt), [_text(rng, 50)], f"t{i % 7}")
-        sources.finished(f"t{i % 7}", d.own.seqs[d._sid], len(prompt), d)
+        sources.finished(f"t{i % 7}", d.tokens, len(prompt), d)
         assert sources.kept_tokens == sum(k.tokens for k in sources._kept.values()) <= 5000
         assert len(sources._kept) <= 16
         for ns in {k.namespace for k in sources._kept.values()}:
             assert sum(k.namespace == ns for k in sources._kept.values()) <= 4
-    # a long chat: the index its turns hand on holds about 3 occurrences a live token
+    # a long chat: the index its turns hand on holds 3 occurrences a token of its own
     prompt = _text(rng, 200)
     for _ in range(40):
         d = sources.drafter(list(prompt), [_text(rng, 40)], "chat")
-        live = d.own.seqs[d._sid]
+        live = d.tokens
         live += _text(rng, 10)
         d.draft(8)
         sources.finished("chat", live, len(prompt), d)
         prompt = live + _text(rng, 30)
-    index = d.own if d.own is not None else next(
-        k.index for k in sources._kept.values() if k.namespace == "chat")
-    live_tokens = sum(len(s) for s in index.seqs.values())
-    assert len(index._where) <= 3 * live_tokens
+    index = next(k.index for k in sources._kept.values() if k.namespace == "chat")
+    assert list(index.seqs) == [0] and index.num_entries <= 3 * len(index.seqs[0])
+    assert len(index._segs) <= len(index.seqs[0]).bit_length()
 
 
 def test_growing_indexes_each_occurrence_once():
@@ -170,5 +195,5 @@ def test_a_namespace_kept_small_by_the_total_forgets_its_dropped_outputs():
         recent.add([rnd.randrange(50_000) for _ in range(40)])
         recent.shrink(256)  # what DraftSources does to stay within its total
     assert recent.tokens <= 256
-    keys = len(recent.index._where)
+    keys = recent.index.num_entries
     assert keys <= 3 * (recent.tokens + _MIN_PRUNE + 40), keys  # 3 n-gram sizes a position

@@ -197,7 +197,7 @@ def test_recent_outputs_stay_bounded():
     assert recent.index.best([1470, 1471, 1472]) is not None
     assert recent.index.best([0, 1, 2]) is None
     # evicted outputs' keys are pruned: at most 3 keys a token kept or dropped since a prune
-    assert len(recent.index._where) <= 2 * 3 * 100
+    assert recent.index.num_entries <= 2 * 3 * 100
 
 
 def test_all_namespaces_together_stay_bounded():

@@ -10,25 +10,25 @@ Each source is indexed by its n-grams (ngrams.py), and a draft is what followed 
 match of the sequence's end. The draft's length follows the match length and
 the request's recent acceptance, and a request whose drafts keep failing stops drafting for
 a while (longer each time), so chatty text pays nothing. A finished request's own index is
-kept a while for the next request of its namespace that starts with the same tokens (a chat's
-next turn), which then indexes only its new tokens: a turn costs its own tokens, not the
-conversation's. Knows nothing about models, caches or sampling: the scheduler verifies what
-this proposes.
+kept a while, frozen compact, for the next request of its namespace that starts with the same
+tokens (a chat's next turn), which reads it beneath an index of its new tokens only and freezes
+the two together when it finishes: a turn costs its own tokens, not the conversation's. Knows
+nothing about models, caches or sampling: the scheduler verifies what this proposes.
 """
 
 from __future__ import annotations
 
 import os
+from array import array
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..cache.blocks import shared_prefix
 from .ngrams import N as _N
-from .ngrams import PER_KEY as _PER_KEY
-from .ngrams import NgramIndex
+from .ngrams import NgramIndex, NgramLog, best_match, ngrams
 
-__all__ = ["DraftSources", "Drafter", "NgramIndex", "RecentOutputs"]
+__all__ = ["DraftSources", "Drafter", "NgramIndex", "NgramLog", "RecentOutputs"]
 
 MAX_DRAFT = 24  # tokens verified beside the last one, at most
 _CONTEXT = 16  # prompt tokens kept before a recent output
@@ -47,7 +47,7 @@ class RecentOutputs:
 
     def __init__(self, max_tokens: int = 65536):
         self.max_tokens = max_tokens
-        self.index = NgramIndex()
+        self.index = NgramLog()
         self._order: deque[tuple[int, int]] = deque()
         self.tokens = 0
         self._dropped = 0
@@ -55,7 +55,7 @@ class RecentOutputs:
     def add(self, tokens: Sequence[int]) -> None:
         if len(tokens) < _N + 1:
             return
-        tokens = list(tokens[-self.max_tokens:])
+        tokens = array("i", tokens[-self.max_tokens:])
         self._order.append((self.index.add(tokens), len(tokens)))
         self.tokens += len(tokens)
         self.shrink(self.max_tokens)
@@ -84,20 +84,24 @@ class Drafter:
 
     def __init__(self, tokens: list[int], extra: Sequence[Sequence[int]] = (),
                  recent: RecentOutputs | None = None, max_draft: int = MAX_DRAFT,
-                 kept: tuple[NgramIndex, int, int] | None = None):
-        """`kept` = (index, sequence id, shared tokens): a finished request's own index whose
-        sequence starts with `shared` of `tokens`, taken over (nothing else may hold it)."""
-        if kept is None:
-            # room per key for what a later rebase takes out (see NgramIndex)
-            self.own = NgramIndex(per_key=2 * _PER_KEY)
-            self._sid = self.own.add(tokens)  # the request's live token list, grown as it decodes
-        else:
-            self.own, self._sid, shared = kept
-            self.own.rebase(self._sid, tokens, shared)
-            self.own.grow(self._sid)
+                 kept: tuple[NgramLog, int] | None = None):
+        """`kept` = (index, shared tokens): a finished request's own tokens, frozen, whose
+        first `shared` are those of `tokens`, taken over (nothing else may hold it): it is read
+        beneath `own`, which indexes the tokens past `shared` only."""
+        self.tokens = tokens  # the request's live token list, grown as it decodes
+        self.own: NgramIndex | None = NgramIndex()
+        self.base: NgramLog | None = None
+        self._held: array = array("i")  # the base's tokens, those `tokens` starts with
+        if kept is not None:
+            self.base, shared = kept
+            self._held = self.base.rebase(0, tokens, shared)
+        # hashed at once, and kept for the freeze: a finished request hashes its output only
+        self._upto = len(tokens)
+        self._hashed = ngrams(tokens, len(self._held))
+        self._sid = self.own.add(tokens, len(self._held), self._hashed)  # 0, as in the base
         for seq in extra:
             if len(seq) > _N:
-                self.own.add(list(seq))
+                self.own.add(list(seq), 0, ngrams(seq, 0))
         self.recent = recent
         self.max_draft = max_draft
         self.cap = 8  # current draft length ceiling, adapted to acceptance
@@ -113,11 +117,13 @@ class Drafter:
         if limit < 1:
             return []
         assert self.own is not None, "a finished request's drafter drafts no more"
-        tokens = self.own.seqs[self._sid]
+        tokens = self.tokens
         self.own.grow(self._sid)
-        found = self.own.best(tokens, skip=(self._sid, len(tokens)))
+        keys = []  # the tail's keys, hashed once for every index asked
+        found = best_match(tokens, (self.own,) if self.base is None else (self.own, self.base),
+                           keys)
         if self.recent is not None:
-            other = self.recent.index.best(tokens)
+            other = self.recent.index.best(tokens, keys)
             if other is not None and (found is None or other[0] > found[0]):
                 found = other
         if found is None:
@@ -127,11 +133,16 @@ class Drafter:
         k = min(limit, self.cap, self.max_draft, 2 * n)
         return list(seq[end:end + k])
 
-    def retire(self) -> tuple[NgramIndex, int]:
-        """(own index, its request's sequence id) of a finished request, handed on: this
-        drafter drafts no more."""
-        own, self.own = self.own, None
-        return own, self._sid
+    def retire(self, keep: bool = True) -> NgramLog | None:
+        """A finished request's own tokens and their n-grams, frozen compact to be handed on
+        (`keep`; work in the tokens past the base's): this drafter drafts no more."""
+        base, self.own, self.base = self.base, None, None
+        held, hashed, self._held, self._hashed = self._held, self._hashed, array("i"), None
+        if not keep:
+            return None
+        base = base if base is not None else NgramLog()
+        base.extend(0, held + array("i", self.tokens[len(held):]), self._upto, hashed)
+        return base
 
     def feedback(self, drafted: int, accepted: int) -> None:
         """`accepted` of `drafted` tokens were the model's own."""
@@ -168,18 +179,18 @@ class _Kept:
     """A finished request's own index, kept for its namespace's next request."""
 
     namespace: str
-    index: NgramIndex
-    sid: int  # the request's sequence in it
-    tokens: int  # tokens of all its sequences (the request's and its extras)
+    index: NgramLog  # of one sequence, id 0: the request's tokens (not its extras)
+    tokens: int
 
 
 class DraftSources:
     """An engine's draft sources beyond a request's own: each namespace's recent outputs, at
     most `max_tokens` a namespace and `max_total` in all (the least recently used namespace
-    gives up its oldest first). The index holds ~300 bytes a token, so the default total is
-    ~40 MB however many tenants a server has; FORKV_RECENT_TOKENS sets another total. Finished
-    requests' own indexes are kept too, a few a namespace and `max_total` tokens in all, for
-    the next request that starts with the same tokens (taken over only within a namespace)."""
+    gives up its oldest first). The index holds ~70 bytes a token (tracemalloc, full; ~320 as
+    the dict it was), so the default total is ~9 MB however many tenants a server has;
+    FORKV_RECENT_TOKENS sets another total. Finished requests' own indexes are kept too, frozen
+    (~60 bytes a token), a few a namespace and `max_total` tokens in all, for the next request
+    that starts with the same tokens (taken over only within a namespace)."""
 
     def __init__(self, max_namespaces: int = 64, max_tokens: int = 65536,
                  max_total: int | None = None):
@@ -208,32 +219,34 @@ class DraftSources:
                 ) -> Drafter:
         return Drafter(tokens, extra, self._of(namespace), kept=self._take(namespace, tokens))
 
-    def _take(self, namespace: str, tokens: list[int]) -> tuple[NgramIndex, int, int] | None:
+    def _take(self, namespace: str, tokens: list[int]) -> tuple[NgramLog, int] | None:
         """The kept index of `namespace` that shares the longest prefix with `tokens`, taken
         out of the pool, if rebasing it is cheaper than indexing `tokens` afresh."""
-        best, shared = None, 0
+        best, shared, mine = None, 0, None
         for kid, kept in self._kept.items():
             if kept.namespace != namespace:  # never another tenant's: its text would leak
                 continue
-            n = shared_prefix(kept.index.seqs[kept.sid], tokens)  # by slices, in C
+            if mine is None:
+                mine = array("i", tokens[:max(k.tokens for k in self._kept.values())])
+            n = shared_prefix(kept.index.seqs[0], mine)  # by slices, in C
             if n > shared:
                 best, shared = kid, n
-        # rebasing takes out what follows the shared tokens (and the extras) again
+        # rebasing takes out what follows the shared tokens again
         if best is None or shared < _MIN_SHARED or 2 * shared <= self._kept[best].tokens:
             return None
         kept = self._kept.pop(best)
         self.kept_tokens -= kept.tokens
-        return kept.index, kept.sid, shared
+        return kept.index, shared
 
     def _keep(self, namespace: str, drafter: Drafter) -> None:
-        index, sid = drafter.retire()
-        size = sum(len(s) for s in index.seqs.values())
-        if size < _MIN_SHARED or size > self.max_total:
+        size = len(drafter.tokens)
+        index = drafter.retire(keep=_MIN_SHARED <= size <= self.max_total)
+        if index is None:
             return
         mine = [kid for kid, k in self._kept.items() if k.namespace == namespace]
         if len(mine) >= _KEPT_PER_NAMESPACE:
             self.kept_tokens -= self._kept.pop(mine[0]).tokens
-        self._kept[self._kept_ids] = _Kept(namespace, index, sid, size)
+        self._kept[self._kept_ids] = _Kept(namespace, index, size)
         self._kept_ids += 1
         self.kept_tokens += size
         while self.kept_tokens > self.max_total or len(self._kept) > _KEPT:

@@ -1,39 +1,83 @@
-"""The n-gram index drafts are looked up in: where each 12-, 6- and 3-gram of some token
+"""The n-gram indexes drafts are looked up in: where each 12-, 6- and 3-gram of some token
 sequences ended.
 
-A lookup takes the longest of those keys the end of a sequence has occurred as, extends each
-earlier occurrence backwards to measure how long the match is, and returns the longest (most
-recent on ties). The longer keys find the right place in a run that repeats one token or
-phrase many times, where the last few occurrences of a trigram all sit at the run's end.
+A lookup takes the longest of those keys the end of a sequence has occurred as, reads its
+`PER_KEY` most recent occurrences in sequences still held, extends each backwards to measure
+how long the match is, and returns the longest (most recent on ties). The longer keys find the
+right place in a run that repeats one token or phrase many times, where the last few
+occurrences of a trigram all sit at the run's end.
 
-An index can be handed on to a request whose tokens start like those of the sequence it
-indexed (`rebase`): the occurrences inside the shared prefix stay, those past it are taken
-out again, and only the new tokens are hashed. Knows nothing about requests or namespaces
-(drafts.py decides who may take an index over).
+Two indexes answer the same lookups, with the same key (Python's hash of the n-gram's tuple):
+`NgramIndex`, a dict grown a token at a time (a decoding request's own tokens), and
+`NgramLog`, whole sequences hashed at once into a few sorted numpy arrays merged
+geometrically (60-70 bytes a token, the dict ~320, tracemalloc at 131,072 tokens), for what is
+kept: a namespace's recent outputs, dropped oldest first, and a finished request's own tokens,
+frozen until the next request that starts with them takes them over (`rebase`). Knows
+nothing about requests or namespaces (drafts.py decides who may take an index over).
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-__all__ = ["NgramIndex"]
+import numpy as np
+
+__all__ = ["NgramIndex", "NgramLog", "best_match", "ngrams"]
 
 NS = (12, 6, 3)  # lookup keys: the last n tokens, longest first
 N = NS[-1]
 PER_KEY = 4  # occurrences a lookup reads per key (the most recent live ones)
 _MAX_MATCH = 32  # how far back a match is measured
+_END = 0xFFFFFFFF  # an occurrence is (sequence id << 32 | end)
+
+Keys = list[tuple[list[int] | None, int]]  # (the last n tokens, their key), n in NS
+
+
+def best_match(tail: Sequence[int], layers: Sequence, keys: Keys | None = None
+               ) -> tuple[int, Sequence[int], int] | None:
+    """(match length, the sequence, where the continuation starts) for the longest earlier
+    occurrence of the end of `tail` in `layers` (indexes, the most recent first). `keys`: the
+    tail's keys hashed so far, shared by lookups of one tail (filled as needed)."""
+    keys = [] if keys is None else keys
+    for i, key_len in enumerate(NS):
+        if i == len(keys):
+            key = list(tail[-key_len:]) if len(tail) >= key_len else None
+            keys.append((key, 0 if key is None else hash(tuple(key))))
+        key, h = keys[i]
+        if key is None:  # a tail shorter than the key
+            continue
+        hits: list[tuple[Sequence[int], int]] = []
+        for layer in layers:
+            hits += layer.hits(h, PER_KEY - len(hits))
+            if len(hits) >= PER_KEY:
+                break
+        best = None
+        for seq, end in hits:  # most recent first: it wins ties
+            if end >= len(seq):  # (the tail itself, or nothing after it)
+                continue
+            back = seq[max(0, end - _MAX_MATCH):end]  # what a match can reach, as a list
+            if type(back) is not list:
+                back = back.tolist()
+            if back[-key_len:] != key:  # a hash collision
+                continue
+            n = key_len
+            limit = min(_MAX_MATCH, end, len(tail))
+            while n < limit and back[-n - 1] == tail[-n - 1]:
+                n += 1
+            if best is None or n > best[0]:
+                best = (n, seq, end)
+        if best is not None:
+            return best
+    return None
 
 
 class NgramIndex:
-    """Token sequences indexed by n-gram: at which (sequence, end) each n-gram ended.
+    """Token sequences indexed by n-gram in a dict: at which (sequence, end) each n-gram ended,
+    the `PER_KEY` most recent per key. Grown a token at a time (~320 bytes a token)."""
 
-    `per_key` occurrences are stored per key (most recent), lookups read the last `PER_KEY`
-    live ones: room above `PER_KEY` keeps the ones that occurrences taken out again
-    (`rebase`, `forget`) had pushed off, so that a rebased index drafts as a fresh one would."""
-
-    def __init__(self, per_key: int = PER_KEY):
-        assert per_key >= PER_KEY
-        self.per_key = per_key
+    def __init__(self):
         self.seqs: dict[int, list[int]] = {}
         # hash of an n-gram -> where it ended, (sequence id << 32 | end), one int or a list
         # of the most recent: ~1/3 of the bytes of tuples (a hash collision only costs a
@@ -42,19 +86,38 @@ class NgramIndex:
         self._indexed: dict[int, int] = {}  # sequence id -> n-grams ending up to here indexed
         self._next_id = 0
 
-    def add(self, tokens: Sequence[int]) -> int:
-        """Index a sequence (kept by reference: `extend` it by appending and calling `grow`)."""
+    def add(self, tokens: Sequence[int], start: int = 0,
+            hashed: tuple[np.ndarray, np.ndarray] | None = None) -> int:
+        """Index a sequence (kept by reference: `extend` it by appending and calling `grow`),
+        but for its n-grams ending up to `start` (another index holds those); `hashed` =
+        `ngrams(tokens, start)`, their keys computed already."""
         sid = self._next_id
         self._next_id += 1
         self.seqs[sid] = tokens if isinstance(tokens, list) else list(tokens)
-        self._indexed[sid] = 0
+        self._indexed[sid] = start
+        if hashed is not None:
+            self._put(hashed[0][::-1].tolist(), (hashed[1][::-1] | sid << 32).tolist())
+            self._indexed[sid] = len(tokens)
         self.grow(sid)
         return sid
+
+    def _put(self, keys: list[int], ats: list[int]) -> None:
+        where = self._where
+        for key, at in zip(keys, ats):
+            hits = where.get(key)
+            if hits is None:
+                where[key] = at  # most keys occur once: an int, not a list
+            elif isinstance(hits, int):
+                where[key] = [hits, at]
+            else:
+                hits.append(at)
+                if len(hits) > PER_KEY:
+                    del hits[0]
 
     def grow(self, sid: int) -> None:
         """Index the tokens appended to sequence `sid` since the last call."""
         seq, start = self.seqs[sid], self._indexed[sid]
-        where, per_key = self._where, self.per_key
+        where = self._where
         for end in range(max(start + 1, N), len(seq) + 1):
             at = sid << 32 | end
             for n in NS:
@@ -63,92 +126,241 @@ class NgramIndex:
                 key = hash(tuple(seq[end - n:end]))
                 hits = where.get(key)
                 if hits is None:
-                    where[key] = at  # most keys occur once: an int, not a list
+                    where[key] = at
                 elif isinstance(hits, int):
                     where[key] = [hits, at]
                 else:
                     hits.append(at)
-                    if len(hits) > per_key:
+                    if len(hits) > PER_KEY:
                         del hits[0]
         self._indexed[sid] = len(seq)
 
-    def drop(self, sid: int) -> None:
-        """Forget a sequence; its occurrences stay until `prune` (cheap, for many drops)."""
-        self.seqs.pop(sid, None)
-        self._indexed.pop(sid, None)
+    def hits(self, key: int, limit: int) -> list[tuple[list[int], int]]:
+        """(sequence, end) of the `limit` most recent occurrences of `key`."""
+        hits = self._where.get(key)
+        if hits is None:
+            return []
+        if isinstance(hits, int):
+            return [(self.seqs[hits >> 32], hits & _END)][:limit]
+        return [(self.seqs[at >> 32], at & _END) for at in reversed(hits[-limit:])]
 
-    def forget(self, sid: int) -> None:
-        """Forget a sequence and take its occurrences out (work in its length, not the
-        index's)."""
-        self._unindex(sid, 0)
-        self.drop(sid)
+    def best(self, tail: Sequence[int], keys: Keys | None = None
+             ) -> tuple[int, list[int], int] | None:
+        return best_match(tail, (self,), keys)
 
-    def rebase(self, sid: int, tokens: list[int], shared: int) -> None:
-        """Make `tokens` sequence `sid`, whose first `shared` tokens it holds already; every
-        other sequence is forgotten. Call `grow` to index the rest."""
-        for other in [s for s in self.seqs if s != sid]:
-            self.forget(other)
-        self._unindex(sid, shared)
+
+_X1, _X2, _X5 = 11400714785074694791, 14029467366897019727, 2870177450012600261
+
+
+def _hash_ngrams(tokens: np.ndarray, first: int) -> list[np.ndarray]:
+    """hash(tuple(tokens[e - n:e])) for each n in NS and each end e from `first` on:
+    CPython's tuple hash (xxHash's rounds over the items' hashes, an int's being itself),
+    vectorised; the n-grams ending at e share their last rounds' tokens, so one pass."""
+    lanes = tokens.astype(np.int64)
+    lanes[lanes == -1] = -2  # hash(-1) == -2
+    lanes = lanes.view(np.uint64) * np.uint64(_X2)
+    m = len(tokens) - first + 1
+    acc = np.empty((len(NS), m), np.uint64)
+    rows = 0
+    for i in range(-NS[0], 0):
+        while rows < len(NS) and NS[rows] >= -i:  # an n-gram's first token: its rounds start
+            acc[rows] = _X5
+            rows += 1
+        rounds = acc[:rows]
+        rounds += lanes[first + i:first + i + m]
+        top = rounds >> np.uint64(33)
+        rounds <<= np.uint64(31)
+        rounds |= top
+        rounds *= np.uint64(_X1)
+    acc += np.array([n ^ _X5 ^ 3527539 for n in NS], np.uint64)[:, None]
+    acc[acc == np.uint64(2**64 - 1)] = 1546275796
+    return list(acc.view(np.int64))
+
+
+def _hash_ngrams_slowly(tokens: np.ndarray, first: int) -> list[np.ndarray]:
+    seq = tokens.tolist()
+    return [np.array([hash(tuple(seq[e - n:e])) for e in range(first, len(seq) + 1)], np.int64)
+            for n in NS]
+
+
+_probe = np.array([0, 1, -1, 5, 31999, 2**31 - 1, 7, 7, 7, 255, 256, 100000], np.int32)
+if not all(np.array_equal(a, b) for a, b in zip(_hash_ngrams(_probe, NS[0]),
+                                                _hash_ngrams_slowly(_probe, NS[0]))):
+    _hash_ngrams = _hash_ngrams_slowly  # noqa: F811 (not CPython's hash: the same keys, slowly)
+
+
+def ngrams(tokens: Sequence[int], start: int) -> tuple[np.ndarray, np.ndarray]:
+    """(keys, ends) of the n-grams of `tokens` ending past `start`, the most recent first
+    for each n, hashed at once."""
+    first = max(start + 1, N)
+    if first > len(tokens):
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    # the n-grams ending from `first` on: NS[0] tokens back, those missing before 0 zeros
+    lead = NS[0] - min(first, NS[0])
+    lo = first + lead - NS[0]
+    arr = (np.frombuffer(tokens, np.int32)[lo:] if isinstance(tokens, array) else
+           np.array(tokens[lo:], np.int32))
+    arr = np.concatenate([np.zeros(lead, np.int32), arr]) if lead else arr
+    keys, ends = [], []
+    for n, hashed in zip(NS, _hash_ngrams(arr, NS[0])):
+        skip = max(0, n - first)  # ends shorter than the n-gram
+        keys.append(hashed[skip:][::-1])
+        ends.append(np.arange(len(tokens), first + skip - 1, -1, dtype=np.int64))
+    return np.concatenate(keys), np.concatenate(ends)
+
+
+@dataclass(slots=True)
+class _Segment:
+    """Occurrences sorted by key, the most recent first within a key, and a bitmap of which
+    keys may occur (most lookups miss: they pay a bit test, not a search)."""
+
+    keys: np.ndarray  # int64, ascending
+    at: np.ndarray  # int64, sequence id << 32 | end, descending within a key
+    bits: bytes
+    mask: int
+    low: int  # the least and the greatest occurrence
+    high: int
+
+    @classmethod
+    def make(cls, keys: np.ndarray, at: np.ndarray) -> _Segment:
+        mask = (1 << min(30, max(6, (8 * len(keys) - 1).bit_length()))) - 1  # 8-16 bits a key
+        present = np.zeros(mask + 1, bool)
+        present[keys & mask] = True
+        bits = np.packbits(present, bitorder="little").tobytes()
+        low, high = (int(at.min()), int(at.max())) if len(at) else (0, -1)
+        return cls(keys, at, bits, mask, low, high)
+
+
+class NgramLog:
+    """Whole token sequences (int32 arrays) indexed by n-gram in a few sorted segments, a new
+    one for each sequence added, merged while the older is no bigger (log2 segments). A
+    dropped sequence's occurrences are skipped by lookups until `prune` or a merge."""
+
+    def __init__(self):
+        self.seqs: dict[int, Sequence[int]] = {}
+        self._segs: list[_Segment] = []  # oldest first
+        self._next_id = 0
+        self._bits = bytearray(8)  # which keys & _mask any segment may hold: one bit test
+        self._mask = 63  # for a key no segment holds (most lookups' every key)
+
+    @property
+    def num_entries(self) -> int:
+        """Occurrences held, those of dropped sequences included."""
+        return sum(len(s.keys) for s in self._segs)
+
+    def add(self, tokens: Sequence[int]) -> int:
+        """Index a sequence; returns its id."""
+        self.extend(self._next_id, tokens, 0)
+        return self._next_id - 1
+
+    def extend(self, sid: int, tokens: Sequence[int], start: int,
+               hashed: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """Make `tokens` sequence `sid` (newer than every other) and index its n-grams ending
+        past `start`; those up to `start` are indexed already, or in `hashed` (`ngrams` of
+        them, to index with these)."""
+        tokens = tokens if isinstance(tokens, array) else array("i", tokens)
         self.seqs[sid] = tokens
-        self._indexed[sid] = min(self._indexed[sid], shared)
+        self._next_id = max(self._next_id, sid + 1)
+        keys, at = ngrams(tokens, start)
+        if hashed is not None:
+            keys, at = np.concatenate([keys, hashed[0]]), np.concatenate([at, hashed[1]])
+        if not len(keys):
+            return
+        at |= sid << 32
+        order = np.argsort(keys, kind="stable")  # the most recent first within a key
+        self._segs.append(_Segment.make(keys[order], at[order]))
+        while len(self._segs) > 1 and len(self._segs[-2].keys) <= len(self._segs[-1].keys):
+            newer = self._segs.pop()
+            self._segs[-1] = self._merge([newer, self._segs[-1]])
+        self._note(keys)
 
-    def _unindex(self, sid: int, start: int) -> None:
-        """Take out the occurrences of sequence `sid` that end past `start`."""
-        seq, where = self.seqs[sid], self._where
-        for end in range(max(start + 1, N), self._indexed[sid] + 1):
-            at = sid << 32 | end
-            for n in NS:
-                if n > end:
-                    continue
-                key = hash(tuple(seq[end - n:end]))
-                hits = where.get(key)
-                if hits == at:
-                    del where[key]
-                elif isinstance(hits, list) and at in hits:  # (not there: pushed off)
-                    hits.remove(at)
-                    if len(hits) == 1:
-                        where[key] = hits[0]
-        self._indexed[sid] = min(self._indexed[sid], start)
+    def _note(self, keys: np.ndarray | None = None) -> None:
+        """Set `keys`' bits in the log's filter, or size it anew for every segment's keys
+        (8-16 bits a key)."""
+        if keys is None or self.num_entries > len(self._bits):
+            self._mask = (1 << min(30, max(6, (8 * self.num_entries - 1).bit_length()))) - 1
+            present = np.zeros(self._mask + 1, bool)
+            for seg in self._segs:
+                present[seg.keys & self._mask] = True
+            self._bits = bytearray(np.packbits(present, bitorder="little"))
+        else:  # bits of one byte or'ed together first (sorted: runs), then set
+            b = np.unique(keys & self._mask)
+            run = np.flatnonzero(np.diff(b >> 3, prepend=-1))
+            bits = np.bitwise_or.reduceat(np.left_shift(1, b & 7).astype(np.uint8), run)
+            np.frombuffer(self._bits, np.uint8)[b[run] >> 3] |= bits
+
+    def drop(self, sid: int) -> None:
+        """Forget a sequence; its occurrences stay until a merge or `prune` takes them out."""
+        self.seqs.pop(sid, None)
+        first = next(iter(self.seqs), self._next_id)  # (ids are added in order)
+        while self._segs and self._segs[0].high >> 32 < first:
+            del self._segs[0]  # every sequence in it dropped
+
+    def rebase(self, sid: int, tokens: Sequence[int], shared: int) -> Sequence[int]:
+        """Make `tokens` sequence `sid`, whose first `shared` tokens it holds already; every
+        other sequence is forgotten, and the occurrences past `shared` taken out. Returns the
+        first `shared` tokens as held (work in the occurrences past `shared`)."""
+        held = self.seqs[sid][:shared]
+        for other in [s for s in self.seqs if s != sid]:
+            self.seqs.pop(other)
+        cut = sid << 32 | shared
+        for i, seg in enumerate(self._segs):
+            if seg.high > cut or seg.low < sid << 32:
+                self._segs[i] = self._merge([seg], cut)
+        self._segs = [s for s in self._segs if len(s.keys)]  # (the filter: a superset still)
+        self.seqs[sid] = tokens
+        return held
 
     def prune(self) -> None:
-        """Forget the occurrences of dropped sequences (bounded memory after evictions)."""
-        live = self.seqs
-        for key, hits in list(self._where.items()):
-            kept = [h for h in ([hits] if isinstance(hits, int) else hits) if h >> 32 in live]
-            if not kept:
-                del self._where[key]
-            else:
-                self._where[key] = kept[0] if len(kept) == 1 else kept
+        """Take dropped sequences' occurrences out (one segment, of live ones only)."""
+        if self._segs:
+            merged = self._merge(self._segs[::-1])
+            self._segs = [merged] if len(merged.keys) else []
+            self._note()
 
-    def best(self, tail: Sequence[int], skip: tuple[int, int] | None = None
-             ) -> tuple[int, list[int], int] | None:
-        """(match length, the sequence, where the continuation starts) for the longest earlier
-        occurrence of the end of `tail`; `skip` = (sid, end) is the tail itself."""
-        for key_len in NS:
-            if len(tail) < key_len:
+    def _merge(self, segs: list[_Segment], cut: int | None = None) -> _Segment:
+        """The live occurrences of `segs` (newest first) as one segment; with `cut`, those of
+        sequence cut >> 32 only, ending up to cut's end."""
+        keys = np.concatenate([s.keys for s in segs])
+        at = np.concatenate([s.at for s in segs])
+        if cut is not None:
+            live = (at <= cut) & (at >> 32 == cut >> 32)
+        elif len(self.seqs) == self._next_id - (first := next(iter(self.seqs), 0)):
+            live = at >= first << 32 if first else None  # only the oldest were dropped
+        elif len(self.seqs) < self._next_id:
+            live = np.isin(at >> 32, np.fromiter(self.seqs, np.int64, len(self.seqs)))
+        else:
+            live = None
+        if live is not None and not live.all():
+            keys, at = keys[live], at[live]
+        order = np.argsort(keys, kind="stable")  # newer first within a key, as concatenated
+        return _Segment.make(keys[order], at[order])
+
+    def hits(self, key: int, limit: int) -> list[tuple[Sequence[int], int]]:
+        """(sequence, end) of the `limit` most recent occurrences of `key` in live
+        sequences."""
+        out: list[tuple[Sequence[int], int]] = []
+        low = key & 0x3FFFFFFF  # (a small int: cheaper bit tests; masks are narrower)
+        b = low & self._mask
+        if not self._bits[b >> 3] >> (b & 7) & 1:
+            return out
+        seqs = self.seqs
+        for seg in reversed(self._segs):
+            b = low & seg.mask
+            if not seg.bits[b >> 3] >> (b & 7) & 1:
                 continue
-            best = None
-            key = list(tail[-key_len:])
-            hits = self._where.get(hash(tuple(key)), ())
-            read = 0
-            for at in reversed([hits] if isinstance(hits, int) else hits):
-                # most recent first: it wins ties
-                sid, end = at >> 32, at & 0xFFFFFFFF
-                seq = self.seqs.get(sid)
-                if seq is None:  # a dropped sequence's: not one of the PER_KEY read
-                    continue
-                read += 1
-                if read > PER_KEY:
-                    break
-                if (sid, end) == skip or end >= len(seq) or seq[end - key_len:end] != key:
-                    continue
-                n = key_len
-                limit = min(_MAX_MATCH, end, len(tail))
-                while n < limit and seq[end - n - 1] == tail[-n - 1]:
-                    n += 1
-                if best is None or n > best[0]:
-                    best = (n, seq, end)
-            if best is not None:
-                return best
-        return None
+            keys, ats = seg.keys, seg.at
+            i, size = int(keys.searchsorted(key)), len(keys)
+            while i < size and keys.item(i) == key:
+                at = ats.item(i)
+                i += 1
+                seq = seqs.get(at >> 32)
+                if seq is not None:
+                    out.append((seq, at & _END))
+                    if len(out) >= limit:
+                        return out
+        return out
 
+    def best(self, tail: Sequence[int], keys: Keys | None = None
+             ) -> tuple[int, Sequence[int], int] | None:
+        return best_match(tail, (self,), keys)
