@@ -8,6 +8,8 @@ run, sample or stream anything; the engine does, then calls `Tree.attach`.
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -23,6 +25,9 @@ if TYPE_CHECKING:
     from .tree import Tree
 
 __all__ = ["Job", "plan"]
+
+
+_status = operator.attrgetter("status")
 
 
 @dataclass(slots=True)
@@ -76,20 +81,22 @@ def plan(
         list(tree) if targets is None else [tree[t] if isinstance(t, str) else t for t in targets]
     )
     wanted: set[str] = set()
+    chain: list[Node] = []
     for target in nodes:
-        for n in tree.path(target):  # also checks the target belongs to this tree
-            if n.status == "failed":
-                raise NodeStateError(
-                    f"node {n.id!r} failed ({n.error}); call tree.reset() on it "
-                    "to retry, or remove it.",
-                    n.id,
-                )
-            if n.is_pending:
-                wanted.add(n.id)
+        path = tree.path(target)  # also checks the target belongs to this tree
+        statuses = list(map(_status, path))  # (in C: a deep path's are mostly done)
+        if "failed" in statuses:
+            n = path[statuses.index("failed")]
+            raise NodeStateError(
+                f"node {n.id!r} failed ({n.error}); call tree.reset() on it "
+                "to retry, or remove it.",
+                n.id,
+            )
+        chain = list(itertools.compress(path, map("done".__ne__, statuses)))
+        wanted.update(n.id for n in chain)
     if len(nodes) == 1:
         # One path: its order is the tree's (parents first), and a node's pending ancestors
         # are the pending nodes before it, so a deep tree is not walked (nor each path again).
-        chain = [n for n in tree.path(nodes[0]) if n.is_pending]
         order = [(n, tuple(p.id for p in chain[:i])) for i, n in enumerate(chain)]
     else:  # parents first, so waves come out in tree order
         order = [(node, tuple(a.id for a in tree.ancestors(node) if a.is_pending))

@@ -104,6 +104,7 @@ def record_render(engine: Engine, tree: Tree, rendered: RenderedPath,
 
 
 _hex = operator.methodcaller("hex")
+_images = operator.attrgetter("images")
 
 
 def _clean_text(kind: str, text: str, finish: str | None, last_id: int | None,
@@ -118,7 +119,10 @@ def _clean_text(kind: str, text: str, finish: str | None, last_id: int | None,
 
 def path_images(tree: Tree, node_id: str) -> list[bytes]:
     """Bytes of the images above `node_id`, in prompt order (checked against their hashes)."""
-    return [part.load_bytes(n.id) for n in tree.path(node_id)[:-1] for part in n.images]
+    path = tree.path(node_id)[:-1]
+    if not any(map(_images, path)):  # (checked in C: most paths have none)
+        return []
+    return [part.load_bytes(n.id) for n in path for part in n.images]
 
 
 def submit_job(engine: Engine, tree: Tree, job: Job, progress=None,

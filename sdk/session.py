@@ -10,6 +10,7 @@ caches are checkpointed (the engine) or how trees are built and validated (the g
 from __future__ import annotations
 
 import asyncio
+import operator
 import sys
 import threading
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
@@ -38,6 +39,7 @@ from .runner import NodeEvent, node_failed, reasoning_format, run_job, submit_jo
 __all__ = ["Session"]
 
 Targets = Node | str | Iterable[Node | str] | None
+_images = operator.attrgetter("images")
 
 
 class Session:
@@ -251,7 +253,8 @@ class Session:
             return
         for wave in waves:
             for job in wave:
-                for n in self.tree.path(job.node_id):
+                path = self.tree.path(job.node_id)
+                for n in path if any(map(_images, path)) else ():  # (checked in C first)
                     if n.images:
                         raise ImageNotSupported(
                             f"node {n.id!r} has an image, but model {self.engine.lm.name!r} "

@@ -84,21 +84,26 @@ async def start(state, prompt, params: SamplingParams, namespace: str, images=No
         except GenerationError as e:
             raise APIError(400, str(e), "invalid_request") from None
 
-    tokens = await asyncio.to_thread(_prepare, state, prompt, params, images, namespace,
-                                     max_param)
-    handles = []
+    def prepare_and_submit() -> list:
+        tokens = _prepare(state, prompt, params, images, namespace, max_param)
+        handles = []
+        try:
+            for i in range(n):
+                handles.append(submit(i, tokens))
+        except BaseException:
+            cancel(handles)
+            raise
+        return handles
+
+    # One worker call for the prompt's tokens and its submits: each hop to a thread and back
+    # waits for the GIL, which a busy engine or another request's tree work may hold. Shielded:
+    # a client that goes away meanwhile cancels this await, not the submits, whose handles are
+    # then cancelled when they land (else they would generate for nobody).
+    task = asyncio.ensure_future(asyncio.to_thread(prepare_and_submit))
     try:
-        for i in range(n):
-            # Shielded: a client that goes away mid-submit cancels this await, not the submit,
-            # whose handle is then cancelled when it lands (else it would generate for nobody).
-            task = asyncio.ensure_future(asyncio.to_thread(submit, i, tokens))
-            try:
-                handles.append(await asyncio.shield(task))
-            except asyncio.CancelledError:
-                task.add_done_callback(_cancel_landed)
-                raise
-    except BaseException:
-        cancel(handles)
+        handles = await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.add_done_callback(_cancel_landed)
         raise
     if not follow_up:
         logs.note_prompt(handles)
@@ -107,7 +112,7 @@ async def start(state, prompt, params: SamplingParams, namespace: str, images=No
 
 def _cancel_landed(task) -> None:
     if not task.cancelled() and task.exception() is None:
-        cancel([task.result()])
+        cancel(task.result())
 
 
 def cancel(handles) -> None:
