@@ -19,6 +19,7 @@ nothing about requests or namespaces (drafts.py decides who may take an index ov
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -220,6 +221,7 @@ class _Segment:
     mask: int
     low: int  # the least and the greatest occurrence
     high: int
+    key_at: tuple[memoryview, memoryview]  # keys and at, read as Python ints (no numpy call)
 
     @classmethod
     def make(cls, keys: np.ndarray, at: np.ndarray) -> _Segment:
@@ -228,7 +230,7 @@ class _Segment:
         present[keys & mask] = True
         bits = np.packbits(present, bitorder="little").tobytes()
         low, high = (int(at.min()), int(at.max())) if len(at) else (0, -1)
-        return cls(keys, at, bits, mask, low, high)
+        return cls(keys, at, bits, mask, low, high, (memoryview(keys), memoryview(at)))
 
 
 class NgramLog:
@@ -284,7 +286,7 @@ class NgramLog:
                 present[seg.keys & self._mask] = True
             self._bits = bytearray(np.packbits(present, bitorder="little"))
         else:  # bits of one byte or'ed together first (sorted: runs), then set
-            b = np.unique(keys & self._mask)
+            b = np.sort(keys & self._mask)
             run = np.flatnonzero(np.diff(b >> 3, prepend=-1))
             bits = np.bitwise_or.reduceat(np.left_shift(1, b & 7).astype(np.uint8), run)
             np.frombuffer(self._bits, np.uint8)[b[run] >> 3] |= bits
@@ -349,10 +351,10 @@ class NgramLog:
             b = low & seg.mask
             if not seg.bits[b >> 3] >> (b & 7) & 1:
                 continue
-            keys, ats = seg.keys, seg.at
-            i, size = int(keys.searchsorted(key)), len(keys)
-            while i < size and keys.item(i) == key:
-                at = ats.item(i)
+            keys, ats = seg.key_at
+            i, size = bisect_left(keys, key), len(keys)
+            while i < size and keys[i] == key:
+                at = ats[i]
                 i += 1
                 seq = seqs.get(at >> 32)
                 if seq is not None:
