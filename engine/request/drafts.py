@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from ..cache.blocks import shared_prefix
 from .ngrams import N as _N
-from .ngrams import NgramIndex, NgramLog, best_match, ngrams
+from .ngrams import MAX_MATCH, NgramIndex, NgramLog, best_match, ngrams
 
 __all__ = ["DraftSources", "Drafter", "NgramIndex", "NgramLog", "RecentOutputs"]
 
@@ -122,8 +122,8 @@ class Drafter:
         keys = []  # the tail's keys, hashed once for every index asked
         found = best_match(tokens, (self.own,) if self.base is None else (self.own, self.base),
                            keys)
-        if self.recent is not None:
-            other = self.recent.index.best(tokens, keys)
+        if self.recent is not None and (found is None or found[0] < MAX_MATCH):
+            other = self.recent.index.best(tokens, keys)  # (it could not match longer)
             if other is not None and (found is None or other[0] > found[0]):
                 found = other
         if found is None:

@@ -30,7 +30,7 @@ __all__ = ["NgramIndex", "NgramLog", "best_match", "ngrams"]
 NS = (12, 6, 3)  # lookup keys: the last n tokens, longest first
 N = NS[-1]
 PER_KEY = 4  # occurrences a lookup reads per key (the most recent live ones)
-_MAX_MATCH = 32  # how far back a match is measured
+MAX_MATCH = 32  # how far back a match is measured
 _END = 0xFFFFFFFF  # an occurrence is (sequence id << 32 | end)
 
 Keys = list[tuple[list[int] | None, int]]  # (the last n tokens, their key), n in NS
@@ -58,13 +58,13 @@ def best_match(tail: Sequence[int], layers: Sequence, keys: Keys | None = None
         for seq, end in hits:  # most recent first: it wins ties
             if end >= len(seq):  # (the tail itself, or nothing after it)
                 continue
-            back = seq[max(0, end - _MAX_MATCH):end]  # what a match can reach, as a list
+            back = seq[max(0, end - MAX_MATCH):end]  # what a match can reach, as a list
             if type(back) is not list:
                 back = back.tolist()
             if back[-key_len:] != key:  # a hash collision
                 continue
             n = key_len
-            limit = min(_MAX_MATCH, end, len(tail))
+            limit = min(MAX_MATCH, end, len(tail))
             while n < limit and back[-n - 1] == tail[-n - 1]:
                 n += 1
             if best is None or n > best[0]:
