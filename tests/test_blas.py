@@ -109,6 +109,17 @@ def test_activation_after_mlx_import_warns(tmp_path):
     assert run.stdout.strip() == "stock"
 
 
+def test_forkv_modules_import_without_mlx():
+    # An application imports forkv, then loads a model (which binds the BLAS shim, then mlx):
+    # a module of the engine, server or CLI that imported mlx at import time would leave mlx
+    # on its stock BLAS (the ahead-decode module once did, through speculate.py).
+    code = ("import sys, forkv, forkv.engine.engine, forkv.engine.request.scheduler, "
+            "forkv.server, forkv.cli; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('mlx', 'mlx_lm')]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_shim_covers_what_mlx_imports():
     """If mlx starts importing more BLAS/LAPACK, extend _CBLAS/_LAPACK (else those stay stock)."""
     spec = importlib.util.find_spec("mlx")  # locate without importing: keeps this process clean

@@ -19,8 +19,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from .speculate import _leaves, _rotates, _trims
-
 __all__ = ["Step", "can_take_back", "is_enabled", "take_back"]
 
 
@@ -43,6 +41,9 @@ def can_take_back(caches) -> bool:
     """Whether one more one-token update of `caches` (every layer's) could be taken back
     exactly: every leaf trims, or is a ring (without `keep`) that one more token does not
     wrap."""
+    # speculate.py imports mlx: the scheduler imports this module before the BLAS shim binds
+    from .speculate import _leaves, _rotates, _trims
+
     for c in _leaves(caches):
         if _trims(c):
             continue
@@ -54,6 +55,8 @@ def can_take_back(caches) -> bool:
 def take_back(caches) -> None:
     """Undo the last one-token update of `caches` (checked with `can_take_back` before it):
     the next update writes where it wrote, and the state reads what it read before."""
+    from .speculate import _leaves
+
     for c in _leaves(caches):
         n = c.trim(1)
         assert n == 1, "a step ahead was taken back from an empty cache"
