@@ -116,6 +116,12 @@ class Tree(BranchingMixin, ResultsMixin):
 
         return get
 
+    def newest_first(self) -> Iterator[Node]:
+        """Nodes, the last added first (read as asked: a caller that stops early does not walk
+        a big tree)."""
+        nodes = self._g.nodes
+        return (nodes[node_id]["node"] for node_id in reversed(list(self._g)))
+
     def roots(self) -> list[Node]:
         return [self._g.nodes[n]["node"] for n in self._g if self._g.in_degree(n) == 0]
 

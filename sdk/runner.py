@@ -105,6 +105,7 @@ def record_render(engine: Engine, tree: Tree, rendered: RenderedPath,
 
 _hex = operator.methodcaller("hex")
 _images = operator.attrgetter("images")
+_id = operator.attrgetter("id")
 
 
 def _clean_text(kind: str, text: str, finish: str | None, last_id: int | None,
@@ -149,11 +150,12 @@ def tree_drafts(tree: Tree, node_id: str, limit: int = 8) -> list[list[int]]:
     path = tree.path(node)
     if len(path) == len(tree):  # a single conversation (a Session's chat): nothing else
         return []
-    on_path = {n.id for n in path}
+    on_path = set(map(_id, path))
     parent = tree.parent(node)
     siblings = tree.children(parent) if parent is not None else []
     skip = on_path | {n.id for n in siblings}
-    others = (n for n in reversed(list(tree)) if n.id not in skip)
+    # (newest first, read as asked: a server's tree holds every conversation of a tenant)
+    others = (n for n in tree.newest_first() if n.id not in skip)
     out = []
     for n in itertools.chain(siblings, others):
         if n.id in on_path or n.result is None or not n.result.token_ids:

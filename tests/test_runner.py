@@ -82,3 +82,39 @@ def test_drafts_of_a_single_conversation_walk_nothing(monkeypatch):
     other = node.user("other").final({"max_tokens": 4})
     tree.attach(other, "b", [7, 8])
     assert tree_drafts(tree, nxt.id) == [[7, 8]]
+
+
+def test_drafts_in_a_tree_of_many_conversations_are_the_newest_off_the_path():
+    """A server's tree holds every conversation of a tenant: the drafts are read from the
+    newest nodes on, as a walk of the whole tree in reverse would give them."""
+    import itertools
+
+    from forkv.runner import tree_drafts
+
+    def walked(tree, node_id, limit=8):  # the whole-tree walk, as it was
+        node = tree[node_id]
+        path = tree.path(node)
+        on_path = {n.id for n in path}
+        parent = tree.parent(node)
+        siblings = tree.children(parent) if parent is not None else []
+        skip = on_path | {n.id for n in siblings}
+        others = (n for n in reversed(list(tree)) if n.id not in skip)
+        out = []
+        for n in itertools.chain(siblings, others):
+            if n.id in on_path or n.result is None or not n.result.token_ids:
+                continue
+            out.append(n.result.token_ids)
+            if len(out) == limit:
+                break
+        return out
+
+    tree = Tree()
+    ends = [tree.system(f"S{c}") for c in range(4)]
+    for turn in range(12):
+        for c in range(4):
+            ends[c] = ends[c].user(f"q{turn}").final({"max_tokens": 4})
+            tree.attach(ends[c], f"a{turn}", [turn, c])
+    assert [n.id for n in tree.newest_first()] == [n.id for n in reversed(list(tree))]
+    for node in (ends[0], ends[3], tree.parent(tree.parent(ends[1]))):
+        nxt = node.user("next").final({"max_tokens": 4})
+        assert tree_drafts(tree, nxt.id) == walked(tree, nxt.id) != []
