@@ -226,7 +226,7 @@ def test_the_recent_outputs_total_comes_from_the_environment(monkeypatch):
         DraftSources()
 
 
-def test_the_index_holds_a_few_hundred_bytes_a_token():
+def test_the_recent_outputs_index_holds_under_a_hundred_bytes_a_token():
     import random
     import tracemalloc
 
@@ -241,7 +241,8 @@ def test_the_index_holds_a_few_hundred_bytes_a_token():
         used = tracemalloc.get_traced_memory()[0]
     finally:
         tracemalloc.stop()
-    assert used / recent.tokens < 450, used / recent.tokens  # 810 with tuple keys and hits
+    # ~60 in numpy logs; 320 in a dict of boxed ints, 810 with tuple keys and hits
+    assert used / recent.tokens < 100, used / recent.tokens
 
 
 def test_draws_ahead_are_the_draws_decode_takes():
