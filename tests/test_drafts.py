@@ -8,7 +8,8 @@ from __future__ import annotations
 import random
 
 from forkv.engine.request.drafts import Drafter, DraftSources
-from forkv.engine.request.ngrams import NS, NgramIndex, NgramLog
+from forkv.engine.request.ngram_log import NgramLog
+from forkv.engine.request.ngrams import NS, NgramIndex
 
 
 def _text(rng: random.Random, n: int, vocab: int = 300) -> list[int]:

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 from ..cache.blocks import shared_prefix
 from .ngrams import N as _N
-from .ngrams import MAX_MATCH, NgramIndex, NgramLog, best_match, ngrams
+from .ngram_log import NgramLog
+from .ngrams import MAX_MATCH, NgramIndex, best_match, ngrams
 
 __all__ = ["DraftSources", "Drafter", "NgramIndex", "NgramLog", "RecentOutputs"]
 
