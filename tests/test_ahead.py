@@ -97,3 +97,21 @@ def test_a_request_arriving_meanwhile_joins_after_the_step_ahead(count_ahead):
         want = fresh_run(lm, prompt, max_tokens=n, temperature=0)
         got = r.result()
         assert got.token_ids == want.token_ids and got.logprobs == want.logprobs
+
+
+def test_a_row_cancelled_with_a_step_ahead_leaves_the_engine_exact(count_ahead):
+    lm = load_tiny("qwen3")
+    a, b = random_tokens(30, seed=36), random_tokens(30, seed=37)
+    with _engine(lm, True) as engine:
+        with engine.paused():
+            ra = engine.submit(a, max_tokens=20, temperature=0)
+            for _ in range(4):
+                engine.step_once()
+            assert engine.scheduler._ahead is not None
+            ra.cancel()
+            engine.run_on_thread(lambda: None)  # (the cancel, posted, has run)
+            assert ra.result().finish_reason == "cancelled"
+            assert engine.scheduler._ahead is None and not engine.scheduler.rows
+        got = engine.generate(b, max_tokens=10, temperature=0)
+    want = fresh_run(lm, b, max_tokens=10, temperature=0)
+    assert got.token_ids == want.token_ids and got.logprobs == want.logprobs
