@@ -37,7 +37,6 @@ from .models.chat_template import require_chat_template, use_chat_template
 from .models.loader import LoadedModel, load_model
 from .models.special_tokens import encode_text
 from .request.batchcache import merge_blocker
-from .request.drafts import DraftSources
 from .request.runner import make_runner
 from .request.sampling import SamplingParams, vocab_limit
 from .request.scheduler import Scheduler, StepReport
@@ -110,6 +109,8 @@ class Engine:
             family = getattr(getattr(self.runner, "vision", None), "family", None)
             self._never = frozenset({family.placeholder_id, family.image_token_id}
                                     if family is not None else ())
+            from .request.drafts import DraftSources  # numpy: not on `import forkv`
+
             self.drafts = DraftSources()  # namespaces' recent outputs, for speculation
             self._spec_blockers: dict[str, str | None] = {}  # mode -> why it is off
             if self.config.speculate != "off":  # the one-time probe, not on a first request
