@@ -40,8 +40,8 @@ Kind = Literal["system", "user", "reasoning", "final", "tool"]
 Status = Literal["pending", "done", "failed"]
 GENERATED_KINDS: frozenset[str] = frozenset({"reasoning", "final"})
 # The fields a render reads (render_cache.signature): assigning one tells the node's tree,
-# whose renders keep the node's signature until then. A list counts when assigned: give images
-# or tool calls a new list rather than changing one in place.
+# whose renders keep the node's signature until then (a node's images and tool calls, lists
+# that can change in place, are read at every render).
 _RENDERED = frozenset({"id", "kind", "status", "text", "name", "tool_call_id", "images",
                        "tool_calls"})
 

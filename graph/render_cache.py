@@ -15,7 +15,8 @@ Entries are checked, not trusted: a state serves only a path whose nodes still r
 (kind, text, status, images, tool calls, ...: `signature`) under the same tokenizer, reasoning
 format and template arguments, so an edit, reset or removal anywhere above makes it a miss. A
 node's signature is kept until one of the fields it reads is assigned (Node.__setattr__), so a
-deep path's are compared, not rebuilt; a list changed in place is not seen: assign a new one.
+deep path's are compared, not rebuilt; a node with images or tool calls is signed at every
+render (a list can change in place).
 A state also keeps its spans and the bounds of its end records, so a render that extends it
 copies them instead of walking every node above.
 Knows nothing of templates or tokenizers beyond object identity.
@@ -276,11 +277,12 @@ class RenderCache:
         were last assigned."""
         sigs = self._sigs
         out = list(map(sigs.get, map(_node_id, nodes)))
-        if not all(out):  # (a signature is never empty; a node not seen since is None)
-            for i, sig in enumerate(out):
-                if sig is None:
-                    node = nodes[i]
-                    out[i] = sigs[node.id] = signature(node)
+        for i, node in enumerate(nodes):
+            sig, d = out[i], node.__dict__
+            # A node with images or tool calls, now or when kept, is signed again: its lists
+            # can change in place, which no assignment tells (few nodes have any).
+            if sig is None or sig[6] or sig[7] or d["images"] or d["tool_calls"]:
+                out[i] = sigs[node.id] = signature(node)
         return out
 
     def forget_signature(self, node_id: str) -> None:

@@ -107,6 +107,11 @@ def test_a_deep_chain_its_branches_and_middle_edits_equal_renders_from_scratch(
         got = render(tree, node, tok, fmt)
         assert "a new answer" in got.prompt_text
         assert same(got, plain_render(tree, node, tok, fmt)), node.id
+    # A list changed in place is seen too (no assignment tells it): appended, then edited.
+    finals[TURNS // 6].tool_calls.append(ToolCall(id="c2", name="seek", arguments={"q": 2}))
+    assert same(render(tree, leaf, tok, fmt), plain_render(tree, leaf, tok, fmt))
+    finals[TURNS // 6].tool_calls[0] = ToolCall(id="c2", name="hunt", arguments={"q": 2})
+    assert same(render(tree, leaf, tok, fmt), plain_render(tree, leaf, tok, fmt))
 
     # A pending node in the middle: the path below it cannot render, and says which node.
     tree.remove(branch.parent)
@@ -131,6 +136,13 @@ def test_a_node_signature_is_kept_until_a_field_a_render_reads_is_assigned():
         setattr(final, field, value)
         assert cache.signatures(path)[-1] == signature(final) != first[-1], field
         first = cache.signatures(path)
+    # lists changed in place, which no assignment tells: signed again at every render
+    final.tool_calls.append(ToolCall(id="c2", name="seek", arguments={}))
+    assert cache.signatures(path)[-1] == signature(final) != first[-1]
+    final.tool_calls.clear()
+    assert cache.signatures(path)[-1] == signature(final)
+    final.tool_calls.append(ToolCall(id="c3", name="hunt", arguments={}))
+    assert cache.signatures(path)[-1] == signature(final)
     removed = tree.remove(final)
     assert removed == [final.id] and final.id not in cache._sigs
 
