@@ -57,18 +57,32 @@ def _interrupt(argv: list[str], after_s: float, timeout: float = 120) -> tuple[i
     return p.returncode, err.decode(errors="replace")
 
 
-def _before_forkv(rc: int, err: str) -> bool:
-    """The Ctrl-C landed while Python itself was still finding the `forkv` package (only
-    runpy's and importlib's frozen frames, before forkv's first line installs its guard):
+def _forkv_dirs() -> tuple[str, ...]:
+    """The folders forkv's own modules run from (an editable install runs them from the
+    checkout's sdk/, engine/, graph/ and security/, not from a folder named forkv)."""
+    import forkv.engine
+    import forkv.graph
+    import forkv.security
+
+    return tuple(os.path.dirname(m.__file__) + os.sep
+                 for m in (forkv, forkv.engine, forkv.graph, forkv.security))
+
+
+def _before_forkv(rc: int, err: str, ours: tuple[str, ...] | None = None) -> bool:
+    """The Ctrl-C landed before forkv's first line installed its guard: Python itself was
+    still starting (importing `site`: it aborts with exit 1) or finding the `forkv` package
+    (runpy, importlib, an editable install's finder, pathlib: killed by the signal). Once the
+    guard is in, a Ctrl-C exits 130 without a traceback, and one raised inside a library forkv
+    called has forkv's frames on it; so a KeyboardInterrupt with none of forkv's frames is
     Python's own behaviour, which no code of forkv's can run early enough to change."""
+    ours = _forkv_dirs() if ours is None else ours
     frames = re.findall(r'File "([^"]*)"', err)
     if not err.rstrip().endswith("KeyboardInterrupt") or not frames:
         return False
-    if rc == 1 and err.startswith("Fatal Python error: init_import_site"):
-        # Earlier still: the interpreter was importing `site` (the venv's .pth files) and
-        # aborts its own start-up; no frame of forkv's can be on the stack yet.
-        return not any("/forkv/" in f for f in frames)
-    return rc == -signal.SIGINT and all(f.startswith("<frozen ") for f in frames)
+    if any(f.startswith(ours) for f in frames):
+        return False
+    return (rc == -signal.SIGINT
+            or rc == 1 and err.startswith("Fatal Python error: init_import_site"))
 
 
 def _busy(n: int) -> list[subprocess.Popen]:
@@ -117,7 +131,7 @@ def test_only_interrupts_before_forkv_are_set_aside():
                              '  File "/x/forkv/sdk/cli.py", line 3, in <module>\n'
                              '  File "<frozen importlib._bootstrap_external>"')
     assert _before_forkv(-signal.SIGINT, early)
-    assert not _before_forkv(-signal.SIGINT, in_forkv)
+    assert not _before_forkv(-signal.SIGINT, in_forkv, ours=("/x/forkv/sdk/",))
     assert not _before_forkv(130, early) and not _before_forkv(-signal.SIGINT, "")
     # A Ctrl-C while the interpreter imports `site` (seen on a clean-clone CI run, 6 ms in)
     in_site = ("Fatal Python error: init_import_site: Failed to import the site module\n"
@@ -128,7 +142,18 @@ def test_only_interrupts_before_forkv_are_set_aside():
                "KeyboardInterrupt\n")
     assert _before_forkv(1, in_site)
     assert not _before_forkv(1, in_site.replace("/v/site-packages/_virtualenv.py",
-                                                "/x/forkv/sdk/cli.py"))
+                                                "/x/forkv/sdk/cli.py"), ours=("/x/forkv/sdk/",))
+    # ... or while an editable install's finder looks the package up (a clean-clone CI run)
+    finder = ('Traceback (most recent call last):\n  File "<frozen runpy>", line 189, in '
+              '_run_module_as_main\n  File "/v/site-packages/__editable___forkv_finder.py", '
+              'line 40, in find_spec\n  File "/py/lib/python3.11/pathlib.py", line 1013, in '
+              'stat\n    return os.stat(self, follow_symlinks=follow_symlinks)\n'
+              "KeyboardInterrupt\n")
+    assert _before_forkv(-signal.SIGINT, finder, ours=("/ci/sdk/", "/ci/engine/"))
+    assert not _before_forkv(-signal.SIGINT, finder.replace(
+        "/v/site-packages/__editable___forkv_finder.py", "/ci/engine/engine.py"),
+        ours=("/ci/sdk/", "/ci/engine/"))
+    assert all(os.path.isdir(d) for d in _forkv_dirs())
     assert not _before_forkv(1, "Fatal Python error: init_import_site\nKeyboardInterrupt\n")
 
 
