@@ -75,7 +75,9 @@ def _chain(tree, tok, fmt, turns, check):
     return finals
 
 
-@pytest.mark.parametrize("name", ["toy", "demo", "qwen3-demo", "last", "recent"])
+# The toy template in the fast suite; the real templates' 60-turn sweeps (~2.5 s each) are slow.
+@pytest.mark.parametrize("name", ["toy"] + [pytest.param(n, marks=pytest.mark.slow)
+                                            for n in ("demo", "qwen3-demo", "last", "recent")])
 def test_a_deep_chain_its_branches_and_middle_edits_equal_renders_from_scratch(
         name, demo_tok, checked_ends):
     tok = _tokenizers(demo_tok)[name]
