@@ -114,22 +114,14 @@ class NgramIndex:
     def grow(self, sid: int) -> None:
         """Index the tokens appended to sequence `sid` since the last call."""
         seq, start = self.seqs[sid], self._indexed[sid]
-        where = self._where
+        keys, ats = [], []
         for end in range(max(start + 1, N), len(seq) + 1):
             at = sid << 32 | end
             for n in NS:
-                if n > end:
-                    continue
-                key = hash(tuple(seq[end - n:end]))
-                hits = where.get(key)
-                if hits is None:
-                    where[key] = at
-                elif isinstance(hits, int):
-                    where[key] = [hits, at]
-                else:
-                    hits.append(at)
-                    if len(hits) > PER_KEY:
-                        del hits[0]
+                if n <= end:
+                    keys.append(hash(tuple(seq[end - n:end])))
+                    ats.append(at)
+        self._put(keys, ats)
         self._indexed[sid] = len(seq)
 
     def hits(self, key: int, limit: int) -> list[tuple[list[int], int]]:
