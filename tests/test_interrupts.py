@@ -68,6 +68,20 @@ def _forkv_dirs() -> tuple[str, ...]:
                  for m in (forkv, forkv.engine, forkv.graph, forkv.security))
 
 
+def _loading_the_guard(path: str, line: int, ours: tuple[str, ...]) -> bool:
+    """A frame of forkv's that runs before its guard can be in: `forkv/__init__.py` up to the
+    `_startup.guard()` call (importing `_startup` is the one window left) or `_startup` itself."""
+    name = os.path.basename(path)
+    if os.path.dirname(path) + os.sep != ours[0]:  # forkv's package folder comes first
+        return False
+    return name == "_startup.py" or name == "__init__.py" and line <= _GUARD_LINE
+
+
+_GUARD_LINE = next(i for i, text in enumerate(open(os.path.join(
+    os.path.dirname(__file__), os.pardir, "sdk", "__init__.py")), 1)
+    if text.startswith("_startup.guard()"))
+
+
 def _before_forkv(rc: int, err: str, ours: tuple[str, ...] | None = None) -> bool:
     """The Ctrl-C landed before forkv's first line installed its guard: Python itself was
     still starting (importing `site`: it aborts with exit 1) or finding the `forkv` package
@@ -76,10 +90,11 @@ def _before_forkv(rc: int, err: str, ours: tuple[str, ...] | None = None) -> boo
     called has forkv's frames on it; so a KeyboardInterrupt with none of forkv's frames is
     Python's own behaviour, which no code of forkv's can run early enough to change."""
     ours = _forkv_dirs() if ours is None else ours
-    frames = re.findall(r'File "([^"]*)"', err)
+    frames = re.findall(r'File "([^"]*)", line (\d+)', err)
     if not err.rstrip().endswith("KeyboardInterrupt") or not frames:
         return False
-    if any(f.startswith(ours) for f in frames):
+    if any(f.startswith(ours) and not _loading_the_guard(f, int(n), ours)
+           for f, n in frames):
         return False
     return (rc == -signal.SIGINT
             or rc == 1 and err.startswith("Fatal Python error: init_import_site"))
@@ -155,6 +170,16 @@ def test_only_interrupts_before_forkv_are_set_aside():
         ours=("/ci/sdk/", "/ci/engine/"))
     assert all(os.path.isdir(d) for d in _forkv_dirs())
     assert not _before_forkv(1, "Fatal Python error: init_import_site\nKeyboardInterrupt\n")
+    # ... or while forkv's package loads the module that installs the guard (a clean-clone CI
+    # run: `from . import _startup`, the line before `_startup.guard()`)
+    ours = ("/ci/sdk/", "/ci/engine/")
+    loading = ('Traceback (most recent call last):\n  File "<frozen runpy>", line 189, in '
+               '_run_module_as_main\n  File "/ci/sdk/__init__.py", line {}, in <module>\n'
+               '    from . import _startup\nKeyboardInterrupt\n')
+    assert _before_forkv(-signal.SIGINT, loading.format(_GUARD_LINE - 1), ours=ours)
+    assert not _before_forkv(-signal.SIGINT, loading.format(_GUARD_LINE + 1), ours=ours)
+    assert not _before_forkv(-signal.SIGINT, loading.format(_GUARD_LINE - 1).replace(
+        "/ci/sdk/__init__.py", "/ci/engine/__init__.py"), ours=ours)
 
 
 def test_a_ctrl_c_swallowed_in_a_del_is_raised_again_before_serving(monkeypatch):
