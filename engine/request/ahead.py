@@ -19,6 +19,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from .cacheshape import leaves, rotates, trims
+
 __all__ = ["Step", "can_take_back", "is_enabled", "take_back"]
 
 
@@ -41,13 +43,10 @@ def can_take_back(caches) -> bool:
     """Whether one more one-token update of `caches` (every layer's) could be taken back
     exactly: every leaf trims, or is a ring (without `keep`) that one more token does not
     wrap."""
-    # speculate.py imports mlx: the scheduler imports this module before the BLAS shim binds
-    from .speculate import _leaves, _rotates, _trims
-
-    for c in _leaves(caches):
-        if _trims(c):
+    for c in leaves(caches):
+        if trims(c):
             continue
-        if not (_rotates(c) and isinstance(c.offset, int) and c.offset < c.max_size):
+        if not (rotates(c) and isinstance(c.offset, int) and c.offset < c.max_size):
             return False
     return True
 
@@ -55,8 +54,6 @@ def can_take_back(caches) -> bool:
 def take_back(caches) -> None:
     """Undo the last one-token update of `caches` (checked with `can_take_back` before it):
     the next update writes where it wrote, and the state reads what it read before."""
-    from .speculate import _leaves
-
-    for c in _leaves(caches):
+    for c in leaves(caches):
         n = c.trim(1)
         assert n == 1, "a step ahead was taken back from an empty cache"

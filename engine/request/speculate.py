@@ -25,6 +25,8 @@ import contextvars
 import mlx.core as mx
 import mlx.nn as nn
 
+from .cacheshape import leaves, rotates, trims
+
 __all__ = ["blocker", "exactness", "rollback", "rowwise", "snapshot"]
 
 # Float matmul weights above this run row by row in a verify, reading them once per row: there
@@ -145,24 +147,6 @@ def _probe(lm) -> str | None:
     return None
 
 
-def _leaves(caches):
-    for c in caches:
-        inner = getattr(c, "caches", None)
-        if inner is not None and type(c).__name__ == "CacheList":
-            yield from _leaves(inner)
-        else:
-            yield c
-
-
-def _trims(c) -> bool:
-    return type(c).__name__ in ("KVCache", "BatchKVCache", "QuantizedKVCache")
-
-
-def _rotates(c) -> bool:
-    return type(c).__name__ in ("RotatingKVCache", "BatchRotatingKVCache") and not getattr(
-        c, "keep", 0)
-
-
 def _copy(v):
     """A copy of a small array (offsets, paddings: mlx-lm updates those in place); a cache's
     K/V or state arrays are kept by reference (a chunk replaces them)."""
@@ -174,12 +158,12 @@ def snapshot(caches) -> list | None:
     state as it is before a verify chunk. A chunk replaces these caches' arrays instead of
     writing into them, so the references stay valid; small attributes that mlx-lm updates in
     place (`-=`) are copied."""
-    leaves = list(_leaves(caches))
-    if all(_trims(c) or _rotates(c) for c in leaves):
+    layers = list(leaves(caches))
+    if all(trims(c) or rotates(c) for c in layers):
         return None
     saved = []
-    for c in leaves:
-        if _trims(c):
+    for c in layers:
+        if trims(c):
             saved.append(None)
         elif hasattr(c, "cache") and isinstance(c.cache, list):  # ArraysCache and kin
             saved.append(("arrays", list(c.cache), {k: _copy(v) for k, v in vars(c).items()
@@ -195,14 +179,14 @@ def rollback(caches, n: int, fed: int, saved: list | None) -> bool:
     `fed - n` tokens must be fed again."""
     if n == 0:
         return True
-    leaves = list(_leaves(caches))
+    layers = list(leaves(caches))
     if saved is None:
-        for c in leaves:
+        for c in layers:
             c.trim(n)
-            if _rotates(c):
+            if rotates(c):
                 _drop_tail(c)
         return True
-    for c, s in zip(leaves, saved):
+    for c, s in zip(layers, saved):
         if s is None:
             c.trim(fed)
         elif s[0] == "arrays":
