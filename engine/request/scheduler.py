@@ -26,7 +26,8 @@ cache), prefills on it in chunks, then joins the batch of decoding rows. Each `s
    prefills that request first. Which step a row decodes in, and beside which rows, changes
    none of its tokens. A text row decoding alone queues its next step before reading this
    one's token back (ahead.py), so the Python on both sides of the kernels overlaps them; a
-   waiting request has that step taken first, at the start of the next.
+   waiting request has that step taken first, at the start of the next. The decode step
+   itself (build, step ahead, verify, then records and finished rows) is decodestep.py's.
 
 The prefix cache hears of each sequence when its prompt is prefilled and when it finishes
 (`commit`), and of each row that decodes onto a block boundary (`decoded`: a vision row's
@@ -39,28 +40,15 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..events import GenerationEvent
-from .ahead import Step, can_take_back, is_enabled, take_back
+from .ahead import Step, is_enabled
 from .batchcache import BatchCache
-from .sampling import top_logprobs
+from .decodestep import DecodeSteps, StepReport, top
 from .sequence import Sequence
 
-
-@dataclass(slots=True)
-class StepReport:
-    """What one step did: tokens prefilled per sequence id, rows decoded, events produced."""
-
-    prefilled: dict[int, int] = field(default_factory=dict)
-    recomputed: int = 0  # decoded tokens recomputed as chunks to record them
-    decoded: int = 0  # tokens decoded: one per row, or what a verify step kept
-    events: list[tuple[Sequence, GenerationEvent]] = field(default_factory=list)
-    delivered: int = 0  # events already handed to `Scheduler.deliver` during the step
-
-    @property
-    def prefill_tokens(self) -> int:
-        return sum(self.prefilled.values())
+__all__ = ["Scheduler", "StepReport", "StepTotals"]
 
 
 @dataclass(slots=True)
@@ -82,7 +70,7 @@ class StepTotals:
         return {k: getattr(self, k) for k in self.__slots__}
 
 
-class Scheduler:
+class Scheduler(DecodeSteps):
     def __init__(self, runner, prefix, block_size: int, max_seqs: int, max_prefill_tokens: int,
                  mergeable: bool = True, deliver=None, copy=None, budget=None):
         assert max_seqs >= 1 and max_prefill_tokens >= 1
@@ -300,165 +288,9 @@ class Scheduler:
         token, logprobs = seq.sampler(logits, seq.tokens)
         tok = int(token.item())
         event = seq.accept(tok, float(logprobs[tok].item()),
-                           _top(logprobs, seq.params.top_logprobs))
+                           top(logprobs, seq.params.top_logprobs))
         report.events.append((seq, event))
         if event.finish_reason is None:
             self.batch.add(seq.cache)
             seq.cache = None
             self.rows.append(seq)
-
-    def _decode(self, report: StepReport) -> None:
-        import mlx.core as mx
-
-        rows, B = self.rows, self.block_size
-        step, self._ahead = self._ahead, None
-        if (step is None and len(rows) == 1 and rows[0].drafter is not None
-                and self._speculate(report)):
-            return
-        if step is None:
-            step = self._build(rows, mx.array([[seq.tokens[-1]] for seq in rows]))
-        if self._runs_ahead(rows):
-            mx.async_eval(step.tokens, step.picked, self.batch.state())
-            ids = step.tokens if step.tokens.dtype == mx.int32 else step.tokens.astype(mx.int32)
-            self._ahead = self._build(rows, ids[:, None])
-            mx.async_eval(self._ahead.tokens, self._ahead.picked, self.batch.state())
-        else:
-            mx.eval(step.tokens, step.picked, self.batch.state())
-        tokens, picked, sampled = step.tokens.tolist(), step.picked.tolist(), step.sampled
-        tops = [_top(lp, seq.params.top_logprobs) for (_, lp), seq in zip(sampled, rows)]
-        report.decoded = len(rows)
-
-        # Every row now holds all its tokens; record (and recompute) those on a boundary before
-        # the batch changes shape.
-        swapped: dict[int, list] = {}
-        for i, seq in enumerate(rows):
-            seq.pos = len(seq.tokens)
-            row = self.prefix.decoded(seq, lambda i=i: self.batch.extract(i))
-            if row is not None:
-                swapped[i] = row
-                report.recomputed += B
-
-        done = []
-        for i, seq in enumerate(rows):
-            event = seq.accept(tokens[i], picked[i], tops[i])
-            report.events.append((seq, event))
-            if event.finish_reason is not None:
-                if self._ahead is not None:  # the row was fed the token it ends on: undo it
-                    self._ahead = None
-                    take_back(self.batch.caches)
-                done.append(i)
-                # everything the row was fed (the last sampled token never was)
-                self.prefix.commit(seq, lambda i=i: swapped.get(i) or self.batch.extract(i))
-        self._reshape(done, swapped)
-
-    def _build(self, rows: list[Sequence], inputs) -> Step:
-        """The graph of one decode step of `rows` on `inputs` ([rows, 1] ids), unevaluated."""
-        import mlx.core as mx
-
-        logits = self.runner.decode(rows, inputs, self.batch.caches)
-        sampled = [seq.sampler(logits[i, -1], seq.tokens) for i, seq in enumerate(rows)]
-        return Step(mx.stack([t for t, _ in sampled]), mx.stack([lp[t] for t, lp in sampled]),
-                    sampled)
-
-    def _runs_ahead(self, rows: list[Sequence]) -> bool:
-        """Whether the next decode step may be built and queued before this one's tokens are
-        read back (ahead.py), this step's graph being built: one text row on its own caches,
-        nobody waiting, and a next step sure to run unless the row stops on this token (no
-        block boundary for the prefix cache to record at, not the last token allowed), whose
-        token the caches can take back then."""
-        if (not self.runs_ahead or len(rows) != 1 or not self.batch.is_plain
-                or not self.batch.mergeable or not getattr(self.runner, "runs_ahead", False)
-                or self.waiting or self.prefilling or self._arrived()):
-            return False
-        seq = rows[0]
-        return (seq.drafter is None and not seq.sampler.reads_tokens
-                and seq.timings.generated_tokens + 1 < seq.params.max_tokens
-                and len(seq.tokens) % self.block_size != 0
-                and can_take_back(self.batch.caches))
-
-    def _speculate(self, report: StepReport) -> bool:
-        """One verify step for the batch's one row, if it has a draft: its last token and the
-        draft in one chunk, the draws at each position, the draft kept while they agree
-        (speculate.py). False (nothing done) when there is no draft."""
-        import mlx.core as mx
-
-        from .speculate import rollback, snapshot
-
-        seq, B = self.rows[0], self.block_size
-        held = len(seq.tokens) - 1  # tokens the cache holds: all but the last sampled one
-        # never past the next block boundary (the prefix cache records the row there) nor
-        # past what the request may still generate
-        room = min(B - held % B, seq.params.max_tokens - seq.timings.generated_tokens)
-        draft = seq.drafter.draft(room - 1)
-        if not draft:
-            return False
-        k, caches = len(draft), self.batch.caches
-        saved = snapshot(caches)
-        logits = self.runner.verify(seq, [seq.tokens[-1], *draft], caches, held)
-        # what the draws look back on: the penalty window, not the whole path (no matcher
-        # here: a row with one cannot verify)
-        base = max(0, held + 1 - seq.params.penalty_context)
-        seen = seq.tokens[base:] + draft
-        sampled = [seq.sampler(logits[0, i], seen[:held + 1 + i - base], ahead=i)
-                   for i in range(k + 1)]
-        tokens = mx.stack([t for t, _ in sampled])
-        picked = mx.stack([lp[t] for t, lp in sampled])
-        mx.eval(tokens, picked, self.batch.state())
-        tokens, picked = tokens.tolist(), picked.tolist()
-        agree = 0
-        while agree < k and tokens[agree] == draft[agree]:
-            agree += 1
-        seq.drafter.feedback(k, agree)
-        t = seq.timings
-        t.drafted_tokens += k
-        t.accepted_tokens += agree
-        self.totals.drafted_tokens += k
-        self.totals.accepted_tokens += agree
-
-        events = []
-        for i in range(agree + 1):  # the agreed drafts, then the first draw that differs
-            event = seq.accept(tokens[i], picked[i],
-                               _top(sampled[i][1], seq.params.top_logprobs))
-            events.append(event)
-            if event.finish_reason is not None:
-                break
-        used = len(events)
-        seq.sampler.advance(used)
-        if not rollback(caches, k + 1 - used, k + 1, saved):  # put back: feed the kept again
-            self.runner.verify(seq, seen[held - base:held - base + used], caches, held)
-            mx.eval(self.batch.state())
-        report.decoded = used
-        # the row holds all it was fed; at a block boundary the prefix cache records it
-        seq.pos = held + used
-        swapped: dict[int, list] = {}
-        row = self.prefix.decoded(seq, lambda: self.batch.extract(0))
-        if row is not None:
-            swapped[0] = row
-            report.recomputed += B
-        report.events.extend((seq, e) for e in events)
-        done = []
-        if events[-1].finish_reason is not None:
-            done.append(0)
-            self.prefix.commit(seq, lambda: swapped.get(0) or self.batch.extract(0))
-        self._reshape(done, swapped)
-        return True
-
-    def _reshape(self, done: list[int], swapped: dict[int, list]) -> None:
-        """Drop finished rows; move recomputed rows to the end with their canonical state."""
-        if not self.batch.mergeable:
-            if done:
-                self.batch.remove([0])
-                self.rows = []
-            return  # the one row's cache list was recomputed in place
-        moved = [i for i in swapped if i not in done]
-        gone = set(done) | set(moved)
-        if gone:
-            self.batch.remove(sorted(gone))
-        for i in moved:
-            self.batch.add(swapped[i])
-        self.rows = [s for i, s in enumerate(self.rows) if i not in gone] + [
-            self.rows[i] for i in moved]
-
-
-def _top(logprobs, k: int) -> dict | None:
-    return top_logprobs(logprobs, k) if k else None
