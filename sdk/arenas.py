@@ -13,6 +13,10 @@ the heap and stay held once freed: RSS then follows the largest moment of the pa
 live (Gemma 3 270M, an 8K-token prompt: 754 MiB after it with the moving threshold, 665 with a
 fixed one). Blocks of 1 MiB and up are mapped and unmapped whole, at a page fault a 4 KiB page.
 
+`usage()` splits malloc's heap into what is allocated and what is freed but held, so a
+growing resident set can be told apart: live native allocations (a leak, or a cache that keeps
+growing) or freed memory malloc keeps (fragmentation, which `trim()` can hand back).
+
 `trim()` hands freed heap pages back after a model loads: parsing a large tokenizer.json and
 the weights leaves hundreds of MiB freed but held (Gemma 3 270M: 836 -> 565 MiB RSS right
 after `load_model`). The engine thread also trims when it runs out of work, at most every
@@ -25,7 +29,7 @@ from __future__ import annotations
 import ctypes
 import os
 
-__all__ = ["ARENAS", "IDLE_TRIM_S", "limit", "trim"]
+__all__ = ["ARENAS", "IDLE_TRIM_S", "limit", "trim", "usage"]
 
 ARENAS = 2
 _M_ARENA_MAX = -8  # glibc's malloc.h
@@ -69,3 +73,25 @@ def trim(collect: bool = True) -> bool:
         return bool(ctypes.CDLL(None).malloc_trim(0))
     except (OSError, AttributeError):
         return False
+
+
+class _MallInfo2(ctypes.Structure):  # glibc >= 2.33's struct mallinfo2, all size_t
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+def usage() -> dict[str, int]:
+    """{"malloc_in_use": bytes allocated (heap chunks and mmapped blocks), "malloc_free":
+    freed bytes malloc still holds, some of them already handed back by `trim()`}, summed over
+    the arenas; {} off glibc or before 2.33. Python's small objects live in its own arenas
+    (pymalloc), outside both."""
+    if not _is_glibc():
+        return {}
+    try:
+        fn = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return {}
+    fn.restype = _MallInfo2
+    info = fn()
+    return {"malloc_in_use": int(info.uordblks + info.hblkhd), "malloc_free": int(info.fordblks)}

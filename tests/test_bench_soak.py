@@ -21,7 +21,8 @@ def _curves(grow: float = 0.0, **extra) -> dict:
     out = {"t_s": TIMES, "rss_mib": curve(300.0), "store_bytes": curve(40e6),
            "files": curve(20), "threads": curve(40), "sockets": [10] * len(TIMES),
            "mlx_active_mib": curve(200.0), "mlx_cache_mib": [30.0] * len(TIMES),
-           "live_mib": curve(16.0)}
+           "live_mib": curve(16.0), "malloc_in_use_mib": curve(250.0),
+           "malloc_free_mib": [20.0] * len(TIMES)}
     out.update(extra)
     return out
 

@@ -17,6 +17,8 @@ openai = pytest.importorskip("openai")
 
 from server_proc import TINY, http, metric, no_eos, shared_server  # noqa: E402
 
+from forkv import arenas  # noqa: E402
+
 MODEL = "demo:qwen3:tiny"
 LONG = "The quick brown fox jumps over the lazy dog. " * 14  # ~630 byte tokens: 2 full blocks
 
@@ -225,8 +227,11 @@ def test_models_health_metrics(client, url):
     assert metric(url, "forkv_time_to_first_token_seconds_count") > 0
     parts = {line.split('part="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
              for line in text.splitlines() if line.startswith("forkv_memory_bytes{")}
-    assert set(parts) == {"rss", "mlx_active", "mlx_cache", "live"}, parts
+    glibc = {"malloc_in_use", "malloc_free"} if arenas.usage() else set()
+    assert set(parts) == {"rss", "mlx_active", "mlx_cache", "live"} | glibc, parts
     assert parts["rss"] > parts["mlx_active"] > 0 and parts["mlx_active"] >= parts["live"]
+    if glibc:  # mlx's CPU buffers come from malloc
+        assert parts["malloc_in_use"] >= parts["mlx_active"] * 0.9 and parts["malloc_free"] >= 0
 
 
 _VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 5), st.floats(-1, 3),

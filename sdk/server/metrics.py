@@ -3,10 +3,10 @@
 Names are prefixed `forkv_`: requests by endpoint and status, tokens reused / computed /
 generated, record hits and misses per kind, bytes per tier, queue depth, requests running,
 a time-to-first-token histogram, where the process's memory goes (`memory_bytes`: resident
-set, mlx's arrays and its buffer cache, fast reuse's live caches; records by tier are in
-`tier_bytes`) and the RAM budget's split (`ram_budget_bytes`, `ram_bytes` by part). Written
-by hand (a few lines) rather than with prometheus_client. Knows nothing about HTTP routing or
-models.
+set, mlx's arrays and its buffer cache, fast reuse's live caches, malloc's heap in use and held
+free; records by tier are in `tier_bytes`) and the RAM budget's split (`ram_budget_bytes`,
+`ram_bytes` by part). Written by hand (a few lines) rather than with prometheus_client. Knows
+nothing about HTTP routing or models.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import os
 import sys
 import threading
 from collections import Counter
+
+from .. import arenas
 
 __all__ = ["Metrics"]
 
@@ -92,7 +94,8 @@ class Metrics:
                [({}, stats["namespaces"])])
         metric("memory_bytes", "gauge", "Memory by part: the process's resident set (rss), "
                "mlx's arrays (mlx_active) and freed buffers it keeps (mlx_cache), fast "
-               "reuse's live caches (live, part of mlx_active).",
+               "reuse's live caches (live, part of mlx_active), malloc's allocated bytes "
+               "(malloc_in_use) and freed bytes it holds (malloc_free).",
                [({"part": k}, v) for k, v in memory_split(stats.get("live_bytes", 0)).items()])
         ram = stats.get("ram")
         if ram is not None:
@@ -124,7 +127,8 @@ class Metrics:
 
 def memory_split(live_bytes: int = 0) -> dict[str, int]:
     """{part: bytes}: the process's resident set (Linux), mlx's active and cached buffers
-    (where mlx is loaded), and `live_bytes`."""
+    (where mlx is loaded), `live_bytes`, and malloc's allocated and freed-but-held bytes
+    (glibc; mlx's CPU buffers are among the allocated ones)."""
     out = {}
     try:
         with open("/proc/self/statm") as f:
@@ -135,4 +139,5 @@ def memory_split(live_bytes: int = 0) -> dict[str, int]:
     if mx is not None:
         out["mlx_active"], out["mlx_cache"] = mx.get_active_memory(), mx.get_cache_memory()
     out["live"] = int(live_bytes)
+    out.update(arenas.usage())
     return out
