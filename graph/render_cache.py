@@ -101,6 +101,7 @@ def end_bounds(ends: Sequence[NodeEnd], start: int = 0, bounds: tuple[int, int] 
 
 
 _node_id = operator.attrgetter("id")
+_images, _calls = operator.attrgetter("images"), operator.attrgetter("tool_calls")
 
 
 def signature(node: Node) -> tuple:
@@ -116,8 +117,15 @@ def common_prefix(a: Sequence[int], b: Sequence[int], start: int = 0) -> int:
     """Length of the longest common prefix of two token lists or two arrays (slices compare
     in C), where the caller knows that their first `start` items agree (only the rest is
     compared)."""
+    if a is b:
+        return len(a)
     n = min(len(a), len(b))
-    if start >= n or a[start:n] == b[start:n]:
+    if start >= n:
+        return n
+    if not start:  # (the shorter one whole, not a copy of it)
+        if (a if len(a) == n else a[:n]) == (b if len(b) == n else b[:n]):
+            return n
+    elif a[start:n] == b[start:n]:
         return n
     lo, hi = start, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
     while hi - lo > 64:
@@ -207,6 +215,7 @@ class RenderCache:
         # __setattr__ calls `forget_signature`; lists count when assigned, not changed in
         # place): a deep path's are looked up in C, not built node by node.
         self._sigs: dict[str, tuple] = {}
+        self._listed: set[str] = set()  # ids of the kept signatures with images or tool calls
 
     def __len__(self) -> int:
         return len(self._states)
@@ -277,16 +286,32 @@ class RenderCache:
         were last assigned."""
         sigs = self._sigs
         out = list(map(sigs.get, map(_node_id, nodes)))
+        # A node with images or tool calls, now or when kept, is signed again: its lists can
+        # change in place, which no assignment tells (few nodes have any). Where the path has
+        # none, that is seen in C, and only the nodes without a kept signature are signed,
+        # looked for from the end (a deep path's new turn), not node by node.
+        if (self._listed.isdisjoint(map(_node_id, nodes)) and not any(map(_images, nodes))
+                and not any(map(_calls, nodes))):
+            missing, i = out.count(None), len(out)
+            while missing:
+                i -= 1
+                if out[i] is None:
+                    out[i] = sigs[nodes[i].id] = signature(nodes[i])
+                    missing -= 1
+            return out
         for i, node in enumerate(nodes):
             sig, d = out[i], node.__dict__
-            # A node with images or tool calls, now or when kept, is signed again: its lists
-            # can change in place, which no assignment tells (few nodes have any).
             if sig is None or sig[6] or sig[7] or d["images"] or d["tool_calls"]:
-                out[i] = sigs[node.id] = signature(node)
+                out[i] = sigs[node.id] = sig = signature(node)
+                if sig[6] or sig[7]:
+                    self._listed.add(node.id)
+                else:
+                    self._listed.discard(node.id)
         return out
 
     def forget_signature(self, node_id: str) -> None:
         self._sigs.pop(node_id, None)
+        self._listed.discard(node_id)
 
     def keep_list(self, state: PathState, tokens: list[int]) -> None:
         self._list = (state, tokens[:])
@@ -307,6 +332,7 @@ class RenderCache:
         self.record = None
         self.chats.clear()
         self._sigs.clear()
+        self._listed.clear()
 
     def drop(self, node_ids) -> None:
         """Forget the states of removed nodes (a miss anyway: their ids never come back)."""
@@ -318,7 +344,7 @@ class RenderCache:
         self.record = None
         self.chats.drop(ids)
         for node_id in ids:
-            self._sigs.pop(node_id, None)
+            self.forget_signature(node_id)
 
 
 def render_cache(tree: Any) -> RenderCache:

@@ -170,9 +170,8 @@ def _recorded(last: _Record | None, items: list, keys: list[str], block_size: in
         return 0, 0
     same = common_prefix(last.items, items)
     limit = common_prefix(last.keys, keys) * block_size  # blocks up to here keep their keys
-    skip = 0
-    while skip < same and items[skip][1][1] <= limit:  # (ints only: no node lookups)
-        skip += 1
+    # spans' ends ascend along the path: the first `same` that end by `limit`, by bisection
+    skip = bisect_right(items, limit, hi=same, key=_span_end)
     shared_starts = common_prefix(last.starts, starts)
     if not shared_starts:
         return skip, 0
@@ -182,6 +181,10 @@ def _recorded(last: _Record | None, items: list, keys: list[str], block_size: in
 
 
 _first = itemgetter(0)  # a span's start; a (start, id) or (position, key) pair's first
+
+
+def _span_end(item: tuple[str, tuple[int, int]]) -> int:
+    return item[1][1]
 
 
 def _keys(node: Node) -> set[str]:

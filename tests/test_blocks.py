@@ -74,5 +74,7 @@ def test_shared_prefix_counts_leading_items_of_any_sequences():
     for x, y in ((a, b), (array("i", a), array("i", b)), (a, array("i", b)), (tuple(a), b)):
         assert shared_prefix(x, y) == 250 and shared_prefix(y, x) == 250
     assert shared_prefix(a, a[:40]) == 40 and shared_prefix([], a) == 0
+    assert shared_prefix(a, a) == 300 and shared_prefix(a, list(a)) == 300
+    assert shared_prefix(b, a[:250]) == 250 and shared_prefix(a[:251], b) == 250
     keys = [bytes([i]) for i in range(9)]
     assert shared_prefix(keys, keys[:5] + [b"x"]) == 5

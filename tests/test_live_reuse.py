@@ -292,3 +292,21 @@ def test_a_prompt_and_its_answer_keep_one_copy_of_their_global_kv(arch):
         _assert_fast(fast, b, len(a) + len(first.token_ids) - 1)
     finally:
         fast.close()
+
+
+def test_the_last_canonical_cut_equals_the_sorted_cuts_it_replaces():
+    """_hand_off finds the last canonical cut a live cache reaches by bisection (a deep chat has
+    a turn end a turn); it is the last of every block boundary and turn end before the
+    prompt's end, at or before what the two share."""
+    import random
+
+    from forkv.engine.cache.prefix_cache import _last_cut
+
+    rng = random.Random(5)
+    for _ in range(500):
+        n, B = rng.randrange(1, 2000), rng.choice([16, 256])
+        ends = sorted(rng.sample(range(1, n + 1), min(n, rng.randrange(0, 40))))
+        cuts = sorted({*range(B, n, B), *(e for e in ends if e < n)})
+        for shared in (0, rng.randrange(0, n + 1), n):
+            want = max([c for c in cuts if c <= shared], default=0)
+            assert _last_cut(ends, n, B, shared) == want, (n, B, ends, shared)

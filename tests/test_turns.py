@@ -420,3 +420,32 @@ def test_turn_keys_of_a_longer_run_equal_keys_from_scratch():
             keys = keyer.keys(tokens)
             want = {e: turn_key(keyer, keys, tokens, e) for e in turns.ends(tokens)}
             assert turns.keys(tokens, keys, keyer) == want
+
+
+def test_a_deep_chats_turn_keys_only_its_new_turn_end(monkeypatch):
+    """A chat's next turn extends the last call's tokens: Turns.keys keys only the turn ends
+    past what the two share (one a turn, not every end of a deep path), copies the rest, and
+    still equals keys from scratch, also after a rewind to an earlier turn."""
+    from forkv.engine.cache import turns as turns_mod
+    from forkv.engine.cache.turns import Turns
+
+    class Ck:
+        block_size = 16
+        keyer = BlockKeyer(b"fp", 16)
+
+    calls = []
+    real = turns_mod.turn_key
+    monkeypatch.setattr(turns_mod, "turn_key", lambda *a: calls.append(a[-1]) or real(*a))
+    turns, rng, tokens = Turns(Ck(), (9, 8)), random.Random(3), []
+    for t in range(80):
+        tokens = tokens + [rng.randrange(20, 99) for _ in range(rng.randrange(3, 12))] + [9, 8]
+        keys = Ck.keyer.keys(tokens)
+        calls.clear()
+        got = turns.keys(tokens, keys)
+        want = {e: real(Ck.keyer, keys, tokens, e) for e in turn_ends(tokens, (9, 8), 16)}
+        assert got == want
+        assert len(calls) == (len(tokens) % 16 != 0) <= 1, (t, calls)  # its own end, if any
+    rewound = tokens[:len(tokens) // 2]
+    keys = Ck.keyer.keys(rewound)
+    assert turns.keys(rewound, keys) == {e: real(Ck.keyer, keys, rewound, e)
+                                         for e in turn_ends(rewound, (9, 8), 16)}

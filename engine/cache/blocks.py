@@ -36,10 +36,13 @@ def as_list(tokens: Sequence[int]) -> list[int]:
 def shared_prefix(a: Sequence, b: Sequence) -> int:
     """How many leading items (tokens, block keys) `a` and `b` have in common. Two sequences of
     one type (lists, int arrays) compare by slices, in C; others item by item."""
+    if a is b:
+        return len(a)
     n = min(len(a), len(b))
     if type(a) is not type(b):
         return next((i for i in range(n) if a[i] != b[i]), n)
-    if a[:n] == b[:n]:
+    # (the shorter one whole, not a copy of it: a deep path's prefix is compared every call)
+    if (a if len(a) == n else a[:n]) == (b if len(b) == n else b[:n]):
         return n
     lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
     while hi - lo > 64:

@@ -281,11 +281,12 @@ class Checkpointer:
             return model
         return self.turns.model(model, tokens, keys, keyer=keyer or self.keyer)
 
-    def checkpoint_keys(self, tokens: Sequence[int], keyer: BlockKeyer | None = None
-                        ) -> list[bytes]:
-        """Every key a run of `tokens` records under: its full blocks, then its turn ends."""
+    def checkpoint_keys(self, tokens: Sequence[int], keyer: BlockKeyer | None = None,
+                        keys: list[bytes] | None = None) -> list[bytes]:
+        """Every key a run of `tokens` records under: its full blocks (`keys`, where the
+        caller has them), then its turn ends."""
         keyer = keyer or self.keyer
-        keys = keyer.keys(tokens)
+        keys = keyer.keys(tokens) if keys is None else keys
         turns = self.turns.keys(tokens, keys, keyer) if self.turns else {}
         return keys + list(turns.values())
 

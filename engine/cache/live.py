@@ -26,7 +26,6 @@ forks.
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ from dataclasses import dataclass
 from . import kinds as _kinds
 from .kinds.base import sharing
 from .kinds.kv import GlobalKind as _GLOBAL
-from .blocks import shared_prefix
+from .blocks import as_list, shared_prefix
 
 REUSE_MODES = ("exact", "fast")
 
@@ -167,7 +166,7 @@ class LivePool:
 
     def put(self, tokens: Sequence[int], cache: list, tag: bytes, keys: Sequence[bytes] = (),
             on_leave: Callable | None = None, canonical_to: int = 0) -> LiveEntry | None:
-        """Keep `cache` (holding `tokens`; the pool owns it from now on) for later requests of
+        """Keep `cache` (holding `tokens`; the pool owns both from now on) for later requests of
         the namespace `tag`. Entries whose tokens are a prefix of another's stay too (the
         cache after a prompt holds more of its sliding windows than the one after its
         answer). One that is not kept leaves at once (`on_leave` runs)."""
@@ -178,7 +177,7 @@ class LivePool:
             if on_leave is not None:
                 on_leave()
             return None
-        entry = LiveEntry(list(tokens), cache, tag, frozenset(keys), nbytes, on_leave,
+        entry = LiveEntry(as_list(tokens), cache, tag, frozenset(keys), nbytes, on_leave,
                           canonical_to)
         self._share_prefixes(entry)
         self.entries[id(entry)] = entry
@@ -254,17 +253,19 @@ class LivePool:
                 best, best_u = entry, u
         return best, best_u
 
-    def best_canonical(self, tokens: Sequence[int], tag: bytes, cuts: Sequence[int]
+    def best_canonical(self, tokens: Sequence[int], tag: bytes, last_cut: Callable[[int], int]
                        ) -> tuple[LiveEntry | None, int]:
         """The exact prompt's entry of namespace `tag` that `tokens` continues furthest, and
-        the last of `cuts` (ascending: `tokens`' canonical cuts, each < len(tokens)) within
-        what they share; (None, 0) when none."""
+        `last_cut(shared)` (`tokens`' last canonical cut at or before what they share, before
+        their end; 0: none); (None, 0) when none."""
         best, best_u = None, 0
         for entry in reversed(self.entries.values()):
             if entry.tag != tag or not entry.canonical_to:
                 continue
-            shared = shared_prefix(entry.tokens[:entry.canonical_to], tokens)
-            u = cuts[bisect_right(cuts, shared) - 1] if cuts and cuts[0] <= shared else 0
+            tokens_of = entry.tokens  # (its first canonical_to, uncopied where that is all)
+            if entry.canonical_to < len(tokens_of):
+                tokens_of = tokens_of[:entry.canonical_to]
+            u = last_cut(shared_prefix(tokens_of, tokens))
             if u > best_u:
                 best, best_u = entry, u
         return best, best_u

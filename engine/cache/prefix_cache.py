@@ -18,7 +18,9 @@ batches, threads or handles.
 
 from __future__ import annotations
 
+import itertools
 import time
+from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -155,15 +157,14 @@ class PrefixCache:
         live, ck, plan, B = self.live, self.ck, seq.plan, self.block_size
         if not self.hands_off or not live.enabled or not count:  # (jobs restore from records)
             return False
-        n = seq.prompt_len
-        cuts = sorted({*range(B, n, B), *(e for e in plan.turn_ends if e < n)})
-        entry, u = live.best_canonical(seq.tokens, plan.keyer.tag, cuts)
+        entry, u = live.best_canonical(seq.tokens, plan.keyer.tag,
+                                       partial(_last_cut, plan.turn_ends, seq.prompt_len, B))
         if entry is None or self._recorded_past(seq, u):
             return False
         seq.cache, seq.pos = live.hand_off(entry, u), u
         seq.hook = ck.recorder(plan.keys, keyer=plan.keyer)
         seq.model = ck.model_for(seq.tokens, plan.keys, plan.keyer)
-        ck.count_restore(n, u)
+        ck.count_restore(seq.prompt_len, u)
         return True
 
     def _recorded_past(self, seq, u: int) -> bool:
@@ -178,9 +179,9 @@ class PrefixCache:
             return True
         if ck.turns is None or not plan.turn_ends or plan.turn_ends[-1] <= u:
             return False
-        ends = ck.turns.keys(seq.tokens, plan.keys, plan.keyer)
-        return any(ck.store.contains(key, CacheKind.EXTRA)
-                   for end, key in ends.items() if end > u)
+        ends = ck.turns.keys(seq.tokens, plan.keys, plan.keyer)  # (by end, ascending)
+        after = itertools.islice(ends.values(), bisect_right(list(ends), u), None)
+        return any(ck.store.contains(key, CacheKind.EXTRA) for key in after)
 
     def waits(self, seq, prefilling) -> bool:
         """Whether a prefilling sequence (or record job) has yet to record blocks `seq` starts
@@ -253,8 +254,9 @@ class PrefixCache:
                 or seq.finish_reason is not None or seq.pos != seq.prompt_len):
             return False
         cache = take_cache()
-        tokens = seq.tokens[:seq.pos]
-        self.live.put(tokens, cache, plan.keyer.tag, self._writes_tokens(tokens, plan.keyer),
+        tokens = seq.tokens[:seq.pos]  # (the prompt: its block keys are the plan's)
+        self.live.put(tokens, cache, plan.keyer.tag,
+                      self.ck.checkpoint_keys(tokens, plan.keyer, plan.keys),
                       canonical_to=seq.pos)
         return True
 
@@ -338,6 +340,15 @@ class _KeepRings:
         if first and first + inputs.shape[1] == self.prompt_len:
             self.plan.rings = (first, rings(cache))
         return self.model(inputs, cache=cache)
+
+
+def _last_cut(turn_ends: list[int], n: int, block_size: int, upto: int) -> int:
+    """The last canonical cut (a block boundary or one of `turn_ends`, ascending) of an
+    `n`-token prompt at or before `upto` and before `n`; 0 when none (found by bisection: a
+    deep chat has a turn end a turn)."""
+    upto = min(upto, n - 1)
+    i = bisect_right(turn_ends, upto)
+    return max(upto // block_size * block_size, turn_ends[i - 1] if i else 0, 0)
 
 
 def _same_namespace(a: Plan, b: Plan) -> bool:

@@ -23,6 +23,7 @@ model callable of prefill chunks (decode steps are single tokens and never cut).
 from __future__ import annotations
 
 import contextlib
+import itertools
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 
@@ -202,8 +203,15 @@ class Turns:
         now = list(tokens)  # a copy of its own (compared by slices, in C)
         last_keyer, last_tokens, last = self._last
         same = shared_prefix(now, last_tokens) if last_keyer is keyer else -1
-        out = {e: last[e] if e <= same and e in last else turn_key(keyer, block_keys, tokens, e)
-               for e in self.ends(tokens)}
+        ends = self.ends(tokens)
+        # The ends up to `same` are the last answer's first ones (ends ascend, and each reads
+        # only the tokens before it): copied in C, only the new ends keyed.
+        keep = bisect_right(ends, same)
+        out = dict(itertools.islice(last.items(), keep))
+        if len(out) < keep or list(out) != ends[:keep]:  # (not the last answer's: key them all)
+            out, keep = {}, 0
+        for e in itertools.islice(ends, keep, None):
+            out[e] = turn_key(keyer, block_keys, tokens, e)
         self._last = (keyer, now, out)
         return dict(out)
 
