@@ -24,29 +24,23 @@ from __future__ import annotations
 
 import itertools
 import operator
-from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
-from .chat_render import render_chat
 from .errors import NodeStateError
-from .gen_prompt import generation_suffix
+from .messages import _Seen, _snapshot_messages  # noqa: F401 - _Seen: the fields signed
+from .path_text import _node_end, _Renderer
 from .render_cache import (
     NodeEnd,
     PathState,
-    RenderCache,
-    common_prefix,
     end_bounds,
     render_cache,
     reusable_ends,
-    signature,
     token_array,
 )
-from .token_extend import extend_encoding_at
-from .toolformat import ToolFormat, detect_format
 from .tools import visible_tools
 
 if TYPE_CHECKING:
@@ -54,6 +48,8 @@ if TYPE_CHECKING:
     from .tree import Tree
 
 __all__ = ["ImageRef", "ReasoningFormat", "RenderedPath", "Tokenizer", "block_range", "render"]
+
+_status, _images = operator.attrgetter("status"), operator.attrgetter("images")
 
 
 @runtime_checkable
@@ -149,235 +145,6 @@ class RenderedPath:
     def blocks(self, block_size: int = 256) -> dict[str, range]:
         """For each node on the path, the indices of the blocks overlapping its span."""
         return {node_id: block_range(span, block_size) for node_id, span in self.spans.items()}
-
-
-def _content(node: Node) -> Any:
-    if not node.images:
-        return node.text or ""
-    return [{"type": "image"} for _ in node.images] + [{"type": "text", "text": node.text or ""}]
-
-
-def _messages(nodes: Sequence[Node], calls: ToolFormat | None = None) -> list[dict[str, Any]]:
-    """Chat messages for done nodes; a reasoning node joins the final after it. A final node's
-    tool calls become the message's `tool_calls` and leave its content (`calls` says how
-    they are written in generated text), so the template writes them its own way."""
-    out: list[dict[str, Any]] = []
-    reasoning: str | None = None
-    for node in nodes:
-        if node.kind == "reasoning":
-            reasoning = node.text or ""
-            continue
-        msg: dict[str, Any] = {
-            "role": "assistant" if node.kind == "final" else node.kind,
-            "content": _content(node),
-        }
-        if node.kind == "final" and reasoning is not None:
-            msg["reasoning_content"] = reasoning
-        if node.tool_calls:
-            if calls is not None and isinstance(msg["content"], str):
-                msg["content"] = calls.split(msg["content"])[0]
-            msg["tool_calls"] = [c.to_message() for c in node.tool_calls]
-        if node.kind == "tool" and node.name:
-            msg["name"] = node.name
-        if node.kind == "tool" and node.tool_call_id:
-            msg["tool_call_id"] = node.tool_call_id
-        reasoning = None
-        out.append(msg)
-    return out
-
-
-_kind, _status, _images = (operator.attrgetter(f) for f in ("kind", "status", "images"))
-
-
-class _Seen(NamedTuple):
-    """A node as its `signature` saw it (the same fields, in order): what its message needs."""
-
-    id: str
-    kind: str
-    status: str
-    text: str | None
-    name: str | None
-    tool_call_id: str | None
-    images: tuple  # (their hashes: the message counts them)
-    tool_calls: tuple
-
-
-def _snapshot_messages(sigs: Sequence[tuple] = (), calls: ToolFormat | None = None
-                       ) -> list[dict[str, Any]]:
-    """`_messages` of nodes as their signatures `sigs` recorded them."""
-    return _messages([_Seen(*sig) for sig in sigs], calls)
-
-
-class _Ids(Sequence):
-    """The ids of some nodes, read as asked (a chat's states are looked up from its end)."""
-
-    def __init__(self, nodes: Sequence[Node]):
-        self.nodes = nodes
-
-    def __len__(self) -> int:
-        return len(self.nodes)
-
-    def __getitem__(self, i):
-        return self.nodes[i].id
-
-    def __reversed__(self):
-        return (n.id for n in reversed(self.nodes))
-
-
-class _Chat:
-    """The chat of some done nodes (chat_render.Chat): one message per node but reasoning,
-    which joins the final after it."""
-
-    def __init__(self, nodes: Sequence[Node], sigs: Sequence[tuple],
-                 calls: ToolFormat | None):
-        self.nodes, self.sigs, self.calls = nodes, sigs, calls
-        kinds = list(map(_kind, nodes))  # (in C: a deep chat often has no reasoning at all)
-        self._at = ([i for i, k in enumerate(kinds) if k != "reasoning"]
-                    if "reasoning" in kinds else list(range(len(kinds))))
-        self.num_messages = len(self._at)
-
-    @property
-    def ids(self) -> _Ids:
-        return _Ids(self.nodes)
-
-    def messages(self, start: int = 0, stop: int | None = None) -> list[dict[str, Any]]:
-        at = self._at[start:stop]
-        if not at:
-            return []
-        first = at[0]
-        if first and self.nodes[first - 1].kind == "reasoning":
-            first -= 1  # its reasoning goes into its message
-        return _messages(self.nodes[first:at[-1] + 1], self.calls)
-
-
-class _Renderer:
-    def __init__(self, tokenizer: Tokenizer, fmt: ReasoningFormat, kw: dict[str, Any],
-                 tools: list[dict[str, Any]] | None = None, cache: RenderCache | None = None,
-                 done: Sequence[Node] = (), sigs: Sequence[tuple] = ()):
-        self.tok, self.fmt, self.kw = tokenizer, fmt, kw
-        if tools:  # only then: templates without tool support keep working
-            self.kw = {**kw, "tools": tools}
-        self.calls = detect_format(getattr(tokenizer, "chat_template", None))
-        self.cache = cache
-        self.settings = (fmt, self.kw)
-        self.done, self.sigs = done, sigs  # the path's done nodes and their signatures
-        self._prompted: tuple[int, Node, str] | None = None  # the last prompt render
-        self._known: dict[str, array] = {}  # tokens of texts taken from cached renders
-        self.reused = 0  # see encode_from
-
-    def _sigs(self, nodes: Sequence[Node]) -> list[tuple]:
-        """Signatures of `nodes`: the path's, where they are its first nodes."""
-        k = len(nodes)
-        if k <= len(self.sigs) and (not k or self.done[k - 1] is nodes[-1]):
-            return list(self.sigs[:k])
-        return [signature(n) for n in nodes]
-
-    def template(self, nodes: Sequence[Node], gen_prompt: bool) -> str:
-        last = nodes[-1] if nodes else None
-        if (not gen_prompt and self._prompted is not None  # (a path: its length and end)
-                and self._prompted[0] == len(nodes) and self._prompted[1] is last):
-            # The same chat rendered with the generation prompt: where the template shows
-            # the prompt is a fixed suffix (gen_prompt.py), this render is that one less it.
-            suffix = generation_suffix(self.tok, self.kw)
-            text = self._prompted[2]
-            if suffix is not None and text.endswith(suffix):
-                return text[: len(text) - len(suffix)]
-        chat = _Chat(nodes, self._sigs(nodes), self.calls)
-        text = render_chat(self.tok, chat, gen_prompt, self.kw,
-                           self.cache.chats if self.cache is not None else None)
-        if gen_prompt:
-            self._prompted = (len(nodes), last, text)
-        return text
-
-    def _cached(self, nodes: Sequence[Node], kind: str) -> PathState | None:
-        if self.cache is None:
-            return None
-        return self.cache.path_state(self.tok, self.settings, nodes, kind, self._sigs(nodes))
-
-    def path_text(self, nodes: Sequence[Node]) -> str:
-        """Text of done `nodes`; a trailing reasoning node is written as its final's prompt.
-        Taken from the tree's cached render of that path where there is one."""
-        state = self._cached(nodes, "done")
-        if state is not None:
-            self._known[state.text] = state.tokens
-            return state.text
-        if nodes and nodes[-1].kind == "reasoning":
-            # Its own prompt's render, as cached, is the head (the same chat with the prompt).
-            state = self._cached(nodes, "prompt")
-            if state is not None and state.text.endswith(self.fmt.open):
-                head = state.text[: len(state.text) - len(self.fmt.open)]
-            else:
-                head = self.template(nodes[:-1], True)
-            return head + self.fmt.open + (nodes[-1].text or "") + self.fmt.close
-        return self.template(nodes, False)
-
-    def prompt_text(self, nodes: Sequence[Node], target: Node) -> str:
-        """Text after which `target` (pending, under `nodes[-1]`) is generated."""
-        if target.kind == "reasoning":
-            return self.template(nodes, True) + self.fmt.open
-        if nodes and nodes[-1].kind == "reasoning":
-            return self.path_text(nodes)
-        return self.template(nodes, True) + self.fmt.empty
-
-    def encode(self, text: str) -> list[int]:
-        known = self._known.get(text)
-        if known is not None:
-            return list(known)
-        return list(self.tok.encode(text, add_special_tokens=False))
-
-    def encode_from(self, text: str, old_text: str, old_tokens: Sequence[int]) -> list[int]:
-        """encode(`text`), reusing `old_tokens` (old_text's) up to their shared special token
-        (`reused`: how many of the first tokens were taken from them)."""
-        self.reused = 0
-        if text in self._known:
-            return self.encode(text)
-        got = extend_encoding_at(self.tok, self.encode, text, old_text, old_tokens)
-        if got is None:
-            return self.encode(text)
-        self.reused = got[1]
-        return got[0]
-
-
-def _char_end(prefix: str, content: str, full: str, start: int) -> int | None:
-    """Where the node that `prefix` ends with ends in `full`, in characters (None if unknown).
-
-    If `prefix` is a prefix of `full`, at its end. Otherwise a later turn changed how earlier
-    turns render: look for the node's content plus the end-of-turn text that follows it in
-    `prefix`, from `start` on, ending no later than it ends in `prefix` (later turns may make
-    a node render shorter, as dropped reasoning does; the first such match is taken). So a
-    node's end never depends on text far below it: a later turn with the same content is no
-    match, and a render that extends a cached one keeps the ends of the nodes above.
-    """
-    if full.startswith(prefix):
-        return len(prefix)
-    k = prefix.rfind(content) if content else -1
-    if k < 0:
-        return None
-    tail = prefix[k:]
-    j = full.find(tail, start, len(prefix))
-    return j + len(tail) if j >= 0 else None
-
-
-def _node_end(r: _Renderer, done: Sequence[Node], i: int, text: str, tokens: list[int],
-              prev: int, prev_char: int) -> NodeEnd:
-    """Where node `done[i]` ends in the render `text`/`tokens` (not the last of a whole path)."""
-    n = done[i]
-    try:
-        prefix = r.path_text(done[: i + 1])
-    except Exception:  # noqa: BLE001 - templates may refuse partial chats; next node absorbs
-        prefix = None
-    if not prefix:
-        return NodeEnd(prev, "none")
-    content = n.text or ""
-    char_end = _char_end(prefix, content, text, prev_char)
-    if char_end is not None:
-        enc = r.encode_from(text[:char_end], text, tokens)
-        how = "prefix" if text.startswith(prefix) else "found"
-        raw = common_prefix(enc, tokens, r.reused)  # (its first r.reused are tokens')
-        return NodeEnd(max(prev, raw), how, char_end, raw, len(enc), len(prefix))
-    enc = r.encode_from(prefix, text, tokens)
-    raw = common_prefix(enc, tokens, r.reused)
-    return NodeEnd(max(prev, raw), "lost", None, raw, len(enc), len(prefix))
 
 
 def render(
