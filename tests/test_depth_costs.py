@@ -64,3 +64,54 @@ def test_a_deep_turn_runs_no_more_python_than_a_shallow_one():
                    reverse=True)[:5]
     # (4,600 -> 7,200 lines at turn 80 when each turn walked every node, block and turn end)
     assert late <= early * 1.15, grown
+
+
+def test_a_deep_responses_turn_runs_no_more_python_than_a_shallow_one():
+    """The same through the Responses API (`previous_response_id` chain, exact reuse, another
+    conversation in the tenant's tree): the request's tree work, keys and restore, on every
+    thread the server runs them on."""
+    import threading
+
+    from forkv.server.app import ServerConfig, ServerState, make_app
+    from starlette.testclient import TestClient
+
+    lm = load_tiny("qwen3")
+    config = ServerConfig(model="demo:qwen3:tiny", reasoning="off", reuse="exact")
+    lines, seen, on = _Lines(), {}, [False]
+
+    def tracer(frame, event, arg):  # (every thread the server starts: counts while `on`)
+        return lines(frame, event, arg) if on[0] else None
+
+    threading.settrace(tracer)
+    try:
+        with TestClient(make_app(ServerState(config, lm)),
+                        base_url="http://127.0.0.1:8000") as client:
+            def turn(text, prev):
+                body = {"model": "demo:qwen3:tiny", "input": text, "max_output_tokens": 4,
+                        "temperature": 0, "previous_response_id": prev}
+                r = client.post("/v1/responses", json=body)
+                assert r.status_code == 200, r.text
+                return r.json()["id"]
+
+            turn("Another conversation", None)
+            prev = None
+            for i in range(1, 41):
+                traced = i in (10, 40)
+                if traced:
+                    lines.counts.clear()
+                    on[0] = True
+                    sys.settrace(tracer)
+                try:
+                    prev = turn(f"Question {i}: " + "word " * 40, prev)
+                finally:
+                    on[0] = False
+                    sys.settrace(None)
+                if traced:
+                    seen[i] = dict(lines.counts)
+    finally:
+        threading.settrace(None)
+    early, late = (sum(seen[t].values()) for t in (10, 40))
+    grown = sorted(((seen[40].get(k, 0) - seen[10].get(k, 0), k) for k in seen[40]),
+                   reverse=True)[:5]
+    # (5,700 -> 9,000 lines at turn 60 when the tree work walked every node and turn end)
+    assert late <= early * 1.15, grown

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator, Sequence
 
 from ..request.generate import run_pieces
@@ -224,13 +224,14 @@ class Turns:
         key = turn_key(keyer, keyer.keys(tokens), tokens, len(tokens))
         return self.ck.store.contains(key, CacheKind.EXTRA)
 
-    def restorable(self, tokens: Sequence[int], key_of: Callable[[int], bytes]
-                   ) -> Iterator[tuple[int, bytes, frozenset]]:
+    def restorable(self, tokens: Sequence[int], key_of: Callable[[int], bytes],
+                   ends: Sequence[int] | None = None) -> Iterator[tuple[int, bytes, frozenset]]:
         """(end, key, arrays its record must hold) of each turn end a restore of `tokens`
-        may go to, furthest first. One at the very end of `tokens` (a fork of a final
-        answer, a repeated request: nothing left to compute) counts only when it is recorded
-        with its logits, which stand in for that last token's; its absence is no miss."""
-        for end in reversed(self.ends(tokens)):
+        may go to (of `ends`, where given), furthest first. One at the very end of `tokens` (a
+        fork of a final answer, a repeated request: nothing left to compute) counts only when
+        it is recorded with its logits, which stand in for that last token's; its absence is
+        no miss."""
+        for end in reversed(self.ends(tokens) if ends is None else ends):
             key = key_of(end)
             if end < len(tokens):
                 yield end, key, frozenset()
@@ -248,11 +249,12 @@ class Turns:
         ck, B = self.ck, self.ck.block_size
         keys = keyer.keys(tokens)
         k = ck._global_run(keys, min(len(keys), (len(tokens) - 1) // B), tokens)
-        ends = [e for e in self.ends(tokens) if e // B == k]
+        # the turn ends in block k, by bisection: only theirs are keyed (not a deep chat's
+        # every turn end, one hash each)
+        every = self.ends(tokens)
+        ends = every[bisect_left(every, k * B):bisect_left(every, (k + 1) * B)]
         for end, key, needs in self.restorable(
-                tokens, lambda e: turn_key(keyer, keys, tokens, e)):
-            if end not in ends:
-                continue
+                tokens, lambda e: turn_key(keyer, keys, tokens, e), ends):
             cache, arrays = ck.cuts.build(TURN_END, key, tokens, end, keys, keyer,
                                           needs=needs)
             if cache is None and arrays is None:

@@ -124,7 +124,12 @@ async def create_response(request: Request) -> Any:
         first, gen_ids = conv.add_turns(ns, previous, req.instructions, turns, gens)
         if plan.specs:  # declared on this request's first node: seen by what it generates
             tree[first].tools = plan.specs
-        name_tool_results(tree, [n.id for n in tree.path(gen_ids[0])])
+        # the nodes this request added (those above were named when they were added)
+        path = tree.path(gen_ids[0])
+        i = len(path) - 1
+        while path[i].id != first:  # (from the end: a deep chat's path is not walked)
+            i -= 1
+        name_tool_results(tree, [n.id for n in path[i:]])
         return first, gen_ids
 
     first, gen_ids = await tree_work(tree, add)  # beside other requests' renders of this tree
