@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 
 from conftest import load_tiny
-from forkv.engine import Engine, SamplingParams
+from forkv.engine import Engine, SamplingParams, native
 from forkv.engine.cache.recordstore import RecordStore
 from forkv.engine.request import scheduler as scheduler_module
 from helpers import fresh_run, random_tokens
@@ -115,3 +115,36 @@ def test_a_row_cancelled_with_a_step_ahead_leaves_the_engine_exact(count_ahead):
         got = engine.generate(b, max_tokens=10, temperature=0)
     want = fresh_run(lm, b, max_tokens=10, temperature=0)
     assert got.token_ids == want.token_ids and got.logprobs == want.logprobs
+
+
+# Verifying is exact only on forkv's kernels; without them speculation stays off.
+kernels = pytest.mark.skipif(native.load() is None, reason="speculation needs forkv's kernels")
+
+
+@kernels
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+@pytest.mark.parametrize("sampling", [{"temperature": 0},
+                                      {"temperature": 0.9, "top_p": 0.95, "seed": 12}],
+                         ids=["greedy", "seeded"])
+def test_a_drafter_that_wakes_takes_the_step_ahead_back(arch, sampling):
+    # A row whose drafter finds nothing runs ahead; the text then starts repeating a draft
+    # source (the answer from its 30th token on), so the drafter drafts while a step is
+    # queued: that step is taken back (cache and sampler key) and the row verifies instead.
+    # Same tokens and logprobs as speculation off, and as speculation in lockstep.
+    lm = load_tiny(arch)
+    prompt = random_tokens(40, seed=38)
+    params = dict(max_tokens=100, logit_bias={t: -100.0 for t in lm.eos_token_ids}, **sampling)
+    with _engine(lm, True) as engine:
+        off = engine.generate(prompt, **params)
+    source = off.token_ids[30:]
+    got, taken = {}, {}
+    for ahead in (False, True):
+        with Engine(lm, store=RecordStore(1 << 30, None), speculate="on") as engine:
+            engine.scheduler.runs_ahead = ahead
+            got[ahead] = engine.generate(prompt, drafts=[source], **params)
+            taken[ahead] = engine.scheduler.taken_back
+    for r in got.values():
+        assert r.token_ids == off.token_ids and r.logprobs == off.logprobs
+        assert r.timings.accepted_tokens > 30
+    assert got[True].timings.drafted_tokens == got[False].timings.drafted_tokens
+    assert taken[False] == 0 and taken[True] > 0

@@ -178,6 +178,23 @@ def test_drafter_grows_with_its_tokens_and_backs_off():
     assert d.cap >= 2
 
 
+def test_a_drafter_is_quiet_while_it_cools_down_or_finds_nothing():
+    # (the scheduler runs a quiet drafter's row ahead, and takes the step back if it drafts)
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8]
+    d = Drafter(tokens)
+    assert not d.quiet
+    assert d.draft(10) == [] and not d.quiet  # one lookup found nothing
+    tokens.append(9)
+    assert d.draft(10) == [] and d.quiet  # two in a row
+    tokens += [1, 2, 3]
+    assert d.draft(10) == [4, 5, 6, 7, 8, 9] and not d.quiet  # (it guessed wrong)
+    for _ in range(3):
+        d.feedback(4, 0)
+    for _ in range(4):  # three misses: four steps without drafting, each known in advance
+        assert d.quiet and d.draft(10) == []
+    assert not d.quiet and d.draft(10)
+
+
 def test_namespaces_draft_from_their_own_outputs_only():
     sources = DraftSources()
     sources.finished("a", [7, 8, 9, 10, 11, 12, 13, 14, 15], prompt_len=3)
@@ -277,3 +294,39 @@ def test_a_regenerated_node_drafts_from_its_sibling():
         other.run(again)
     assert again.result.token_ids == first.result.token_ids
     assert again.result.stats.tokens_accepted > 40
+
+
+@kernels
+@pytest.mark.parametrize("arch", ["gemma3", "qwen3"])
+def test_a_cooling_drafter_runs_ahead_and_changes_no_token(arch):
+    # Drafts from a source with every 4th token changed fail at their first token, so the
+    # drafter cools down; its row then runs its steps ahead (ahead.py) as a row without one
+    # does, and none of its tokens or logprobs change.
+    from helpers import random_tokens
+
+    engine = scoped_engine(f"demo:{arch}:tiny", max_seqs=1)
+    assert engine.scheduler.runs_ahead
+    prompt = random_tokens(40, seed=41)
+    bias = {t: -100.0 for t in engine.lm.eos_token_ids}
+    sched, real = engine.scheduler, engine.scheduler._runs_ahead
+    # seeded: greedy tiny demo models loop, so their drafts are accepted and never cool down
+    for i, params in enumerate(({"temperature": 1.0, "seed": 4},
+                                {"temperature": 0.9, "top_p": 0.95, "seed": 5})):
+        off = engine.generate(prompt, max_tokens=100, speculate="off", logit_bias=bias,
+                              **params)
+        ran = []
+
+        def spy(rows):
+            ok = real(rows)
+            ran.append(ok and rows[0].drafter is not None and rows[0].drafter._cool > 0)
+            return ok
+
+        sched._runs_ahead = spy
+        try:
+            on = engine.generate(prompt, max_tokens=100, speculate="on", logit_bias=bias,
+                                 drafts=[_corrupt(off.token_ids, 4)], namespace=f"c{i}",
+                                 **params)
+        finally:
+            del sched._runs_ahead
+        assert on.token_ids == off.token_ids and on.logprobs == off.logprobs
+        assert on.timings.drafted_tokens > 0 and sum(ran) > 10  # (36 and 56 here)

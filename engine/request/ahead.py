@@ -9,9 +9,12 @@ is too; what changes is that the cache holds the step-ahead token before the sch
 whether the row goes on. So a step runs ahead only where that token can be taken back exactly
 (`can_take_back`: global caches trim, a sliding window's ring before it wraps) and the draw
 does not read the token values it has not seen yet (penalties, constraints); a row that
-finishes takes it back (`take_back`) before its cache is committed. The scheduler decides when
-(one text row, no draft, no block boundary or last token next). Knows nothing about rows,
-stop rules or records. `FORKV_DECODE_AHEAD=off` keeps every step in lockstep (comparisons).
+finishes takes it back (`take_back`) before its cache is committed, and so does a row whose
+drafter, quiet when the step was queued, drafts after all (it verifies instead). The queued
+draws take their sampler keys only when the step is used. The scheduler decides when (one
+text row, its drafter quiet if it has one, no block boundary or last token next). Knows
+nothing about rows, stop rules or records. `FORKV_DECODE_AHEAD=off` keeps every step in
+lockstep (comparisons).
 """
 
 from __future__ import annotations

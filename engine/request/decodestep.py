@@ -2,12 +2,14 @@
 
 Every decoding row takes one token a step, in one batched graph; a lone text row may have its
 next step built and queued before this one's token is read back (ahead.py), and a lone row
-with a draft (drafts.py) verifies it instead, in one chunk (speculate.py). After the tokens are
-read back, rows that decoded onto a block boundary are recorded by the prefix cache, finished
-rows are committed and dropped, and recomputed rows move to the batch's end. A mixin of
-Scheduler (scheduler.py), which owns admission and prefill and the state this reads: `rows`,
-`batch`, `block_size`, `runner`, `prefix`, `totals`, `waiting`, `prefilling`, `runs_ahead`,
-`_ahead` and `_arrived()`.
+with a draft (drafts.py) verifies it instead, in one chunk (speculate.py). A row whose drafter
+is quiet (cooling down, or finding nothing) runs ahead too; if it drafts after all, the queued
+step is taken back out of the caches first, so the verify sees what lockstep would. After the
+tokens are read back, rows that decoded onto a block boundary are recorded by the prefix
+cache, finished rows are committed and dropped, and recomputed rows move to the batch's end.
+A mixin of Scheduler (scheduler.py), which owns admission and prefill and the state this
+reads: `rows`, `batch`, `block_size`, `runner`, `prefix`, `totals`, `waiting`, `prefilling`,
+`runs_ahead`, `_ahead`, `taken_back` and `_arrived()`.
 """
 
 from __future__ import annotations
@@ -45,15 +47,24 @@ class DecodeSteps:
 
         rows, B = self.rows, self.block_size
         step, self._ahead = self._ahead, None
-        if (step is None and len(rows) == 1 and rows[0].drafter is not None
-                and self._speculate(report)):
-            return
+        if len(rows) == 1 and rows[0].drafter is not None:
+            draft = self._draft(rows[0])
+            if draft:
+                if step is not None:  # the drafter woke while this step ran ahead: undo it
+                    step = None
+                    take_back(self.batch.caches)
+                    self.taken_back += 1
+                self._speculate(report, draft)
+                return
         if step is None:
             step = self._build(rows, mx.array([[seq.tokens[-1]] for seq in rows]))
+        else:  # its draws were built without taking their keys: take them now
+            for seq in rows:
+                seq.sampler.advance(1)
         if self._runs_ahead(rows):
             mx.async_eval(step.tokens, step.picked, self.batch.state())
             ids = step.tokens if step.tokens.dtype == mx.int32 else step.tokens.astype(mx.int32)
-            self._ahead = self._build(rows, ids[:, None])
+            self._ahead = self._build(rows, ids[:, None], ahead=True)
             mx.async_eval(self._ahead.tokens, self._ahead.picked, self.batch.state())
         else:
             mx.eval(step.tokens, step.picked, self.batch.state())
@@ -84,12 +95,16 @@ class DecodeSteps:
                 self.prefix.commit(seq, lambda i=i: swapped.get(i) or self.batch.extract(i))
         self._reshape(done, swapped)
 
-    def _build(self, rows: list[Sequence], inputs) -> Step:
-        """The graph of one decode step of `rows` on `inputs` ([rows, 1] ids), unevaluated."""
+    def _build(self, rows: list[Sequence], inputs, ahead: bool = False) -> Step:
+        """The graph of one decode step of `rows` on `inputs` ([rows, 1] ids), unevaluated.
+        `ahead`: a step queued ahead, whose draws take their sampler keys only when it is
+        used (`advance`), so that a step taken back leaves the samplers as they were."""
         import mlx.core as mx
 
         logits = self.runner.decode(rows, inputs, self.batch.caches)
-        sampled = [seq.sampler(logits[i, -1], seq.tokens) for i, seq in enumerate(rows)]
+        at = 0 if ahead else None
+        sampled = [seq.sampler(logits[i, -1], seq.tokens, ahead=at)
+                   for i, seq in enumerate(rows)]
         return Step(mx.stack([t for t, _ in sampled]), mx.stack([lp[t] for t, lp in sampled]),
                     sampled)
 
@@ -98,33 +113,37 @@ class DecodeSteps:
         read back (ahead.py), this step's graph being built: one text row on its own caches,
         nobody waiting, and a next step sure to run unless the row stops on this token (no
         block boundary for the prefix cache to record at, not the last token allowed), whose
-        token the caches can take back then."""
+        token the caches can take back then. A row with a drafter runs ahead while the drafter
+        is quiet (cooling down, or finding nothing to draft): if it drafts after all, the next
+        step takes the queued one back and verifies."""
         if (not self.runs_ahead or len(rows) != 1 or not self.batch.is_plain
                 or not self.batch.mergeable or not getattr(self.runner, "runs_ahead", False)
                 or self.waiting or self.prefilling or self._arrived()):
             return False
         seq = rows[0]
-        return (seq.drafter is None and not seq.sampler.reads_tokens
+        return ((seq.drafter is None or seq.drafter.quiet) and not seq.sampler.reads_tokens
                 and seq.timings.generated_tokens + 1 < seq.params.max_tokens
                 and len(seq.tokens) % self.block_size != 0
                 and can_take_back(self.batch.caches))
 
-    def _speculate(self, report: StepReport) -> bool:
-        """One verify step for the batch's one row, if it has a draft: its last token and the
-        draft in one chunk, the draws at each position, the draft kept while they agree
-        (speculate.py). False (nothing done) when there is no draft."""
+    def _draft(self, seq: Sequence) -> list[int]:
+        """The lone row's draft for this step ([] for none): never past the next block
+        boundary (the prefix cache records the row there) nor past what the request may still
+        generate."""
+        held = len(seq.tokens) - 1  # tokens the cache holds: all but the last sampled one
+        room = min(self.block_size - held % self.block_size,
+                   seq.params.max_tokens - seq.timings.generated_tokens)
+        return seq.drafter.draft(room - 1)
+
+    def _speculate(self, report: StepReport, draft: list[int]) -> None:
+        """One verify step for the batch's one row: its last token and `draft` in one chunk,
+        the draws at each position, the draft kept while they agree (speculate.py)."""
         import mlx.core as mx
 
         from .speculate import rollback, snapshot
 
         seq, B = self.rows[0], self.block_size
-        held = len(seq.tokens) - 1  # tokens the cache holds: all but the last sampled one
-        # never past the next block boundary (the prefix cache records the row there) nor
-        # past what the request may still generate
-        room = min(B - held % B, seq.params.max_tokens - seq.timings.generated_tokens)
-        draft = seq.drafter.draft(room - 1)
-        if not draft:
-            return False
+        held = len(seq.tokens) - 1
         k, caches = len(draft), self.batch.caches
         saved = snapshot(caches)
         logits = self.runner.verify(seq, [seq.tokens[-1], *draft], caches, held)
@@ -174,7 +193,6 @@ class DecodeSteps:
             done.append(0)
             self.prefix.commit(seq, lambda: swapped.get(0) or self.batch.extract(0))
         self._reshape(done, swapped)
-        return True
 
     def _reshape(self, done: list[int], swapped: dict[int, list]) -> None:
         """Drop finished rows; move recomputed rows to the end with their canonical state."""

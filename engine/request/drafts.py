@@ -38,6 +38,9 @@ _CONTEXT = 16  # prompt tokens kept before a recent output
 _KEPT_PER_NAMESPACE = 4
 _KEPT = 16  # kept indexes in all
 _MIN_SHARED = 64  # tokens a request shares with a kept index to take it over
+# Lookups in a row that found no match before a request's next step runs ahead of it (a step
+# taken back because a draft came costs a whole decode step; one that ran ahead saves ~10%).
+_QUIET = 2
 
 
 _MIN_PRUNE = 1024  # dropped tokens before a prune, however few are live
@@ -109,6 +112,14 @@ class Drafter:
         self._misses = 0  # verify steps in a row that accepted nothing
         self._cool = 0  # steps left without drafting
         self._backoff = 4
+        self._dry = 0  # lookups in a row that found nothing to draft
+
+    @property
+    def quiet(self) -> bool:
+        """Whether the next `draft` will likely propose nothing: cooling down, or the last
+        lookups found no match (the scheduler then queues the next step ahead, and takes it
+        back if a draft comes after all)."""
+        return self._cool > 0 or self._dry >= _QUIET
 
     def draft(self, limit: int) -> list[int]:
         """Up to `limit` tokens that may come next ([] when nothing worth verifying)."""
@@ -128,7 +139,9 @@ class Drafter:
             if other is not None and (found is None or other[0] > found[0]):
                 found = other
         if found is None:
+            self._dry += 1
             return []
+        self._dry = 0
         n, seq, end = found
         # longer matches earn longer drafts; the cap follows recent acceptance
         k = min(limit, self.cap, self.max_draft, 2 * n)

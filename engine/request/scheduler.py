@@ -96,6 +96,7 @@ class Scheduler(DecodeSteps):
         self.budget = budget  # the RAM budget: whether running caches leave room for another
         self.runs_ahead = is_enabled()  # whether a lone row's steps may run ahead (ahead.py)
         self._ahead: Step | None = None  # the lone row's next decode step, queued
+        self.taken_back = 0  # steps ahead taken back because the row's drafter drafted
 
     @property
     def busy(self) -> bool:
