@@ -258,6 +258,26 @@ T512 inline float bias_dot512(const float* bi, const float* sc, __m512 shift, co
   return _mm512_reduce_add_ps(acc);
 }
 
+// 16 horizontal sums at once, each in _mm512_reduce_add_ps's order (GCC's and clang's: the
+// halves, then the quarters, then lanes 0+2 and 1+3 of the quarter, then those two), so each
+// sum adds the same pairs and has its bits: lane 4q + r of the result is the sum of v[4r + q].
+T512 inline __m512 reduce16(const __m512 v[16]) {
+  __m512 s[8], u[4];
+  for (int p = 0; p < 8; ++p)  // [a's 8 half sums | b's]
+    s[p] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], 0x44),
+                         _mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], 0xEE));
+  for (int p = 0; p < 4; ++p)  // quarter q: v[4p + q]'s 4 quarter sums
+    u[p] = _mm512_add_ps(_mm512_shuffle_f32x4(s[2 * p], s[2 * p + 1], 0x88),
+                         _mm512_shuffle_f32x4(s[2 * p], s[2 * p + 1], 0xDD));
+  __m512 w[2];
+  for (int p = 0; p < 2; ++p) {  // quarter q: [0+2, 1+3] of v[8p + q], then of v[8p + 4 + q]
+    const __m512d a = _mm512_castps_pd(u[2 * p]), b = _mm512_castps_pd(u[2 * p + 1]);
+    w[p] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  return _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xDD));
+}
+
 // A tile of MR activation rows x NR weight rows (params from row n0 on, row stride K/group);
 // every (m, n) keeps its own accumulator and sees the same operations in the same order
 // whatever MR and NR are.
@@ -292,13 +312,49 @@ T512 void tile512(const QuantX& x, const QuantW& w, const float* scales, const f
       }
     }
   }
-  for (int i = 0; i < MR; ++i) {
-    const float* xs = x.xsum + size_t(m0 + i) * num_groups;
-    for (int j = 0; j < NR; ++j) {
-      const float* bi = SYM ? nullptr : biases + size_t(j) * num_groups;
-      y[size_t(m0 + i) * ldy + n0 + j] =
-          _mm512_reduce_add_ps(acc[i][j]) + bias_dot512<SYM>(bi, sc[j], shift, xs, num_groups);
+  if constexpr (MR * NR < 4) {
+    for (int i = 0; i < MR; ++i) {
+      const float* xs = x.xsum + size_t(m0 + i) * num_groups;
+      for (int j = 0; j < NR; ++j) {
+        const float* bi = SYM ? nullptr : biases + size_t(j) * num_groups;
+        y[size_t(m0 + i) * ldy + n0 + j] =
+            _mm512_reduce_add_ps(acc[i][j]) + bias_dot512<SYM>(bi, sc[j], shift, xs, num_groups);
+      }
     }
+  } else {
+    // The tile's sums in one pass (reduce16: lane 4i + j holds (i, j)): the ops of the
+    // branch above, lane for lane, without a horizontal reduction per output.
+    __m512 v[16];
+    for (int p = 0; p < 16; ++p) v[p] = _mm512_setzero_ps();
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < NR; ++j) v[4 * j + i] = acc[i][j];
+    const __m512 sums = reduce16(v);
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < NR; ++j) v[4 * j + i] = _mm512_setzero_ps();
+    int g = 0;
+    for (; g + 16 <= num_groups; g += 16)
+      for (int j = 0; j < NR; ++j) {
+        const __m512 b = SYM ? _mm512_mul_ps(_mm512_loadu_ps(sc[j] + g), shift)
+                             : _mm512_loadu_ps(biases + size_t(j) * num_groups + g);
+        for (int i = 0; i < MR; ++i)
+          v[4 * j + i] = _mm512_fmadd_ps(
+              b, _mm512_loadu_ps(x.xsum + size_t(m0 + i) * num_groups + g), v[4 * j + i]);
+      }
+    if (g < num_groups) {
+      const __mmask16 k = __mmask16((1u << (num_groups - g)) - 1);
+      for (int j = 0; j < NR; ++j) {
+        const float* bi = SYM ? nullptr : biases + size_t(j) * num_groups;
+        const __m512 b = bias_vec512<SYM>(bi, sc[j], shift, k, g);
+        for (int i = 0; i < MR; ++i)
+          v[4 * j + i] = _mm512_fmadd_ps(
+              b, _mm512_maskz_loadu_ps(k, x.xsum + size_t(m0 + i) * num_groups + g),
+              v[4 * j + i]);
+      }
+    }
+    alignas(64) float out[16];
+    _mm512_store_ps(out, _mm512_add_ps(sums, reduce16(v)));
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < NR; ++j) y[size_t(m0 + i) * ldy + n0 + j] = out[4 * i + j];
   }
 }
 
