@@ -125,10 +125,12 @@ def test_calls_the_kernels_do_not_take_whole_run_mlx_lms_code(lib):
     assert _takes(x, None, KVCache()) and _takes(x, "causal", KVCache())
     assert not _takes(x, None, None)  # no cache
     assert not _takes(x.astype(mx.bfloat16), None, KVCache())
-    assert not _takes(x, None, BatchKVCache([0]))  # per-row offsets
+    assert _takes(x, None, BatchKVCache([0]))  # per-row offsets: test_native_blocks_batch.py
+    assert not _takes(x, None, BatchKVCache([0, 0]))  # an offset per row, one row
     assert not _takes(x, None, QuantizedKVCache())
     assert not _takes(x, mx.zeros((1, 1), mx.int32), KVCache())
     # a batch of two rows (the engine's merged decode) gives the separate calls' bits too
+    # (fused: test_native_blocks_batch.py)
     fused, _ = _tiny_llama(lib, True)
     separate, _ = _tiny_llama(lib, False)
     cache = [BatchKVCache([0, 0]) for _ in fused.layers]

@@ -9,8 +9,11 @@ same-named subclass whose `__call__` makes two kernel calls around mlx-lm's own 
 dtype) and `block_out` (attention, o_proj, residual, the MLP with its norms, residual). Each
 calls the kernel functions the separate primitives run, in the same order, so the results
 are the bits of mlx-lm's code on the kernels (tests/test_native_blocks.py); the fingerprint
-does not change. Any call the kernels would not take whole (another dtype, no cache, a batch
-or quantized cache, a mask the attention kernel does not take) runs mlx-lm's own code, which
+does not change. mlx-lm's batch caches (the engine's merged rows) are taken too: their
+per-row offsets go to the ropes as the rope primitive takes them, and the left padding and
+the window are in the mask the attention kernel reads, so a row's bits do not depend on the
+rows beside it. Any call the kernels would not take whole (another dtype, no cache, a
+quantized cache, a mask the attention kernel does not take) runs mlx-lm's own code, which
 stays the reference. A layer is converted only where every piece is already on the kernels:
 kernel linears without biases, the kernels' norms, RoPE, attention and activation.
 `FORKV_NATIVE_BLOCKS=off` (or `FORKV_NATIVE_FUSE=off`) keeps the separate calls.
@@ -41,6 +44,8 @@ _ATTENTION = {"mlx_lm.models.llama.TransformerBlock": "mlx_lm.models.llama.Atten
               "mlx_lm.models.gemma3_text.TransformerBlock":
                   "mlx_lm.models.gemma3_text.Attention"}
 _CACHES = ("KVCache", "RotatingKVCache")  # mlx-lm's single-sequence caches (int offsets)
+# mlx-lm's batch caches (the engine's merged decode): an offset per row, left padding masked
+_BATCH_CACHES = ("BatchKVCache", "BatchRotatingKVCache")
 _subclasses: dict[type, type] = {}
 
 
@@ -145,7 +150,11 @@ def _takes(x, mask, cache) -> bool:
     """Whether the kernels take this call whole (else mlx-lm's code runs it)."""
     if x.dtype != mx.float32 or x.ndim != 3 or cache is None or hasattr(cache, "bits"):
         return False
-    if type(cache).__name__ not in _CACHES or not isinstance(cache.offset, int):
+    name = type(cache).__name__
+    if name in _BATCH_CACHES:
+        if not (isinstance(cache.offset, mx.array) and cache.offset.shape == (x.shape[0],)):
+            return False
+    elif name not in _CACHES or not isinstance(cache.offset, int):
         return False
     if mask is None:
         return True
@@ -163,11 +172,13 @@ def _block_class(cls: type) -> type:
         lib, attn = self._forkv_lib, self.self_attn
         rope = attn.rope
         qk = [attn.q_norm["weight"], attn.k_norm["weight"]] if p.sandwich else []
+        rows = cache.offset if isinstance(cache.offset, mx.array) else None  # batch cache
         q, k, v = lib.attn_in(x, self.input_layernorm["weight"], qk,
                               _arrays(p.attn_in, p.attn_keys), p.attn_specs, p.eps, p.offset,
                               p.qk_eps, attn.n_heads, attn.n_kv_heads, attn.head_dim,
                               rope.dims, rope.traditional, rope.base, rope.scale,
-                              cache.offset, kv_dtype_of(cache))
+                              0 if rows is not None else cache.offset, kv_dtype_of(cache),
+                              rows)
         keys, values = cache.update_and_fetch(k, v)
         if isinstance(mask, str):  # "causal", as attention.attention reads it
             mask, causal, rot = None, x.shape[1] > 1, 0

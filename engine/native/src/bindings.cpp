@@ -26,7 +26,7 @@ NB_MODULE(_forkv_native, m) {
   m.def("attn_in", &forkv::attn_in, "x"_a, "norm"_a, "qk_norms"_a, "arrays"_a, "specs"_a,
         "eps"_a, "norm_offset"_a, "qk_eps"_a, "n_heads"_a, "n_kv_heads"_a, "head_dim"_a,
         "rope_dims"_a, "rope_traditional"_a, "rope_base"_a, "rope_scale"_a, "offset"_a,
-        "kv_dtype"_a);
+        "kv_dtype"_a, "offsets"_a = nb::none());
   m.def("block_out", &forkv::block_out, "q"_a, "keys"_a, "values"_a, "mask"_a.none(),
         "causal"_a, "rot"_a, "scale"_a, "x"_a, "norms"_a, "arrays"_a, "specs"_a, "counts"_a,
         "eps"_a, "norm_offset"_a, "act"_a, "act_mul"_a);

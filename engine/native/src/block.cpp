@@ -91,6 +91,11 @@ void eval_attn_in(const std::vector<mx::array>& in, std::vector<mx::array>& out,
     dst.push_back(qkv[i].data());
   }
   linears(in, lins, 0, int(lins.size()), xn.data(), M, dst, isa);
+  std::vector<int32_t> pos;  // each row's position (a broadcast or strided [B] read as is)
+  if (sh.row_offsets) {
+    const mx::array& o = in[sh.qk_norm ? 4 : 2];
+    for (int b = 0; b < B; ++b) pos.push_back(o.data<int32_t>()[b * o.strides()[0]]);
+  }
   for (int i = 0; i < 3; ++i) {
     const int64_t rows = int64_t(B) * heads[i] * L;
     const float* v = heads_first(qkv[i].data(), B, L, heads[i], hd, t);
@@ -103,7 +108,7 @@ void eval_attn_in(const std::vector<mx::array>& in, std::vector<mx::array>& out,
       }
       float* y = i == 0 ? out[0].data<float>() : (r.resize(size_t(rows) * hd), r.data());
       rope_rows(v, B, L, rows, hd, sh.rope_dims, sh.rope_traditional, sh.rope_base,
-                sh.rope_scale, sh.offset, y);
+                sh.rope_scale, sh.offset, y, sh.row_offsets ? pos.data() : nullptr);
       v = y;
     }
     if (i > 0) store(v, out[i]);
@@ -230,7 +235,8 @@ std::vector<mx::array> attn_in(const mx::array& x, const mx::array& norm,
                                float norm_offset, float qk_eps, int n_heads, int n_kv_heads,
                                int head_dim, int rope_dims, bool rope_traditional,
                                float rope_base, float rope_scale, int offset,
-                               const std::string& kv_dtype) {
+                               const std::string& kv_dtype,
+                               const std::optional<mx::array>& offsets) {
   if (x.ndim() != 3 || x.dtype() != mx::float32)
     throw std::invalid_argument("forkv attn_in: x must be float32 [B, L, D]");
   if (!qk_norms.empty() && qk_norms.size() != 2)
@@ -245,6 +251,14 @@ std::vector<mx::array> attn_in(const mx::array& x, const mx::array& norm,
                                                                              : mx::float32;
   std::vector<mx::array> head = {x, as_is(norm, s)};
   for (const auto& n : qk_norms) head.push_back(as_is(n, s));
+  const int B = x.shape(0), L = x.shape(1);
+  if (offsets) {  // as rope() takes them
+    auto o = mx::astype(mx::flatten(*offsets, s), mx::int32, s);
+    if (o.size() != 1 && int(o.size()) != B)
+      throw std::invalid_argument("forkv attn_in: offsets must hold one position per row");
+    head.push_back(mx::broadcast_to(o, {B}, s));
+    sh.row_offsets = true;
+  }
   const int base = int(head.size());
   auto lins = plan_linears(arrays, specs, base);
   int total = 0;
@@ -254,7 +268,6 @@ std::vector<mx::array> attn_in(const mx::array& x, const mx::array& norm,
   }
   if (total != (n_heads + 2 * n_kv_heads) * head_dim)
     throw std::invalid_argument("forkv attn_in: the linears' widths are not q, k and v's");
-  const int B = x.shape(0), L = x.shape(1);
   auto prim = std::make_shared<DecoderBlock>(s, false, sh, std::move(lins), current_isa());
   return mx::array::make_arrays(
       {{B, n_heads, L, head_dim}, {B, n_kv_heads, L, head_dim}, {B, n_kv_heads, L, head_dim}},

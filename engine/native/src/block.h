@@ -38,6 +38,7 @@ struct BlockShape {
   bool rope_traditional = false;
   float rope_base = 0.0f, rope_scale = 1.0f;
   int offset = 0;
+  bool row_offsets = false;  // an int32 [B] input after the q/k norms: each row's position
   mlx::core::Dtype kv_dtype = mlx::core::float32;
   // BlockOut
   int mask_kind = 0;  // 0 none, 1 bool, 2 float
@@ -50,13 +51,15 @@ struct BlockShape {
 };
 
 // `specs`: one per linear, [w, scales, biases or -1, bits, group_size, width...], indices
-// into `arrays`.
+// into `arrays`. `offsets` (a batch cache's, one per row) replace `offset` as the ropes'
+// positions, as the rope primitive takes them.
 std::vector<mlx::core::array> attn_in(
     const mlx::core::array& x, const mlx::core::array& norm,
     const std::vector<mlx::core::array>& qk_norms, const std::vector<mlx::core::array>& arrays,
     const std::vector<std::vector<int>>& specs, float eps, float norm_offset, float qk_eps,
     int n_heads, int n_kv_heads, int head_dim, int rope_dims, bool rope_traditional,
-    float rope_base, float rope_scale, int offset, const std::string& kv_dtype);
+    float rope_base, float rope_scale, int offset, const std::string& kv_dtype,
+    const std::optional<mlx::core::array>& offsets);
 
 // `norms`: [pre-MLP] or, sandwiched, [post-attention, pre-MLP, post-MLP]; `counts`: how many
 // of the linears are o_proj's and gate/up's (down's the rest).

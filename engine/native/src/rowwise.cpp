@@ -167,8 +167,9 @@ void rms_norm_rows(const float* x, int64_t count, int D, const float* w, float e
 }
 
 void rope_rows(const float* x, int64_t B, int64_t L, int64_t count, int D, int dims,
-               bool traditional, float base, float scale, int offset, float* y) {
-  rope_impl(contiguous_rows(x, count, D), B, L, nullptr, offset, dims, traditional, base,
+               bool traditional, float base, float scale, int offset, float* y,
+               const int32_t* offsets) {
+  rope_impl(contiguous_rows(x, count, D), B, L, offsets, offset, dims, traditional, base,
             scale, y);
 }
 

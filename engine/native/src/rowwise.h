@@ -27,11 +27,12 @@ mlx::core::array rope(const mlx::core::array& x, int dims, bool traditional, flo
 
 // The kernels the primitives run, on `count` contiguous rows of D floats (the fused decoder
 // blocks call them: the same code, so the same bits). rope_rows: x [B, ..., L, D] in row
-// order, row r at position offset + r % L.
+// order, row r at position (offsets ? offsets[r / (count / B)] : offset) + r % L.
 void rms_norm_rows(const float* x, int64_t count, int D, const float* w, float eps,
                    float offset, float* y, Isa isa);
 void rope_rows(const float* x, int64_t B, int64_t L, int64_t count, int D, int dims,
-               bool traditional, float base, float scale, int offset, float* y);
+               bool traditional, float base, float scale, int offset, float* y,
+               const int32_t* offsets = nullptr);
 
 class RmsNorm : public mlx::core::Primitive {
  public:
