@@ -310,3 +310,43 @@ def test_the_last_canonical_cut_equals_the_sorted_cuts_it_replaces():
         for shared in (0, rng.randrange(0, n + 1), n):
             want = max([c for c in cuts if c <= shared], default=0)
             assert _last_cut(ends, n, B, shared) == want, (n, B, ends, shared)
+
+
+def test_a_fast_chats_turn_compares_only_its_own_new_kv(monkeypatch):
+    """A fast chat's entries share one K/V buffer; a new entry compares none of what it is known
+    to hold equal (the cache it continued, its own prompt's, and every entry reading one found
+    equal), so the tokens compared a turn do not grow with the chat. Every skipped compare
+    is checked here to hold bit for bit, and sharing stays what a full compare decides."""
+    import mlx.core as mx
+
+    from forkv.engine.cache import live
+
+    compared, real = [], live._share_kv
+
+    def checked(short, long_, p, check_from=0):
+        if live._kinds.kind_of(short) is live._GLOBAL and short.keys is not None:
+            n = min(check_from, p)  # what is taken as known equal: it must be
+            assert mx.array_equal(short.keys[..., :n, :], long_.keys[..., :n, :]).item()
+            assert mx.array_equal(short.values[..., :n, :], long_.values[..., :n, :]).item()
+            full = real(short, long_, p, 0) if n else None  # (the answer a full compare gives)
+            got = real(short, long_, p, check_from)
+            assert full is None or full == got
+            compared.append(p - n)
+            return got
+        return real(short, long_, p, check_from)
+
+    monkeypatch.setattr(live, "_share_kv", checked)
+    engine = _engine(load_tiny("qwen3"), reuse="fast")
+    try:
+        tokens, per_turn = random_tokens(300, seed=7), []
+        for turn in range(14):
+            compared.clear()
+            got = engine.generate(tokens, GREEDY)
+            per_turn.append(sum(compared))
+            tokens = tokens + got.token_ids[:-1] + random_tokens(60, seed=100 + turn)
+        assert engine.prefix.live.stats.puts >= 28
+        # (known equal, all of it: 0 tokens a turn here; comparing every entry whole was
+        # 6,300 tokens at turn 2 and 148,620 at turn 14)
+        assert max(per_turn[4:]) <= 3 * max(per_turn[1:4]), per_turn
+    finally:
+        engine.close()

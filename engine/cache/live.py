@@ -47,6 +47,9 @@ class LiveEntry:
     nbytes: int
     on_leave: Callable | None = None  # queues the record job of a fast request's tokens
     canonical_to: int = 0  # its first tokens computed on the canonical cuts (an exact prompt)
+    # An entry whose global K/V equal this one's first tokens, bit for bit (this one reads
+    # them as slices of its arrays): a later entry that equals it needs no compare of this one
+    view_of: LiveEntry | None = None
 
 
 @dataclass(slots=True)
@@ -66,23 +69,28 @@ class LiveStats:
 _SHARE_MIN = 256  # shorter shared prefixes are not worth an equality check
 
 
-def _share_kv(short, long_, p: int, check_from: int = 0) -> None:
+def _share_kv(short, long_, p: int, check_from: int = 0) -> bool:
     """`short`'s K/V (holding p tokens) as slices of `long_`'s first p, if equal bit for bit
     from token `check_from` on (the tokens before it known equal); global-layer caches only
-    (sliding windows and state are each entry's own)."""
+    (sliding windows and state are each entry's own). Whether the layer reads `long_`'s now
+    (True for a layer that is not global K/V: nothing of it is shared)."""
     import mlx.core as mx
 
-    if (_kinds.kind_of(short) is not _GLOBAL or type(short) is not type(long_)
-            or short.keys is None or long_.keys is None or short.offset != p
-            or long_.offset < p or short.keys.dtype != long_.keys.dtype):
-        return
+    if _kinds.kind_of(short) is not _GLOBAL:
+        return True
+    if (type(short) is not type(long_) or short.keys is None or long_.keys is None
+            or short.offset != p or long_.offset < p or short.keys.dtype != long_.keys.dtype):
+        return False
     keys, values = long_.keys[..., :p, :], long_.values[..., :p, :]
     a = check_from
-    if (keys.shape != short.keys[..., :p, :].shape
-            or not mx.array_equal(keys[..., a:, :], short.keys[..., a:p, :]).item()
-            or not mx.array_equal(values[..., a:, :], short.values[..., a:p, :]).item()):
-        return
+    if keys.shape != short.keys[..., :p, :].shape:
+        return False
+    if a < p and (not mx.array_equal(keys[..., a:, :], short.keys[..., a:p, :]).item()
+                  or not mx.array_equal(values[..., a:, :], short.values[..., a:p, :]).item()):
+        return False
+    mx.eval(keys, values)  # (views of long_'s buffer: evaluated here, on the engine thread)
     short.keys, short.values = keys, values
+    return True
 
 
 def _kinds_of(cache: list) -> list:
@@ -165,11 +173,14 @@ class LivePool:
         return self.budget_bytes > 0 and self.max_entries > 0
 
     def put(self, tokens: Sequence[int], cache: list, tag: bytes, keys: Sequence[bytes] = (),
-            on_leave: Callable | None = None, canonical_to: int = 0) -> LiveEntry | None:
+            on_leave: Callable | None = None, canonical_to: int = 0,
+            same_as: tuple[LiveEntry, int] | None = None) -> LiveEntry | None:
         """Keep `cache` (holding `tokens`; the pool owns both from now on) for later requests of
         the namespace `tag`. Entries whose tokens are a prefix of another's stay too (the
         cache after a prompt holds more of its sliding windows than the one after its
-        answer). One that is not kept leaves at once (`on_leave` runs)."""
+        answer). One that is not kept leaves at once (`on_leave` runs). `same_as` (an entry, n):
+        `cache`'s global K/V of the first n tokens are that entry's, bit for bit (the request
+        continued it, or it is the request's own prompt's)."""
         nbytes = cache_nbytes(cache)
         # (a cache that does not hold exactly `tokens` would be cut in the wrong place)
         if (not self.enabled or not tokens or nbytes > self.budget_bytes
@@ -179,7 +190,7 @@ class LivePool:
             return None
         entry = LiveEntry(as_list(tokens), cache, tag, frozenset(keys), nbytes, on_leave,
                           canonical_to)
-        self._share_prefixes(entry)
+        self._share_prefixes(entry, same_as)
         self.entries[id(entry)] = entry
         self.nbytes += nbytes
         self.stats.puts += 1
@@ -188,7 +199,8 @@ class LivePool:
             self.on_grow()
         return entry if id(entry) in self.entries else None
 
-    def _share_prefixes(self, new: LiveEntry) -> None:
+    def _share_prefixes(self, new: LiveEntry,
+                        same_as: tuple[LiveEntry, int] | None = None) -> None:
         """One buffer for the global layers' K/V of a conversation's entries: where `new` and
         an entry of its namespace hold one's tokens as the other's prefix (a prompt and its
         answer, an answer and the next prompt), the shorter's keys and values become slices of
@@ -202,18 +214,30 @@ class LivePool:
         tokens), so their K/V are equal bit for bit, as their records are; only the shorter
         one's last chunk may end where the longer one's does not. (Comparing a 14K-token
         chat's whole K/V cost ~28 ms a turn on the engine thread, in front of every other
-        request.)"""
-        for old in self.entries.values():
-            if old.tag != new.tag or not old.cache:
-                continue
+        request.) Nor is what is known equal compared at all: `same_as`'s first tokens, and every
+        entry that reads an entry found equal to `new` (the entries are taken longest first),
+        so a conversation's turn compares only its own new tokens, not every earlier turn's
+        whole K/V again (a fast chat's 60th turn compared ~30 entries' K/V: ~1.2 s of
+        demo:qwen3:tiny's engine thread, ~3 s of SmolLM2's)."""
+        source, known = same_as if same_as is not None else (None, 0)
+        olds = sorted((e for e in self.entries.values() if e.tag == new.tag and e.cache),
+                      key=lambda e: len(e.tokens), reverse=True)
+        equal: set[int] = set()  # ids of the entries found to equal `new` where they hold
+        for old in olds:
             p = shared_prefix(old.tokens, new.tokens)
             if p < _SHARE_MIN or p not in (len(old.tokens), len(new.tokens)):
                 continue
             short, long_ = (old, new) if p == len(old.tokens) else (new, old)
             canonical = min(short.canonical_to, long_.canonical_to) >= p
             check_from = (p - 1) // self.block_size * self.block_size if canonical else 0
-            for a, b in zip(short.cache, long_.cache):
-                _share_kv(a, b, p, check_from)
+            if old is source:
+                check_from = max(check_from, min(known, p))
+            if short is old and old.view_of is not None and id(old.view_of) in equal:
+                check_from = p  # it reads an entry that equals `new`: so does it
+            if all([_share_kv(a, b, p, check_from) for a, b in zip(short.cache, long_.cache)]):
+                short.view_of = long_
+                if short is old:
+                    equal.add(id(old))
 
     def shrink_to(self, limit: int) -> None:
         """Evict least recently used entries until the pool holds at most `limit` bytes (the

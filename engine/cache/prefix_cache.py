@@ -49,6 +49,10 @@ class Plan:
     recorded_to: int = 0  # tokens the records restored when it was admitted
     rings: tuple | None = None  # (start, window rings) from before the last prefill chunk
     deferred_to: int = 0  # the last block boundary crossed while decoding, not yet recorded
+    # (a live entry, n): this request's global K/V of its first n tokens are that entry's,
+    # bit for bit (it continued that entry's cache, or it is its own prompt's): the pool
+    # compares none of them (live.py)
+    live_source: tuple | None = None
 
 
 class PrefixCache:
@@ -142,6 +146,7 @@ class PrefixCache:
             ck.count_restore(0, u - n)
             seq.cache, seq.pos, seq.hook, seq.model = live.take(entry, u), u, None, self.lm.model
             seq.chunk_base, plan.live_from, plan.recorded_to = u, u, n
+            plan.live_source = (entry, u)
             live.stats.beyond_records += u - past  # (past the most records could give)
         else:
             seq.cache, seq.pos = restored.cache, n
@@ -277,8 +282,10 @@ class PrefixCache:
             upto = max(seq.prompt_len, n_tokens // B * B)
             on_leave = partial(self.jobs.add, seq.tokens[:upto], plan.recorded_to // B,
                                plan.keyer)
-        live.put(tokens, cache, plan.keyer.tag, self._writes_tokens(tokens, plan.keyer),
-                 on_leave)
+        entry = live.put(tokens, cache, plan.keyer.tag, self._writes_tokens(tokens, plan.keyer),
+                         on_leave, same_as=plan.live_source)
+        if entry is not None and n_tokens == seq.prompt_len:
+            plan.live_source = (entry, n_tokens)  # its answer continues this very cache
 
     # -- record jobs -------------------------------------------------------------------------
     def work(self, waiting, idle: bool) -> int:
