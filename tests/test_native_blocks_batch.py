@@ -33,10 +33,11 @@ def _merge(rows):
     return caches
 
 
-def _decode(lm, lengths, steps, join=None, leave=None, seed=0):
+def _decode(lm, lengths, steps, join=None, leave=None, chunk=None, seed=0):
     """Logits of every step of a merged batch decoding `steps` tokens a row (row r's token at
     step s fixed by (r, s)); `join`: (step, length) of a row added then; `leave`: (step, row)
-    removed then. Returns {(row, step): logits} by each row's first index."""
+    removed then; `chunk`: (step, n) a step of n tokens a row (a verify chunk's shape).
+    Returns {(row, step): logits} by each row's first index."""
     rows = _rows(lm, lengths, seed)
     live = list(range(len(lengths)))
     caches = _merge(rows)
@@ -52,7 +53,8 @@ def _decode(lm, lengths, steps, join=None, leave=None, seed=0):
             for c in caches:
                 c.filter(keep)
             live = [live[i] for i in keep]
-        tokens = mx.array([[(7 * r + 13 * s) % 480 + 3] for r in live])
+        n = chunk[1] if chunk is not None and s == chunk[0] else 1
+        tokens = mx.array([[(7 * r + 13 * s + i) % 480 + 3 for i in range(n)] for r in live])
         logits = lm.model(tokens, cache=caches)[:, -1]
         mx.eval(logits)
         for i, r in enumerate(live):
@@ -94,9 +96,9 @@ def test_a_batch_decodes_in_two_calls_a_layer_with_the_separate_calls_bits(lib, 
     assert _takes(x, mx.ones((2, 1, 1, 4), mx.bool_), BatchRotatingKVCache(128, [0, 3]))
     assert not _takes(x, None, BatchKVCache([0]))  # offsets not one per row
     # rows shorter than the window, one across it during decode, one wrapped already; a row
-    # joins (its ring not yet wrapped) and another leaves
+    # joins (its ring not yet wrapped), a step of 3 tokens a row, and a row leaves
     lengths, steps = [20, 100, 150], 60
-    kwargs = {"join": (12, 70), "leave": (40, 0)}
+    kwargs = {"join": (12, 70), "leave": (40, 0), "chunk": (30, 3)}
     _same(_decode(fused, lengths, steps, **kwargs), _decode(separate, lengths, steps, **kwargs))
 
 
