@@ -59,8 +59,11 @@ def test_asks_pair_a_first_and_a_different_second_request():
         assert first.max_tokens == second.max_tokens == 400
     assert {a.max_tokens for pair in make_asks(quick=True).values() for a in pair} == {64}
     assert make_asks(max_tokens=7)["chat"][0].max_tokens == 7
-    assert all(a.temperature == 0.0 and a.n == 1 for c in CASES if c != "tree"
+    assert all(a.temperature == 0.0 and a.n == 1 for c in CASES if c not in ("tree", "chatty")
                for a in asks[c])
+    # chatty: the chat prompts, sampled and seeded (text a small model does not loop on)
+    assert [a.messages for a in asks["chatty"]] == [a.messages for a in asks["chat"]]
+    assert all((a.temperature, a.seed, a.n) == (1.0, 1234, 1) for a in asks["chatty"])
     tree = asks["tree"][0]
     assert (tree.n, tree.temperature, tree.seed) == (8, 0.8, 1234)
     edit1, edit2 = (a.messages[-1]["content"] for a in asks["edit"])
@@ -190,8 +193,8 @@ def _rows(same: bool = True, **tps: float) -> dict:
 
 
 def test_headline_reads_the_second_request_against_the_best_spec_type():
-    forkv = {"auto": _rows(chat=99.0, edit=300.0, toolloop=260.0, tree=400.0),
-             "off": _rows(None, chat=100.0, edit=90.0, toolloop=95.0, tree=380.0,
+    forkv = {"auto": _rows(chat=99.0, chatty=48.0, edit=300.0, toolloop=260.0, tree=400.0),
+             "off": _rows(None, chat=100.0, chatty=50.0, edit=90.0, toolloop=95.0, tree=380.0,
                           kernels=120.0)}
     llama = {"none": _rows(None, chat=90.0, edit=80.0, toolloop=85.0, tree=250.0,
                            kernels=100.0),
@@ -200,8 +203,8 @@ def test_headline_reads_the_second_request_against_the_best_spec_type():
     h = headline_of(forkv, llama, True)
     assert h == {"edit_vs_llamacpp": 1.5, "toolloop_vs_llamacpp": 1.3,
                  "tree_vs_llamacpp": 1.6, "edit_vs_off": 3.333, "chat_spec_vs_off": 0.99,
-                 "chat_vs_llamacpp": 1.1, "decode_kernel_ratio": 1.2, "spec_identical": True,
-                 "llamacpp_ok": True}
+                 "chatty_spec_vs_off": 0.96, "chat_vs_llamacpp": 1.1, "decode_kernel_ratio": 1.2,
+                 "spec_identical": True, "llamacpp_ok": True}
     forkv["auto"]["tree"]["first"]["identical_to_off"] = False
     assert headline_of(forkv, llama, True)["spec_identical"] is False  # first requests count
 
@@ -250,7 +253,7 @@ def test_forkv_plan_sends_each_request_auto_then_off(monkeypatch):
     assert server.stopped and set(out) == {"auto", "off"}
     assert set(out["auto"]) == set(decode._SPECULATED) and set(out["off"]) == set(CASES)
     modes = [c["extra"]["speculate"] for c in fake.calls]
-    assert modes == ["auto", "off"] * 8 + ["off", "off"]  # kernels: off only
+    assert modes == ["auto", "off"] * 10 + ["off", "off"]  # kernels: off only
     assert all(c["extra"]["logit_bias"] == {"7": -100.0} for c in fake.calls)
     assert fake.calls[0]["messages"] == fake.calls[1]["messages"]  # the same request twice
     assert [c["n"] for c in fake.calls if c["n"] > 1] == [8] * 4  # tree: n=8 in one request

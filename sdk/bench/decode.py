@@ -3,15 +3,17 @@ against llama.cpp's `llama-server` on the same GGUF, through the `openai` client
 
 Cases (`make_asks`), each a first request and a second, similar one (the headline reads the
 second: both servers warm), greedy at a fixed max_tokens with end-of-sequence suppressed, one
-client: chat (a question with nothing to repeat), edit (a ~1K-token Python module rewritten
-with one function renamed), toolloop (a JSON tool call whose arguments repeat an earlier tool
-result), tree (8 sampled branches of one prompt at once: forkv's n=8, llama-server's 8
-concurrent seeded requests; aggregate tok/s) and kernels (a short prompt, speculation off).
-forkv serve runs once with speculation auto and sends every request again with
-`"speculate": "off"`, whose text the speculative one must equal; llama-server runs once per
-`--spec-type` (none, ngram-simple, ngram-mod), its texts compared with the `none` server's.
-Decode tok/s, alike on both sides: (completion tokens - choices) / (last streamed token -
-first streamed token) on the client's clock (each choice's first token is prefill's).
+client: chat (a question with nothing to repeat; a small model's greedy text soon loops, so
+speculation finds its own output to draft from), chatty (the chat prompts sampled, seeded at
+temperature 1.0: text that does not repeat, where speculation must cost nothing), edit (a
+~1K-token Python module rewritten with one function renamed), toolloop (a JSON tool call whose
+arguments repeat an earlier tool result), tree (8 sampled branches of one prompt at once:
+forkv's n=8, llama-server's 8 concurrent seeded requests; aggregate tok/s) and kernels (a short
+prompt, speculation off). forkv serve runs once with speculation auto and sends every request
+again with `"speculate": "off"`, whose text the speculative one must equal; llama-server runs
+once per `--spec-type` (none, ngram-simple, ngram-mod), its texts compared with the `none`
+server's. Decode tok/s, alike on both sides: (completion tokens - choices) / (last streamed
+token - first streamed token) on the client's clock (each choice's first token is prefill's).
 Knows the cases and the figures; the processes are `serve_procs`' and `llamacpp`'s.
 """
 
@@ -37,12 +39,13 @@ from .serve_procs import ServerProcess, start_forkv
 __all__ = ["CASES", "SPEC_TYPES", "Ask", "edit_source", "headline_of", "make_asks",
            "run_decode_bench"]
 
-CASES = ("chat", "edit", "toolloop", "tree", "kernels")
+CASES = ("chat", "chatty", "edit", "toolloop", "tree", "kernels")
 SPEC_TYPES = ("none", "ngram-simple", "ngram-mod")
 _LLAMA_SPEC_TYPES = SPEC_TYPES + ("ngram-map-k", "ngram-map-k4v", "ngram-cache")
-_SPECULATED = ("chat", "edit", "toolloop", "tree")  # kernels: speculation off only
+_SPECULATED = ("chat", "chatty", "edit", "toolloop", "tree")  # kernels: speculation off only
 TARGETS = {"edit_vs_llamacpp": ">= 1.5", "edit_vs_off": ">= 3", "toolloop_vs_llamacpp": ">= 1.3",
            "tree_vs_llamacpp": ">= 1.3", "chat_spec_vs_off": ">= 0.97",
+           "chatty_spec_vs_off": ">= 0.97",
            "chat_vs_llamacpp": ">= 1.1", "spec_identical": "== true", "llamacpp_ok": "== true"}
 
 
@@ -178,9 +181,10 @@ def make_asks(quick: bool = False, max_tokens: int = 0, branches: int = 8,
     tree = tuple(Ask(user(text), m, 0.8, seed, branches) for text in (
         "Propose a name for a seaside bakery and explain the idea behind it.",
         "Suggest a plan for a rainy weekend in a small mountain town."))
-    return {"chat": (Ask(user("Write a short story about a lighthouse keeper."), m),
-                     Ask(user("Explain how the gears of a bicycle work, to a curious "
-                              "twelve-year-old."), m)),
+    chat = (Ask(user("Write a short story about a lighthouse keeper."), m),
+            Ask(user("Explain how the gears of a bicycle work, to a curious twelve-year-old."),
+                m))
+    return {"chat": chat, "chatty": tuple(Ask(a.messages, m, 1.0, seed) for a in chat),
             "edit": edit, "toolloop": _toolloop(quick, m), "tree": tree,
             "kernels": (Ask(user("Write on: the history of the printing press."), m),
                         Ask(user("Write on: how tides follow the moon."), m))}
@@ -379,6 +383,8 @@ def headline_of(forkv: dict, llama: dict, llamacpp_ok: bool) -> dict:
             "tree_vs_llamacpp": _ratio(tps(forkv, "auto", "tree"), best("tree")),
             "edit_vs_off": _ratio(tps(forkv, "auto", "edit"), tps(forkv, "off", "edit")),
             "chat_spec_vs_off": _ratio(tps(forkv, "auto", "chat"), tps(forkv, "off", "chat")),
+            "chatty_spec_vs_off": _ratio(tps(forkv, "auto", "chatty"),
+                                         tps(forkv, "off", "chatty")),
             "chat_vs_llamacpp": _ratio(tps(forkv, "auto", "chat"), tps(llama, "none", "chat")),
             "decode_kernel_ratio": _ratio(tps(forkv, "off", "kernels"),
                                           tps(llama, "none", "kernels")),
