@@ -350,3 +350,37 @@ def test_a_fast_chats_turn_compares_only_its_own_new_kv(monkeypatch):
         assert max(per_turn[4:]) <= 3 * max(per_turn[1:4]), per_turn
     finally:
         engine.close()
+
+
+def test_a_fast_chats_record_jobs_rerun_only_its_own_tokens_at_any_depth():
+    """A fast turn computes its own new tokens, and the record job its entry leaves computes
+    only what the records lack: from the last recorded block on, never the chat above it. The
+    tokens a turn computes (its request and the jobs run before the next turn) stay bounded by
+    a block and the turn whatever the depth (counted, not timed: profiled, a fast turn's CPU at
+    depth is the model's own attention, equal to mlx-lm's forward of the same tokens)."""
+    engine = _engine(load_tiny("qwen3"), reuse="fast")
+    engine.prefix.live.max_entries = 4  # (entries leave, and queue their jobs, every turn)
+    jobs, done = engine.prefix.jobs, []
+    real = jobs.run
+
+    def counted(waiting, idle):
+        n = real(waiting, idle)
+        done.append(n)
+        return n
+
+    jobs.run = counted
+    try:
+        tokens, per_turn = random_tokens(300, seed=11), []
+        for turn in range(24):
+            done.clear()
+            got = engine.generate(tokens, GREEDY)
+            engine.drain(timeout=60)
+            per_turn.append((got.timings.computed_tokens, sum(done)))
+            tokens = tokens + got.token_ids[:-1] + random_tokens(64, seed=200 + turn)
+        assert len(tokens) > 1800 and sum(j for _, j in per_turn) > 0
+        # (at most a block the records lack, the turn and its answer)
+        limit = engine.block_size + 64 + GREEDY.max_tokens
+        assert all(c <= 64 + 1 and c + j <= limit + 64 for c, j in per_turn[1:]), per_turn
+        assert max(j for _, j in per_turn[-6:]) <= limit, per_turn
+    finally:
+        engine.close()
