@@ -384,3 +384,34 @@ def test_a_fast_chats_record_jobs_rerun_only_its_own_tokens_at_any_depth():
         assert max(j for _, j in per_turn[-6:]) <= limit, per_turn
     finally:
         engine.close()
+
+
+def test_a_fast_chats_turn_compares_only_its_own_new_tokens(monkeypatch):
+    """The live pool's token compares a turn (putting the prompt's and the answer's entries,
+    finding the cache to continue) are one pass over the chat's tokens, not one an entry: an
+    entry that reads an entry known to begin the new one's tokens, and the cache the request
+    continued, up to where it took it, are not compared again, nor is an entry that could not
+    beat the best found so far. Counted in tokens handed to shared_prefix, not timed."""
+    from forkv.engine.cache import live
+
+    compared, real = [], live.shared_prefix
+
+    def counted(a, b):
+        compared.append(0 if a is b else min(len(a), len(b)))
+        return real(a, b)
+
+    monkeypatch.setattr(live, "shared_prefix", counted)
+    engine = _engine(load_tiny("qwen3"), reuse="fast")
+    try:
+        tokens, per_turn = random_tokens(300, seed=9), []
+        for turn in range(16):
+            compared.clear()
+            got = engine.generate(tokens, GREEDY)
+            per_turn.append(sum(compared))
+            tokens = tokens + got.token_ids[:-1] + random_tokens(60, seed=300 + turn)
+        assert engine.prefix.live.stats.hits >= 15 and len(tokens) > 1200
+        # (1,215 tokens at turn 16 here; comparing every entry whole was 69,450, and 26,260
+        # at turn 9)
+        assert max(per_turn[8:]) <= 2 * len(tokens), per_turn
+    finally:
+        engine.close()

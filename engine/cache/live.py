@@ -224,7 +224,15 @@ class LivePool:
                       key=lambda e: len(e.tokens), reverse=True)
         equal: set[int] = set()  # ids of the entries found to equal `new` where they hold
         for old in olds:
-            p = shared_prefix(old.tokens, new.tokens)
+            view = old.view_of
+            if view is not None and id(view) in equal:
+                # its tokens begin those of an entry whose tokens begin `new`'s: not compared
+                # (a deep chat's every entry against `new`'s tokens was O(depth) each)
+                p = len(old.tokens)
+            elif old is source:  # (`new`'s first `known` tokens are its, as their K/V)
+                p = known + shared_prefix(old.tokens[known:], new.tokens[known:])
+            else:
+                p = shared_prefix(old.tokens, new.tokens)
             if p < _SHARE_MIN or p not in (len(old.tokens), len(new.tokens)):
                 continue
             short, long_ = (old, new) if p == len(old.tokens) else (new, old)
@@ -265,11 +273,12 @@ class LivePool:
         """The entry of namespace `tag` that gives `tokens` the longest usable prefix (always
         leaving one token to compute), and that prefix's length."""
         want_max = len(tokens) - 1
+        want = tokens[:want_max]  # (once: not a copy of a deep chat's tokens per entry)
         best, best_u = None, 0
         for entry in reversed(self.entries.values()):  # most recent first: ties go to it
-            if entry.tag != tag:
-                continue
-            shared = shared_prefix(entry.tokens, tokens[:want_max])
+            if entry.tag != tag or min(len(entry.tokens), want_max) <= best_u:
+                continue  # (it could share no more than the best so far: not compared)
+            shared = shared_prefix(entry.tokens, want)
             if shared <= best_u:
                 continue
             u = cut_limit(entry.cache, len(entry.tokens), shared)
