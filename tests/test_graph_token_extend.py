@@ -134,7 +134,9 @@ def test_extends_equal_whole_encodes_on_real_tokenizers(name):
     assert _check_pairs(tok, texts) > token_extend.CHECKED_USES
 
 
-@pytest.mark.parametrize("name", ["gemma3-270m", "smollm2-135m"])
+# Gemma's 262K-word tokenizer takes ~6 s to load: its case runs with --slow
+@pytest.mark.parametrize("name", [pytest.param("gemma3-270m", marks=pytest.mark.slow),
+                                  "smollm2-135m"])
 def test_mlx_lm_detokenizer_is_built_only_when_asked_for(name):
     # forkv streams with its own text stream; mlx-lm's SPM detokenizer holds every token's
     # bytes (17 MiB for Gemma 3). Asked for, it is the one mlx-lm would have built.
