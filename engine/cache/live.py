@@ -224,8 +224,9 @@ class LivePool:
                       key=lambda e: len(e.tokens), reverse=True)
         equal: set[int] = set()  # ids of the entries found to equal `new` where they hold
         for old in olds:
-            view = old.view_of
-            if view is not None and id(view) in equal:
+            # it reads an entry found equal to `new` where they hold: so it equals `new` too
+            reads_equal = old.view_of is not None and id(old.view_of) in equal
+            if reads_equal:
                 # its tokens begin those of an entry whose tokens begin `new`'s: not compared
                 # (a deep chat's every entry against `new`'s tokens was O(depth) each)
                 p = len(old.tokens)
@@ -240,8 +241,8 @@ class LivePool:
             check_from = (p - 1) // self.block_size * self.block_size if canonical else 0
             if old is source:
                 check_from = max(check_from, min(known, p))
-            if short is old and old.view_of is not None and id(old.view_of) in equal:
-                check_from = p  # it reads an entry that equals `new`: so does it
+            if reads_equal:  # (then p is all of its tokens: it is the shorter)
+                check_from = p
             if all([_share_kv(a, b, p, check_from) for a, b in zip(short.cache, long_.cache)]):
                 short.view_of = long_
                 if short is old:
