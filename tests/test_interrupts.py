@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -77,9 +78,8 @@ def _loading_the_guard(path: str, line: int, ours: tuple[str, ...]) -> bool:
     return name == "_startup.py" or name == "__init__.py" and line <= _GUARD_LINE
 
 
-_GUARD_LINE = next(i for i, text in enumerate(open(os.path.join(
-    os.path.dirname(__file__), os.pardir, "sdk", "__init__.py")), 1)
-    if text.startswith("_startup.guard()"))
+_GUARD_LINE = next(i for i, text in enumerate(Path(__file__).parent.parent.joinpath(
+    "sdk", "__init__.py").read_text().splitlines(), 1) if text.startswith("_startup.guard()"))
 
 
 def _before_forkv(rc: int, err: str, ours: tuple[str, ...] | None = None) -> bool:
