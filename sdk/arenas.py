@@ -29,13 +29,14 @@ from __future__ import annotations
 import ctypes
 import os
 
-__all__ = ["ARENAS", "IDLE_TRIM_S", "limit", "trim", "usage"]
+__all__ = ["ARENAS", "IDLE_TRIM_S", "limit", "threshold_fixed", "trim", "usage"]
 
 ARENAS = 2
 _M_ARENA_MAX = -8  # glibc's malloc.h
 _M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 1 << 20
 IDLE_TRIM_S = 10.0
+_fixed = False  # whether limit() fixed the mmap threshold in this process
 
 
 def _is_glibc() -> bool:
@@ -50,14 +51,22 @@ def limit() -> bool:
     off glibc, and each setting left alone where its MALLOC_* variable is in the environment."""
     if not _is_glibc():
         return False
+    global _fixed
     try:
         libc = ctypes.CDLL(None)
         if not os.environ.get("MALLOC_MMAP_THRESHOLD_"):
-            libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+            _fixed = bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
         return not os.environ.get("MALLOC_ARENA_MAX") and bool(libc.mallopt(_M_ARENA_MAX,
                                                                              ARENAS))
     except (OSError, AttributeError):
         return False
+
+
+def threshold_fixed() -> bool:
+    """Whether `limit()` fixed the mmap threshold here: blocks of 1 MiB and up are mapped on
+    every malloc and unmapped on every free (engine/request/buffers.py keeps a decode step's
+    out of malloc)."""
+    return _fixed
 
 
 def trim(collect: bool = True) -> bool:

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from ..events import GenerationEvent
 from .ahead import Step, is_enabled
 from .batchcache import BatchCache
+from .buffers import StepBuffers
 from .decodestep import DecodeSteps, StepReport, top
 from .sequence import Sequence
 
@@ -97,6 +98,7 @@ class Scheduler(DecodeSteps):
         self.runs_ahead = is_enabled()  # whether a lone row's steps may run ahead (ahead.py)
         self._ahead: Step | None = None  # the lone row's next decode step, queued
         self.taken_back = 0  # steps ahead taken back because the row's drafter drafted
+        self.buffers = StepBuffers()  # mlx's buffer cache sized for the step (buffers.py)
 
     @property
     def busy(self) -> bool:
@@ -142,7 +144,10 @@ class Scheduler(DecodeSteps):
         if early:
             self._timed_decode(report, time.perf_counter())
         t = time.perf_counter()
-        report.recomputed += self.prefix.work(self.waiting, idle=not self.busy)
+        recomputed = self.prefix.work(self.waiting, idle=not self.busy)
+        if recomputed:
+            self.buffers.prefill()
+        report.recomputed += recomputed
         t0 = time.perf_counter()
         totals.record_jobs_s += t0 - t
         self._admit()
@@ -162,6 +167,7 @@ class Scheduler(DecodeSteps):
 
     def _timed_decode(self, report: StepReport, t1: float) -> None:
         totals = self.totals
+        self.buffers.decode(len(self.rows))
         self._decode(report)
         totals.decode_steps += 1
         totals.decoded_tokens += report.decoded
@@ -246,6 +252,7 @@ class Scheduler(DecodeSteps):
         starts decoding."""
         seq = self.prefilling.popleft()
         n = seq.next_chunk(self.block_size)
+        self.buffers.prefill()
         logits = seq.prefill_chunk(seq.model, self.block_size)
         report.prefilled[seq.id] = report.prefilled.get(seq.id, 0) + n
         if seq.is_prefilling:

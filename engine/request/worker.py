@@ -142,6 +142,9 @@ class EngineThread:
         """Out of work after some: hand the heap's freed pages back (at most every
         IDLE_TRIM_S seconds), so RSS falls back after a long prompt's buffers."""
         self._trimmed_at, self._busy = time.monotonic(), False
+        mlx = sys.modules.get("mlx.core")
+        if mlx is not None:  # mlx's cached buffers first (request/buffers.py), then malloc's
+            mlx.clear_cache()
         arenas.trim(collect=False)
 
     def _step_once(self) -> None:
