@@ -195,6 +195,19 @@ def test_a_drafter_is_quiet_while_it_cools_down_or_finds_nothing():
     assert not d.quiet and d.draft(10)
 
 
+def test_a_quiet_drafter_whose_drafts_were_refused_wakes_for_long_matches_only():
+    # its row's next step is queued: taking it back for a 3-token match seldom pays
+    tokens = list(range(1, 21))
+    d = Drafter(tokens)
+    d.feedback(6, 1)  # most of its drafts refused
+    tokens.append(30)
+    assert d.draft(10) == [] and d.draft(10) == [] and d.quiet
+    tokens += [1, 2, 3]
+    assert d.draft(10) == [] and d.quiet  # a short match does not wake it
+    tokens += [4, 5, 6]
+    assert d.draft(10) == [7, 8, 9] and not d.quiet  # a 6-token one does (cap: acceptance)
+
+
 def test_namespaces_draft_from_their_own_outputs_only():
     sources = DraftSources()
     sources.finished("a", [7, 8, 9, 10, 11, 12, 13, 14, 15], prompt_len=3)
@@ -298,10 +311,11 @@ def test_a_regenerated_node_drafts_from_its_sibling():
 
 @kernels
 @pytest.mark.parametrize("arch", ["gemma3", "qwen3"])
-def test_a_cooling_drafter_runs_ahead_and_changes_no_token(arch):
+def test_a_refused_drafter_runs_ahead_and_changes_no_token(arch):
     # Drafts from a source with every 4th token changed fail at their first token, so the
-    # drafter cools down; its row then runs its steps ahead (ahead.py) as a row without one
-    # does, and none of its tokens or logprobs change.
+    # drafter goes quiet (it cools down, or wakes for long matches only); its row then runs its
+    # steps ahead (ahead.py) as a row without one does, and none of its tokens or logprobs
+    # change.
     from helpers import random_tokens
 
     engine = scoped_engine(f"demo:{arch}:tiny", max_seqs=1)
@@ -318,7 +332,7 @@ def test_a_cooling_drafter_runs_ahead_and_changes_no_token(arch):
 
         def spy(rows):
             ok = real(rows)
-            ran.append(ok and rows[0].drafter is not None and rows[0].drafter._cool > 0)
+            ran.append(ok and rows[0].drafter is not None and rows[0].drafter.quiet)
             return ok
 
         sched._runs_ahead = spy
@@ -329,4 +343,4 @@ def test_a_cooling_drafter_runs_ahead_and_changes_no_token(arch):
         finally:
             del sched._runs_ahead
         assert on.token_ids == off.token_ids and on.logprobs == off.logprobs
-        assert on.timings.drafted_tokens > 0 and sum(ran) > 10  # (36 and 56 here)
+        assert on.timings.drafted_tokens > 0 and sum(ran) > 10

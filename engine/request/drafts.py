@@ -41,6 +41,11 @@ _MIN_SHARED = 64  # tokens a request shares with a kept index to take it over
 # Lookups in a row that found no match before a request's next step runs ahead of it (a step
 # taken back because a draft came costs a whole decode step; one that ran ahead saves ~10%).
 _QUIET = 2
+# The shortest match that wakes a quiet drafter once most of what it drafted was refused: its
+# row's next step is queued, and taking it back costs a step, which a 3-token match in text that
+# does not repeat seldom pays back (Gemma 3, sampled chat: 2 of 16 drafted tokens accepted,
+# speculation 0.95x off).
+_WAKE = 6
 
 
 _MIN_PRUNE = 1024  # dropped tokens before a prune, however few are live
@@ -113,6 +118,7 @@ class Drafter:
         self._cool = 0  # steps left without drafting
         self._backoff = 4
         self._dry = 0  # lookups in a row that found nothing to draft
+        self._drafted = self._accepted = 0  # over the request
 
     @property
     def quiet(self) -> bool:
@@ -138,7 +144,8 @@ class Drafter:
             other = self.recent.index.best(tokens, keys)  # (it could not match longer)
             if other is not None and (found is None or other[0] > found[0]):
                 found = other
-        if found is None:
+        if found is None or (self._dry >= _QUIET and found[0] < _WAKE
+                             and 2 * self._accepted < self._drafted):
             self._dry += 1
             return []
         self._dry = 0
@@ -160,6 +167,8 @@ class Drafter:
 
     def feedback(self, drafted: int, accepted: int) -> None:
         """`accepted` of `drafted` tokens were the model's own."""
+        self._drafted += drafted
+        self._accepted += accepted
         if accepted == drafted:
             self.cap = min(self.max_draft, self.cap * 2)
         else:
