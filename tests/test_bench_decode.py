@@ -288,9 +288,35 @@ def test_each_rep_runs_on_a_fresh_server(monkeypatch):
         return servers[-1]
 
     asks = {"chat": make_asks(quick=True, max_tokens=3)["chat"]}
-    out = decode._run_reps(start, [("off", CASES, {})], asks, 3, True, {}, 60)
+    out = decode._take_turns([("forkv", start, [("off", CASES, {})], True)], asks, 3, {}, 60, [])
     assert len(servers) == 3 and all(s.stopped for s in servers)
     assert len(out["off"]["chat"]["second"]) == 3
+
+
+def test_the_sides_take_turns_and_a_failing_peer_is_a_note(monkeypatch):
+    # a machine whose speed drifts over minutes must favour no side
+    import openai
+
+    monkeypatch.setattr(openai, "OpenAI", lambda **kw: _Fake())
+    order = []
+
+    def side(name, fails=False):
+        def start():
+            order.append(name)
+            if fails:
+                raise RuntimeError("did not start")
+            return _Server()
+        return start
+
+    asks = {"chat": make_asks(quick=True, max_tokens=3)["chat"]}
+    notes: list[str] = []
+    out = decode._take_turns([("forkv", side("forkv"), [("off", CASES, {})], True),
+                              ("peer", side("peer"), [("none", CASES, {})], False),
+                              ("bad", side("bad", True), [("mod", CASES, {})], False)],
+                             asks, 2, {}, 60, notes)
+    assert order == ["forkv", "peer", "bad", "forkv", "peer"]
+    assert set(out) == {"off", "none"} and len(out["none"]["chat"]["first"]) == 2
+    assert notes == ["No bad side: RuntimeError: did not start"]
 
 
 def test_settings_are_checked():

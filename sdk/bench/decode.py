@@ -316,13 +316,27 @@ def _run_server(server: ServerProcess, plan: list[tuple[str, tuple[str, ...], di
     return out
 
 
-def _run_reps(start, plan: list, asks: dict, reps: int, takes_n: bool, no_eos: dict,
-              timeout_s: float) -> dict:
-    """`_run_server` on a fresh server per rep: a repeated request would find its own earlier
-    output among the server's recent outputs and draft all of it."""
+def _take_turns(sides: list, asks: dict, reps: int, no_eos: dict, timeout_s: float,
+                notes: list[str]) -> dict:
+    """{mode: {case: {which: [row, ...]}}} over `reps` rounds of `sides` ((name, start, plan,
+    takes_n) each): every round starts each side's server afresh, one side after another, so
+    that a machine whose speed drifts over minutes favours no side, and a fresh server per rep
+    drafts nothing from its own earlier output. A peer that fails is a note and is dropped."""
     out: dict = {}
+    failed: set[str] = set()
     for _ in range(reps):
-        _run_server(start(), plan, asks, takes_n, no_eos, timeout_s, out)
+        for name, start, plan, takes_n in sides:
+            if name in failed:
+                continue
+            try:
+                _run_server(start(), plan, asks, takes_n, no_eos, timeout_s, out)
+            except Exception as e:  # a peer's failure is a note, not an error
+                if name == "forkv":
+                    raise
+                failed.add(name)
+                for mode, _, _ in plan:
+                    out.pop(mode, None)
+                notes.append(f"No {name} side: {type(e).__name__}: {e}"[:2000])
     return out
 
 
@@ -437,23 +451,20 @@ def run_decode_bench(model: str = "smollm2-135m", quick: bool = False, reps: int
         if no_eos else {}
     dtype = pick_dtype("auto", "bfloat16")
     plan = [("auto", _SPECULATED, {"speculate": "auto"}), ("off", CASES, {"speculate": "off"})]
-    raw_forkv = _run_reps(lambda: start_forkv(model), plan, asks, reps, True, eos, timeout_s)
-    raw_llama: dict = {}
+    sides = [("forkv", lambda: start_forkv(model), plan, True)]
     for spec in spec_types if llama is not None else ():
         binary, gguf, template = llama
-        try:
-            _repack_crashed(binary, gguf)  # probed before the spec type is in the environment
 
-            def start(spec=spec, binary=binary, gguf=gguf, template=template):
-                with _env(LLAMA_ARG_SPEC_TYPE=spec):  # llama-server's --spec-type
-                    return start_llama_server(binary, gguf, chat_template=template,
-                                              tuned=True, slots=branches)
-            cases_here = CASES if spec == "none" else _SPECULATED
-            raw_llama[spec] = _run_reps(start, [(spec, cases_here, {})], asks, reps, False,
-                                        eos, timeout_s).get(spec, {})
-        except Exception as e:  # a peer's failure is a note, not an error
-            notes.append(f"No llama-server --spec-type {spec} side: {type(e).__name__}: "
-                         f"{e}"[:2000])
+        def start(spec=spec, binary=binary, gguf=gguf, template=template):
+            _repack_crashed(binary, gguf)  # probed before the spec type is in the environment
+            with _env(LLAMA_ARG_SPEC_TYPE=spec):  # llama-server's --spec-type
+                return start_llama_server(binary, gguf, chat_template=template, tuned=True,
+                                          slots=branches)
+        sides.append((f"llama-server --spec-type {spec}", start,
+                      [(spec, CASES if spec == "none" else _SPECULATED, {})], False))
+    raw = _take_turns(sides, asks, reps, eos, timeout_s, notes)
+    raw_forkv = {mode: raw[mode] for mode in ("auto", "off") if mode in raw}
+    raw_llama = {spec: raw[spec] for spec in spec_types if spec in raw}
     if llama is not None and _repack_crashed(llama[0], llama[1]):
         notes.append("llama-server segfaults at start with weight repacking on this CPU, so "
                      "it ran with --no-repack.")
@@ -492,6 +503,7 @@ _NOTES = [
     "Every case sends a first request (the first case's on a fresh server) and a second, "
     "similar one; the headline reads the second. Greedy (tree: temperature 0.8, fixed seeds) "
     "at a fixed max_tokens, end-of-sequence suppressed (logit_bias) unless no_eos=false.",
+    "Each rep starts forkv serve and then each llama-server afresh, the sides taking turns. "
     "forkv serve: one process per rep, speculation auto (request field speculate=auto), "
     "every request sent again with speculate=off right after; identical_to_off compares the "
     "two texts. llama-server: the same GGUF, tuned (one slot per tree branch, unified KV), one "
