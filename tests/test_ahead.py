@@ -142,7 +142,7 @@ def test_a_drafter_that_wakes_takes_the_step_ahead_back(arch, sampling):
         with Engine(lm, store=RecordStore(1 << 30, None), speculate="on") as engine:
             engine.scheduler.runs_ahead = ahead
             got[ahead] = engine.generate(prompt, drafts=[source], **params)
-            taken[ahead] = engine.scheduler.taken_back
+            taken[ahead] = engine.scheduler.totals.taken_back
     for r in got.values():
         assert r.token_ids == off.token_ids and r.logprobs == off.logprobs
         assert r.timings.accepted_tokens > 30

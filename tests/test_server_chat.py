@@ -210,6 +210,8 @@ def test_speculation_changes_no_token_and_is_counted(client, url):
     assert details.accepted_prediction_tokens > 50
     assert details.rejected_prediction_tokens >= 0
     assert metric(url, "forkv_tokens_drafted_total") >= details.accepted_prediction_tokens
+    _, text = http("GET", f"{url}/metrics")  # steps taken back: exposed (test_ahead counts)
+    assert any(line.startswith("forkv_steps_taken_back_total ") for line in text.splitlines())
     status, _ = http("POST", f"{url}/v1/chat/completions", {**body, "speculate": "maybe"})
     assert status == 400
 

@@ -9,7 +9,7 @@ tokens are read back, rows that decoded onto a block boundary are recorded by th
 cache, finished rows are committed and dropped, and recomputed rows move to the batch's end.
 A mixin of Scheduler (scheduler.py), which owns admission and prefill and the state this
 reads: `rows`, `batch`, `block_size`, `runner`, `prefix`, `totals`, `waiting`, `prefilling`,
-`runs_ahead`, `_ahead`, `taken_back` and `_arrived()`.
+`runs_ahead`, `_ahead` and `_arrived()`.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class DecodeSteps:
                 if step is not None:  # the drafter woke while this step ran ahead: undo it
                     step = None
                     take_back(self.batch.caches)
-                    self.taken_back += 1
+                    self.totals.taken_back += 1
                 self._speculate(report, draft)
                 return
         if step is None:

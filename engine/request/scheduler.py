@@ -65,6 +65,7 @@ class StepTotals:
     recomputed_tokens: int = 0
     drafted_tokens: int = 0  # draft tokens verified (speculate.py)
     accepted_tokens: int = 0  # of those, the ones the model drew itself
+    taken_back: int = 0  # steps queued ahead taken back: the row's drafter drafted after all
     record_jobs_s: float = 0.0  # deferred decode records (prefill-only jobs)
 
     def as_dict(self) -> dict:
@@ -97,7 +98,6 @@ class Scheduler(DecodeSteps):
         self.budget = budget  # the RAM budget: whether running caches leave room for another
         self.runs_ahead = is_enabled()  # whether a lone row's steps may run ahead (ahead.py)
         self._ahead: Step | None = None  # the lone row's next decode step, queued
-        self.taken_back = 0  # steps ahead taken back because the row's drafter drafted
         self.buffers = StepBuffers()  # mlx's buffer cache sized for the step (buffers.py)
 
     @property

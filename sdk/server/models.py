@@ -222,7 +222,7 @@ class ModelPool:
     def stats(self) -> dict:
         """The backends' numbers summed, with the models loaded and loads/unloads so far."""
         total = {"hits": {}, "misses": {}, "tokens_reused": 0, "tokens_computed": 0,
-                 "tokens_drafted": 0, "tokens_accepted": 0,
+                 "tokens_drafted": 0, "tokens_accepted": 0, "steps_taken_back": 0,
                  "tier_bytes": {"ram": 0, "disk": 0}, "live_bytes": 0, "waiting": 0,
                  "running": 0, "in_flight": 0, "namespaces": 0,
                  "ram": {"budget": 0, "waits": 0, "parts": {}}}
@@ -231,8 +231,8 @@ class ModelPool:
             for name in ("hits", "misses", "tier_bytes"):
                 for k, v in st[name].items():
                     total[name][k] = total[name].get(k, 0) + v
-            for name in ("tokens_reused", "tokens_computed", "tokens_drafted",
-                         "tokens_accepted", "waiting", "running", "in_flight", "namespaces"):
+            for name in ("tokens_reused", "tokens_computed", "tokens_drafted", "tokens_accepted",
+                         "steps_taken_back", "waiting", "running", "in_flight", "namespaces"):
                 total[name] += st[name]
             total["live_bytes"] += st.get("live_bytes", 0)
             ram = st.get("ram")

@@ -84,6 +84,7 @@ class ServedEngine:
                 "tokens_computed": st.get("tokens_computed", 0),
                 "tokens_drafted": st["steps"]["drafted_tokens"],
                 "tokens_accepted": st["steps"]["accepted_tokens"],
+                "steps_taken_back": st["steps"]["taken_back"],
                 "tier_bytes": {t: st.get(t, {}).get("bytes", 0) for t in ("ram", "disk")},
                 "live_bytes": st.get("live", {}).get("bytes", 0),
                 "ram": _ram_split(st["ram_budget"]),
