@@ -280,10 +280,14 @@ T512 inline __m512 reduce16(const __m512 v[16]) {
 
 // A tile of MR activation rows x NR weight rows (params from row n0 on, row stride K/group);
 // every (m, n) keeps its own accumulator and sees the same operations in the same order
-// whatever MR and NR are.
+// whatever MR and NR are. `ahead` > 0: also prefetch the weight rows that many bytes on (the
+// next block's): a tile reads its NR rows a line each in turn, a pattern too short and
+// scattered for the hardware prefetcher, so without it a multi-row call waited on memory most
+// of its time (63% of Gemma 3's 8-bit head's samples; 4 rows took 3.3x one row's time, 2.4x
+// with the prefetch). Prefetching changes no bits.
 template <int BITS, int MR, int NR, bool SYM>
 T512 void tile512(const QuantX& x, const QuantW& w, const float* scales, const float* biases,
-                  __m512 shift, int m0, int n0, float* y, size_t ldy) {
+                  __m512 shift, int m0, int n0, float* y, size_t ldy, size_t ahead = 0) {
   const int num_chunks = w.K / 64, num_groups = w.K / w.group_size;
   __m512 acc[MR][NR];
   for (int i = 0; i < MR; ++i)
@@ -295,9 +299,14 @@ T512 void tile512(const QuantX& x, const QuantW& w, const float* scales, const f
     sc[j] = scales + size_t(j) * num_groups;
   }
   const __m512i zero = _mm512_setzero_si512();
+  constexpr size_t kChunkBytes = BITS == 8 ? 64 : 32 + 8 * (BITS - 4);
   for (int c = 0; c < num_chunks; ++c) {
     __m512i wv[NR];
     __m512 sv[NR];
+    if (ahead)
+      for (int j = 0; j < NR; ++j)
+        _mm_prefetch(reinterpret_cast<const char*>(rows[j] + ahead + kChunkBytes * c),
+                     _MM_HINT_T0);
     for (int j = 0; j < NR; ++j) {
       wv[j] = load_chunk512<BITS>(rows[j], c);
       sv[j] = scale_vec512<BITS>(sc[j], c, w.group_size);
@@ -358,6 +367,9 @@ T512 void tile512(const QuantX& x, const QuantW& w, const float* scales, const f
   }
 }
 
+// Weight rows in blocks that stay in L1 while every activation row passes over them.
+constexpr int kRowBlock = 16;
+
 template <int BITS, int MR, bool SYM>
 T512 void rows512(const QuantX& x, const QuantW& w, const RowParams& p, int m0, int n0, int n1,
                   float* y, size_t ldy) {
@@ -370,10 +382,13 @@ T512 void rows512(const QuantX& x, const QuantW& w, const RowParams& p, int m0, 
     return SYM ? nullptr : a + size_t(n - first) * num_groups;
   };
   int n = n0;
+  // The first pass over these rows fetches them: prefetch the next block's as it goes (later
+  // passes, for more activation rows, find them in L1).
   if (MR > 1)  // with one activation row, rows one after another read memory in order
     for (; n + 4 <= n1; n += 4)
       tile512<BITS, MR, 4, SYM>(x, w, scales + size_t(n - first) * num_groups, at(biases, n),
-                                shift, m0, n, y, ldy);
+                                shift, m0, n, y, ldy,
+                                m0 == 0 && n + 4 + kRowBlock <= w.N ? kRowBlock * w.row_bytes : 0);
   for (; n < n1; ++n)
     tile512<BITS, MR, 1, SYM>(x, w, scales + size_t(n - first) * num_groups, at(biases, n),
                               shift, m0, n, y, ldy);
@@ -393,8 +408,7 @@ T512 RowParams row_params512(const QuantW& w, int n0, int n1, float* buf) {
 
 template <int BITS>
 T512 void qgemm512(const QuantX& x, const QuantW& w, int n0, int n1, float* y, size_t ldy) {
-  // Weight rows in blocks that stay in L1 while every activation row passes over them.
-  constexpr int NB = 16;
+  constexpr int NB = kRowBlock;
   thread_local std::vector<float> buf;
   buf.resize(size_t(NB) * (w.K / w.group_size));
   for (int nb = n0; nb < n1; nb += NB) {
