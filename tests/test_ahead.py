@@ -1,7 +1,7 @@
-"""Decode steps run ahead (engine/request/ahead.py): a lone row's next step is queued before its
-token is read back. No token or logprob changes; a row that stops takes the step ahead back out
-of its cache (the next turn continues that cache as if it never ran); a request that arrives
-meanwhile joins the batch after it."""
+"""Decode steps run ahead (engine/request/ahead.py): the rows' next step is queued before their
+tokens are read back. No token or logprob changes; a row that stops takes the step ahead back out
+of the caches (the next turn continues that cache as if it never ran; in a batch the other rows
+decode that step again); a request that arrives meanwhile joins the batch after it."""
 
 from __future__ import annotations
 
@@ -31,6 +31,8 @@ def count_ahead(monkeypatch):
     def spy(self, rows):
         ok = runs_ahead(self, rows)
         counts[0] += ok
+        if ok and len(rows) > 1:
+            counts.append(len(rows))  # a batch's step queued ahead
         return ok
 
     monkeypatch.setattr(scheduler_module.Scheduler, "_runs_ahead", spy)
@@ -115,6 +117,46 @@ def test_a_row_cancelled_with_a_step_ahead_leaves_the_engine_exact(count_ahead):
         got = engine.generate(b, max_tokens=10, temperature=0)
     want = fresh_run(lm, b, max_tokens=10, temperature=0)
     assert got.token_ids == want.token_ids and got.logprobs == want.logprobs
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+@pytest.mark.parametrize("sampling", [{"temperature": 0},
+                                      {"temperature": 1.0, "seed": 21}], ids=["greedy", "seeded"])
+def test_a_batch_runs_ahead_and_rows_that_stop_or_cancel_leave_the_rest_exact(arch, sampling,
+                                                                             count_ahead):
+    # Four rows of different prompt lengths decode as one batch whose steps are queued ahead.
+    # One row stops on a token of its own text (made the end of sequence), another is
+    # cancelled while a step is queued: each time the whole queued step is taken back and the
+    # rows left decode it again. Every row gives what the same batch gives in lockstep.
+    lm = load_tiny(arch)
+    prompts = [random_tokens(n, seed=40 + n) for n in (20, 33, 47, 26)]
+    params = SamplingParams(max_tokens=40, **sampling)
+    alone = fresh_run(lm, prompts[0], params).token_ids
+    # a token first seen past the 6th (a greedy tiny model loops: else the 7th's first place)
+    end = next((i for i in range(6, len(alone)) if alone[i] not in alone[:i]),
+               alone.index(alone[6])) + 1
+    lm = dataclasses.replace(lm, eos_token_ids=frozenset({alone[end - 1]}))
+    got, queued = {}, {}
+    for ahead in (False, True):
+        with _engine(lm, ahead) as engine, engine.paused():
+            handles = [engine.submit(p, params) for p in prompts]
+            steps = 0
+            while not all(h.done for h in handles):
+                engine.step_once()
+                steps += 1
+                if steps == 5:  # (prefill took the first step)
+                    assert not handles[3].done
+                    queued[ahead] = engine.scheduler._ahead is not None
+                    handles[3].cancel()
+                    engine.run_on_thread(lambda: None)  # (the cancel, posted, has run)
+            got[ahead] = [h.result() for h in handles]
+    assert queued == {False: False, True: True}
+    assert got[True][0].finish_reason == "stop"
+    assert [r.finish_reason for r in got[True]][3] == "cancelled"
+    for a, b in zip(got[True], got[False]):
+        assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
+        assert a.finish_reason == b.finish_reason
+    assert max(count_ahead[1:], default=0) >= 3  # a batch of rows ran ahead
 
 
 # Verifying is exact only on forkv's kernels; without them speculation stays off.

@@ -10,9 +10,12 @@ whether the row goes on. So a step runs ahead only where that token can be taken
 (`can_take_back`: global caches trim, a sliding window's ring before it wraps) and the draw
 does not read the token values it has not seen yet (penalties, constraints); a row that
 finishes takes it back (`take_back`) before its cache is committed, and so does a row whose
-drafter, quiet when the step was queued, drafts after all (it verifies instead). The queued
-draws take their sampler keys only when the step is used. The scheduler decides when (one
-text row, its drafter quiet if it has one, no block boundary or last token next). Knows
+drafter, quiet when the step was queued, drafts after all (it verifies instead). A batch of
+rows runs ahead as one: when any row finishes, or one is cancelled, the whole queued step is
+taken back (every row's token) and the rows left decode it again in lockstep. The queued
+draws take their sampler keys only when the step is used. The scheduler decides when (text
+rows, a lone row's drafter quiet if it has one, no row at a block boundary or its last token
+next). Knows
 nothing about rows, stop rules or records. `FORKV_DECODE_AHEAD=off` keeps every step in
 lockstep (comparisons).
 """
@@ -43,13 +46,14 @@ class Step:
 
 
 def can_take_back(caches) -> bool:
-    """Whether one more one-token update of `caches` (every layer's) could be taken back
-    exactly: every leaf trims, or is a ring (without `keep`) that one more token does not
-    wrap."""
+    """Whether one more one-token update of `caches` (every layer's, one row's or a batch's)
+    could be taken back exactly: every leaf trims, or is a ring (without `keep`) that one more
+    token does not wrap (mlx-lm's `is_trimmable`: a batch ring counts the tokens written to
+    its padded rows)."""
     for c in leaves(caches):
         if trims(c):
             continue
-        if not (rotates(c) and isinstance(c.offset, int) and c.offset < c.max_size):
+        if not (rotates(c) and c.is_trimmable()):
             return False
     return True
 

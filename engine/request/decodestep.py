@@ -1,7 +1,7 @@
 """One decode step of the batch's rows: built, maybe queued ahead (ahead.py), or verified.
 
-Every decoding row takes one token a step, in one batched graph; a lone text row may have its
-next step built and queued before this one's token is read back (ahead.py), and a lone row
+Every decoding row takes one token a step, in one batched graph; text rows may have their
+next step built and queued before this one's tokens are read back (ahead.py), and a lone row
 with a draft (drafts.py) verifies it instead, in one chunk (speculate.py). A row whose drafter
 is quiet (cooling down, or finding nothing) runs ahead too; if it drafts after all, the queued
 step is taken back out of the caches first, so the verify sees what lockstep would. After the
@@ -87,8 +87,8 @@ class DecodeSteps:
             event = seq.accept(tokens[i], picked[i], tops[i])
             report.events.append((seq, event))
             if event.finish_reason is not None:
-                if self._ahead is not None:  # the row was fed the token it ends on: undo it
-                    self._ahead = None
+                if self._ahead is not None:  # the row was fed the token it ends on: undo the
+                    self._ahead = None       # step (every row's: the rest decode it again)
                     take_back(self.batch.caches)
                 done.append(i)
                 # everything the row was fed (the last sampled token never was)
@@ -110,21 +110,24 @@ class DecodeSteps:
 
     def _runs_ahead(self, rows: list[Sequence]) -> bool:
         """Whether the next decode step may be built and queued before this one's tokens are
-        read back (ahead.py), this step's graph being built: one text row on its own caches,
-        nobody waiting, and a next step sure to run unless the row stops on this token (no
-        block boundary for the prefix cache to record at, not the last token allowed), whose
-        token the caches can take back then. A row with a drafter runs ahead while the drafter
-        is quiet (cooling down, or finding nothing to draft): if it drafts after all, the next
-        step takes the queued one back and verifies."""
-        if (not self.runs_ahead or len(rows) != 1 or not self.batch.is_plain
-                or not self.batch.mergeable or not getattr(self.runner, "runs_ahead", False)
+        read back (ahead.py), this step's graph being built: text rows (one on its own caches,
+        or a batch on mlx-lm's), nobody waiting, and a next step sure to run unless a row stops
+        on this token (no row at a block boundary for the prefix cache to record at, none at
+        the last token allowed), whose tokens the caches can take back then. A lone row with a
+        drafter runs ahead while the drafter is quiet (cooling down, or finding nothing to
+        draft): if it drafts after all, the next step takes the queued one back and
+        verifies."""
+        if (not self.runs_ahead or not rows or not self.batch.mergeable
+                or not (self.batch.is_plain or len(rows) > 1)
+                or not getattr(self.runner, "runs_ahead", False)
                 or self.waiting or self.prefilling or self._arrived()):
             return False
-        seq = rows[0]
-        return ((seq.drafter is None or seq.drafter.quiet) and not seq.sampler.reads_tokens
-                and seq.timings.generated_tokens + 1 < seq.params.max_tokens
-                and len(seq.tokens) % self.block_size != 0
-                and can_take_back(self.batch.caches))
+        if len(rows) == 1 and rows[0].drafter is not None and not rows[0].drafter.quiet:
+            return False  # (rows in a batch do not draft)
+        return all(not seq.sampler.reads_tokens
+                   and seq.timings.generated_tokens + 1 < seq.params.max_tokens
+                   and len(seq.tokens) % self.block_size != 0
+                   for seq in rows) and can_take_back(self.batch.caches)
 
     def _draft(self, seq: Sequence) -> list[int]:
         """The lone row's draft for this step ([] for none): never past the next block

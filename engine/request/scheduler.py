@@ -43,7 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..events import GenerationEvent
-from .ahead import Step, is_enabled
+from .ahead import Step, is_enabled, take_back
 from .batchcache import BatchCache
 from .buffers import StepBuffers
 from .decodestep import DecodeSteps, StepReport, top
@@ -96,8 +96,8 @@ class Scheduler(DecodeSteps):
         # before the step's decode (one decode step of TTFT: ~150-300 ms on a real model)
         self.deliver = deliver
         self.budget = budget  # the RAM budget: whether running caches leave room for another
-        self.runs_ahead = is_enabled()  # whether a lone row's steps may run ahead (ahead.py)
-        self._ahead: Step | None = None  # the lone row's next decode step, queued
+        self.runs_ahead = is_enabled()  # whether decode steps may run ahead (ahead.py)
+        self._ahead: Step | None = None  # the rows' next decode step, queued
         self.buffers = StepBuffers()  # mlx's buffer cache sized for the step (buffers.py)
 
     @property
@@ -131,7 +131,9 @@ class Scheduler(DecodeSteps):
             self.prefilling.remove(seq)
         elif seq in self.rows:
             i = self.rows.index(seq)
-            self._ahead = None  # (the one row's: its cache goes with it)
+            if self._ahead is not None:  # the queued step fed every row: take it back first
+                self._ahead = None
+                take_back(self.batch.caches)
             self.batch.remove([i])
             del self.rows[i]
         return seq.finish("cancelled")
