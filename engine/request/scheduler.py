@@ -24,9 +24,9 @@ cache), prefills on it in chunks, then joins the batch of decoding rows. Each `s
    others for more than one step's prefill budget; a step that prefilled while a request
    arrived leaves its decode to the next (at most every other step), which admits and
    prefills that request first. Which step a row decodes in, and beside which rows, changes
-   none of its tokens. A text row decoding alone queues its next step before reading this
-   one's token back (ahead.py), so the Python on both sides of the kernels overlaps them; a
-   waiting request has that step taken first, at the start of the next. The decode step
+   none of its tokens. Text rows queue their next step before reading this one's tokens
+   back (ahead.py), so the Python on both sides of the kernels overlaps them; a waiting
+   request has that step taken first, at the start of the next. The decode step
    itself (build, step ahead, verify, then records and finished rows) is decodestep.py's.
 
 The prefix cache hears of each sequence when its prompt is prefilled and when it finishes
@@ -65,7 +65,7 @@ class StepTotals:
     recomputed_tokens: int = 0
     drafted_tokens: int = 0  # draft tokens verified (speculate.py)
     accepted_tokens: int = 0  # of those, the ones the model drew itself
-    taken_back: int = 0  # steps queued ahead taken back: the row's drafter drafted after all
+    taken_back: int = 0  # steps queued ahead taken back: a lone row's drafter drafted after all
     record_jobs_s: float = 0.0  # deferred decode records (prefill-only jobs)
 
     def as_dict(self) -> dict:
