@@ -87,9 +87,7 @@ class DecodeSteps:
             event = seq.accept(tokens[i], picked[i], tops[i])
             report.events.append((seq, event))
             if event.finish_reason is not None:
-                if self._ahead is not None:  # the row was fed the token it ends on: undo the
-                    self._ahead = None       # step (every row's: the rest decode it again)
-                    take_back(self.batch.caches)
+                self._drop_ahead()  # the row was fed the token it ends on
                 done.append(i)
                 # everything the row was fed (the last sampled token never was)
                 self.prefix.commit(seq, lambda i=i: swapped.get(i) or self.batch.extract(i))
@@ -107,6 +105,13 @@ class DecodeSteps:
                    for i, seq in enumerate(rows)]
         return Step(mx.stack([t for t, _ in sampled]), mx.stack([lp[t] for t, lp in sampled]),
                     sampled)
+
+    def _drop_ahead(self) -> None:
+        """Forget the step queued ahead, if any, and take it back out of the caches: every
+        row's token (the rows left decode that step again)."""
+        if self._ahead is not None:
+            self._ahead = None
+            take_back(self.batch.caches)
 
     def _runs_ahead(self, rows: list[Sequence]) -> bool:
         """Whether the next decode step may be built and queued before this one's tokens are

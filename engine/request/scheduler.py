@@ -43,7 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..events import GenerationEvent
-from .ahead import Step, is_enabled, take_back
+from .ahead import Step, is_enabled
 from .batchcache import BatchCache
 from .buffers import StepBuffers
 from .decodestep import DecodeSteps, StepReport, top
@@ -131,9 +131,7 @@ class Scheduler(DecodeSteps):
             self.prefilling.remove(seq)
         elif seq in self.rows:
             i = self.rows.index(seq)
-            if self._ahead is not None:  # the queued step fed every row: take it back first
-                self._ahead = None
-                take_back(self.batch.caches)
+            self._drop_ahead()  # the queued step fed every row: take it back first
             self.batch.remove([i])
             del self.rows[i]
         return seq.finish("cancelled")
