@@ -68,7 +68,8 @@ class EngineConfig(BaseModel):
         "memory), keep, dequantize")
     kv_dtype: str = Field(
         "auto", description="cached K/V where forkv's CPU kernels run attention: auto "
-        "(float16), float16, bfloat16, float32 (elsewhere always float32)")
+        "(float16), float16, bfloat16, q8_0 (8-bit, a float16 scale per 32 values), float32 "
+        "(elsewhere always float32)")
     settings: StoreSettings = Field(default_factory=StoreSettings.from_env)
 
     @field_validator("ram", mode="before")
@@ -86,8 +87,10 @@ class EngineConfig(BaseModel):
     @field_validator("kv_dtype")
     @classmethod
     def _kv_dtype(cls, value: str) -> str:
-        if value not in ("auto", "float16", "bfloat16", "float32"):
-            raise ValueError("must be one of auto, float16, bfloat16, float32")
+        from .native.kvcache import KV_DTYPES
+
+        if value not in ("auto", *KV_DTYPES):
+            raise ValueError(f"must be one of auto, {', '.join(KV_DTYPES)}")
         return value
 
     @field_validator("reuse")

@@ -65,12 +65,30 @@ def add_speculate_option(p) -> None:
                         "exact; off (FORKV_SPECULATE)")
 
 
+# --kv-bits N: the --kv-dtype it means
+KV_BITS = {"8": "q8_0", "16": "float16", "32": "float32"}
+
+
+def _kv_bits(value: str) -> str:
+    if value not in KV_BITS:
+        raise argparse.ArgumentTypeError(f"{value!r}: choose 8 (q8_0), 16 (float16) or 32 "
+                                         "(float32)")
+    return KV_BITS[value]
+
+
 def add_kv_dtype_option(p) -> None:
-    """`--kv-dtype`, shared by generate, run and serve (None: FORKV_KV_DTYPE, else auto)."""
-    p.add_argument("--kv-dtype", choices=("auto", "float16", "bfloat16", "float32"),
-                   default=None,
+    """`--kv-dtype` and its shorthand `--kv-bits`, shared by generate, run and serve (both
+    set `kv_dtype`; None: FORKV_KV_DTYPE, else auto)."""
+    from forkv.engine.native.kvcache import KV_DTYPES
+
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--kv-dtype", choices=("auto", *KV_DTYPES), default=None,
                    help="what cached K/V are stored in where forkv's CPU kernels run attention "
-                        "(auto: float16, half float32's bytes; FORKV_KV_DTYPE)")
+                        "(auto: float16, half float32's bytes; q8_0: 8 bits and a float16 "
+                        "scale per 32 values, about a quarter; FORKV_KV_DTYPE)")
+    g.add_argument("--kv-bits", dest="kv_dtype", default=None, type=_kv_bits,
+                   metavar="{8,16,32}",
+                   help="the same by width: 8 (q8_0), 16 (float16), 32 (float32)")
 
 
 def add_ram_option(p) -> None:

@@ -111,8 +111,8 @@ def _kv_line(asked: str) -> str:
     from forkv.engine.native import DEFAULT_KV_DTYPE
 
     chosen = DEFAULT_KV_DTYPE if asked == "auto" else asked
-    return (f"{chosen} ({asked}; FORKV_KV_DTYPE, --kv-dtype on generate, run, serve): cached "
-            "K/V where forkv's CPU kernels run attention; float32 elsewhere")
+    return (f"{chosen} ({asked}; FORKV_KV_DTYPE, --kv-dtype or --kv-bits on generate, run, "
+            "serve): cached K/V where forkv's CPU kernels run attention; float32 elsewhere")
 
 
 def _kv_bytes(lm) -> int:

@@ -47,14 +47,16 @@ def _tiny_llama(lib, blocks: bool, bits: int = 4):
     return model, _on_kernels(model, lib, blocks)
 
 
-def _logits(model, ids, chunks, half: bool):
+def _logits(model, ids, chunks, half: bool | str):
+    """Logits of `ids` prefilled in `chunks`; K/V cached in float16 where `half` is True, in
+    the format it names where it is one (q8_0), else float32."""
     from mlx_lm.models.cache import make_prompt_cache
 
     from forkv.engine.native.kvcache import half_caches
 
     cache = make_prompt_cache(model)
     if half:
-        cache = half_caches(cache, "float16")
+        cache = half_caches(cache, "float16" if half is True else half)
     pos, out = 0, []
     for n in chunks:
         out.append(model(ids[:, pos:pos + n], cache=cache)[0])
@@ -77,7 +79,7 @@ def _ids(n: int, seed: int = 0, vocab: int = 500):
 CHUNKS = ([90], [33, 40, 17], [50] + [1] * 40, [40] + [5] * 10)
 
 
-@pytest.mark.parametrize("half", [True, False])
+@pytest.mark.parametrize("half", [True, False, "q8_0"])
 def test_a_llama_layer_in_two_calls_gives_the_separate_calls_bits(lib, half):
     fused, count = _tiny_llama(lib, True)
     separate, _ = _tiny_llama(lib, False)
@@ -114,6 +116,8 @@ def test_a_gemma3_layer_gives_the_separate_calls_bits_past_the_window(lib, tmp_p
     _assert_same_bits(fused.model, separate.model, ids,
                       ([300], [128, 128, 44], [100, 37] + [1] * 70 + [93], [140] + [1] * 160))
     _assert_same_bits(fused.model, separate.model, ids, ([200] + [1] * 20,), half=False)
+    _assert_same_bits(fused.model, separate.model, ids, ([100, 37] + [1] * 70 + [93],),
+                      half="q8_0")
 
 
 def test_calls_the_kernels_do_not_take_whole_run_mlx_lms_code(lib):

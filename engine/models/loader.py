@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,13 +20,15 @@ from ... import arenas
 from ..cache.layout import CacheLayout, cache_layout
 from ..errors import ModelLoadError
 from . import blas
+from ..native.kvcache import KV_DTYPES as _KV_FORMATS
 from .fingerprint import fingerprint  # whole-content hash, cached by (dev, inode, size, mtime)
 from .quantized import QuantChoice, apply_quantized
 from .sources import resolve_source
 from .special_tokens import eos_token_ids
 
+_log = logging.getLogger(__name__)
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
-KV_DTYPES = ("auto", "float16", "bfloat16", "float32")
+KV_DTYPES = ("auto", *_KV_FORMATS)
 
 
 @dataclass(slots=True)
@@ -184,15 +187,23 @@ def lazy_detokenizer(tokenizer):
 
 def pick_kv_dtype(requested: str, model, quant: QuantChoice, dtype: str) -> str:
     """The cached K/V dtype: `requested` (auto: native.DEFAULT_KV_DTYPE) where the model's
-    attention runs on forkv's kernels (float32 queries), which read half K/V; float32
-    elsewhere (mlx's own)."""
+    attention runs on forkv's kernels (float32 queries), which read half and q8_0 K/V; float32
+    elsewhere (mlx's own). q8_0 needs every attention's head_dim in whole groups of 32 (else
+    float16, logged)."""
     if requested == "float32" or not quant.native or dtype != "float32":
         return "float32"
     from ..native import DEFAULT_KV_DTYPE
     from ..native.attention import uses_native_attention
+    from ..native.kvcache import Q8_GROUP
 
     if not uses_native_attention(model):
         return "float32"
+    if requested == "q8_0":
+        dims = _kv_head_dims(model)
+        if not dims or any(d % Q8_GROUP for d in dims):
+            _log.warning("q8_0 K/V need head_dim a multiple of %d (this model's: %s); caching "
+                         "K/V in float16 instead", Q8_GROUP, sorted(dims))
+            return "float16"
     return DEFAULT_KV_DTYPE if requested == "auto" else requested
 
 
@@ -318,6 +329,16 @@ def _missing_fields(path: Path, e: TypeError) -> str:
     what = f"field(s) {found.group(1)}" if found else f"a field ({e})"
     return (f"{str(path / 'config.json')!r} lacks {what}, which its model_type needs; add "
             "them from the model's original config.json.")
+
+
+def _kv_head_dims(model) -> set[int]:
+    """The widths of the K/V rows `model`'s caches store (one token through fresh caches)."""
+    import mlx.core as mx
+
+    caches = _make_cache(model)
+    mx.eval(model(mx.array([[0]]), cache=caches))
+    leaves = [x for c in caches for x in getattr(c, "caches", (c,))]
+    return {int(c.keys.shape[-1]) for c in leaves if getattr(c, "keys", None) is not None}
 
 
 def _make_cache(model) -> list:

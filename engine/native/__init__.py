@@ -5,8 +5,8 @@ ISA at run time.
 the kernels are in use and why not (for `forkv doctor`); `kernel_label()` is what the model
 fingerprint covers, so records made under one kernel path never restore under another.
 The models whose attention runs on them store cached K/V at half width (kvcache.py;
-`DEFAULT_KV_DTYPE` unless asked otherwise), which the label names too. `FORKV_NATIVE=off` turns
-them off; `FORKV_NATIVE_ISA=avx2|scalar` picks a lower ISA than the best;
+`DEFAULT_KV_DTYPE` unless asked otherwise; q8_0 on request), which the label names too.
+`FORKV_NATIVE=off` turns them off; `FORKV_NATIVE_ISA=avx2|scalar` picks a lower ISA than the best;
 `FORKV_NATIVE_THREADS` sizes their thread pool; `FORKV_NATIVE_FUSE=off` keeps q/k/v and
 gate/up as separate calls (fused.py: the same bits, for comparison) and every layer as
 separate kernel calls; `FORKV_NATIVE_BLOCKS=off` only the latter (blocks.py: whole llama and
@@ -111,7 +111,8 @@ def blocks_off() -> bool:
 
 def kernel_label(kv_dtype: str = DEFAULT_KV_DTYPE) -> str:
     """forkv's kernel path for the fingerprint ('' when the kernels are not in use), with the
-    cached K/V format where it is half width: records never restore under another format."""
+    cached K/V format where it is narrower than float32 (half width, q8_0): records never
+    restore under another format."""
     info = status()
     if not info.available:
         return ""

@@ -4,8 +4,8 @@ mlx-lm's attention modules call `scaled_dot_product_attention`, a name each mode
 imports from mlx_lm.models.base. `use_native_attention(model, lib)` gives the model's own
 attention modules a subclass whose `__call__` is theirs with that name bound to `attention`
 below, and which marks their calls (swap.marked_subclass; the model's module is left alone).
-Marked calls on float32 queries (K/V float32, or half width as native/kvcache.py stores
-them), decode and prefill alike
+Marked calls on float32 queries (K/V float32, or half width or q8_0 as native/kvcache.py
+stores them), decode and prefill alike
 (no mask, mlx-lm's "causal", or an array mask such as a sliding window's), go to the kernel;
 every other call (other models in the process, bfloat16, quantized caches, attention sinks)
 goes to mlx-lm's function unchanged. So the kernel path is scoped to the models whose
@@ -37,19 +37,32 @@ def _mlx_lm_sdpa():
 def attention(queries, keys, values, cache, scale, mask, sinks=None):
     """mlx-lm's scaled_dot_product_attention, on the kernel where the call is marked."""
     lib = _MARKED.get()
+    q8 = keys.dtype == mx.uint8 and values.dtype == mx.uint8  # q8_0 rows (kvcache.py)
     if (lib is not None and sinks is None and not hasattr(cache, "bits")
             and queries.ndim == 4 and keys.shape == values.shape
             and queries.shape[2] <= keys.shape[2]
-            and queries.shape[-1] == keys.shape[-1] and queries.shape[-1] % 16 == 0
+            and keys.shape[-1] == (_q8_width(queries.shape[-1]) if q8 else queries.shape[-1])
+            and queries.shape[-1] % 16 == 0
             and queries.shape[1] % keys.shape[1] == 0
             and queries.dtype == mx.float32 and keys.dtype == values.dtype
-            and keys.dtype in (mx.float32, mx.float16, mx.bfloat16)
+            and keys.dtype in (mx.float32, mx.float16, mx.bfloat16, mx.uint8)
             and (mask is None or isinstance(mask, mx.array) or mask == "causal")):
         if isinstance(mask, str):  # "causal": row i sees keys up to S - L + i
             return lib.attention(queries, keys, values, scale, None, queries.shape[2] > 1)
         return lib.attention(queries, keys, values, scale, mask, False,
                              _ring_rotation(cache, queries.shape[2], keys.shape[2]))
+    if q8:  # mlx-lm's attention reads float K/V
+        from .kvcache import dequantize_q8
+
+        keys, values = dequantize_q8(keys), dequantize_q8(values)
     return _mlx_lm_sdpa()(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
+
+
+def _q8_width(head_dim: int) -> int:
+    """Bytes of one q8_0 K/V row (-1, matching nothing, where head_dim is not whole groups)."""
+    from .kvcache import Q8_GROUP, Q8_GROUP_BYTES
+
+    return head_dim // Q8_GROUP * Q8_GROUP_BYTES if head_dim % Q8_GROUP == 0 else -1
 
 
 def _ring_rotation(cache, num_rows: int, num_keys: int) -> int:

@@ -1,21 +1,24 @@
-"""Cached K/V at half width for the models whose attention runs on forkv's kernels.
+"""Cached K/V narrower than float32 for the models whose attention runs on forkv's kernels.
 
-`half_caches(caches, dtype)` gives each of mlx-lm's K/V caches (a `CacheList`'s children too)
-a subclass, in place, whose `update_and_fetch` casts the new keys and values to `dtype`
-(float16 or bfloat16) before mlx-lm's own code stores them: the cache, every record snapshot
-of it and every batch it joins hold half the bytes, and attention gets the stored half K/V,
-which the kernel widens exactly as it reads them (so a prefill row and a decode step still read
-the same values). Batch caches from `merge` and the single-row caches from `extract` keep the
-format. The subclasses keep their class's name and module, so record kinds, layouts and the
-batch logic see the class they know. mlx-lm's model code is left unchanged. Knows mlx-lm's
-cache classes; nothing about records, files or fingerprints.
+`half_caches(caches, dtype)` gives each of mlx-lm's K/V caches (a `CacheList`'s children too) a
+subclass, in place, whose `update_and_fetch` casts the new keys and values to `dtype` (float16 or
+bfloat16) or quantizes them to q8_0 (the kernels' `quantize_kv`: per 32 values a float16 scale and
+32 int8, llama.cpp's Q8_0, stored as uint8 rows of head_dim / 32 * 34 bytes) before mlx-lm's own
+code stores them: the cache, every record snapshot of it and every batch it joins hold the narrow
+bytes, and attention gets the stored K/V, which the kernel widens exactly as it reads them (so a
+prefill row and a decode step still read the same values). Batch caches from `merge` and the
+single-row caches from `extract` keep the format. The subclasses keep their class's name and module, so
+record kinds, layouts and the batch logic see the class they know. mlx-lm's model code is left
+unchanged. Knows mlx-lm's cache classes; nothing about records, files or fingerprints.
 """
 
 from __future__ import annotations
 
-__all__ = ["KV_DTYPES", "bytes_per_token", "half_caches", "kv_dtype_of"]
+__all__ = ["KV_DTYPES", "Q8_GROUP", "Q8_GROUP_BYTES", "bytes_per_token", "dequantize_q8",
+           "half_caches", "kv_dtype_of"]
 
-KV_DTYPES = ("float16", "bfloat16", "float32")
+KV_DTYPES = ("float16", "bfloat16", "q8_0", "float32")
+Q8_GROUP, Q8_GROUP_BYTES = 32, 34  # q8_0: values per group, bytes per group (scale + int8s)
 # mlx-lm's K/V caches whose storage dtype follows the keys they are given.
 _CLASSES = ("KVCache", "RotatingKVCache", "ChunkedKVCache", "BatchKVCache",
             "BatchRotatingKVCache")
@@ -67,10 +70,21 @@ def _half_class(cls: type, dtype: str) -> type:
         return sub
     import mlx.core as mx
 
-    target = getattr(mx, dtype)
+    if dtype == "q8_0":
+        from . import load
 
-    def update_and_fetch(self, keys, values):
-        return cls.update_and_fetch(self, keys.astype(target), values.astype(target))
+        quantize = load().quantize_kv
+
+        def update_and_fetch(self, keys, values):
+            # (fused decoder layers hand over q8_0 rows already: native/blocks.py)
+            return cls.update_and_fetch(
+                self, keys if keys.dtype == mx.uint8 else quantize(keys),
+                values if values.dtype == mx.uint8 else quantize(values))
+    else:
+        target = getattr(mx, dtype)
+
+        def update_and_fetch(self, keys, values):
+            return cls.update_and_fetch(self, keys.astype(target), values.astype(target))
 
     def merge(_, caches):
         return _swap(cls.merge(caches), dtype)
@@ -86,3 +100,14 @@ def _half_class(cls: type, dtype: str) -> type:
         body["extract"] = extract
     sub = _subclasses[(cls, dtype)] = type(cls.__name__, (cls,), body)
     return sub
+
+
+def dequantize_q8(x):
+    """q8_0 rows (uint8 [..., G * 34]) as float32 [..., G * 32]: for calls the kernel does not
+    take (they go to mlx-lm's attention, which reads float K/V)."""
+    import mlx.core as mx
+
+    g = x.reshape(*x.shape[:-1], x.shape[-1] // Q8_GROUP_BYTES, Q8_GROUP_BYTES)
+    d = mx.contiguous(g[..., :2]).view(mx.float16).astype(mx.float32)
+    q = mx.contiguous(g[..., 2:]).view(mx.int8).astype(mx.float32)
+    return (d * q).reshape(*x.shape[:-1], -1)

@@ -26,7 +26,7 @@ _WHAT = {
     "contention": "one request's slowdown beside 2 and 4 busy processes vs its fair share",
     "depth": "per-turn cost of a linear conversation as it grows (render vs engine)",
     "decode": "single-stream decode with exact speculation vs llama-server's spec types",
-    "kv": "perplexity, bytes per token and speed per cached K/V format (f16, bf16, f32)",
+    "kv": "perplexity, bytes per token and speed per cached K/V format (f16, bf16, q8_0, f32)",
 }
 
 

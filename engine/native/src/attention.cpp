@@ -39,16 +39,17 @@ struct View {
   int64_t s0 = 0, s1 = 0, s2 = 0;
 };
 
-// Half-width K or V (float16 or bfloat16 bits), read by a decode step block by block.
+// Narrow K or V (float16, bfloat16 or q8_0 bytes; byte strides), read by a decode step block
+// by block.
 struct HalfView {
-  const uint16_t* p = nullptr;
+  const uint8_t* p = nullptr;
   int64_t s0 = 0, s1 = 0, s2 = 0;
 };
 
 struct Args {
   int B = 0, Hq = 0, Hkv = 0, L = 0, S = 0, D = 0;
   View q, k, v;
-  // Where K/V are half width (`widen` set): read from kh, vh and widened one block at a time.
+  // Where K/V are narrow (`widen` set): read from kh, vh and widened one block at a time.
   HalfView kh, vh;
   WidenFn widen = nullptr;
   int mask_kind = 0;
@@ -220,7 +221,7 @@ FORKV_INLINE void block(const Args& a, int b, int h, int i, int j0, int n, float
   }
   for (int jj = lo; jj < hi; ++jj) {  // only keys in [lo, hi) are read
     const int64_t r = a.at(j0 + jj);
-    if (a.widen) {  // half K/V: this block's rows widened once for all G heads
+    if (a.widen) {  // narrow K/V: this block's rows widened once for all G heads
       float* kw = wide + size_t(jj) * D;
       float* vw = wide + size_t(kBlock + jj) * D;
       a.widen(a.kh.p + b * a.kh.s0 + h * a.kh.s1 + r * a.kh.s2, kw, D);
@@ -417,26 +418,32 @@ void run_attention(const Args& a, float* out, Isa isa) {
 KvType kv_type(const mx::array& x) {
   return x.dtype() == mx::float16    ? KvType::float16
          : x.dtype() == mx::bfloat16 ? KvType::bfloat16
+         : x.dtype() == mx::uint8    ? KvType::q8_0
                                      : KvType::float32;
 }
 
-// A [B, H, S, D] half K or V widened whole into `buf` (row order): for prefill and verify
-// chunks, whose many rows each read every key (widening per block would repeat it per row).
-View widened(const mx::array& x, WidenFn widen, std::vector<float>& buf) {
+// A [B, H, S, *] narrow K or V widened whole into `buf` as [B, H, S, D] float32 rows: for
+// prefill and verify chunks, whose many rows each read every key (widening per block would
+// repeat it per row).
+View widened(const mx::array& x, WidenFn widen, int64_t D, std::vector<float>& buf) {
   const auto& st = x.strides();
-  const int64_t n0 = x.shape(0), n1 = x.shape(1), n2 = x.shape(2), D = x.shape(3);
-  const auto* src = x.data<uint16_t>();
-  buf.resize(x.size());
+  const int64_t n0 = x.shape(0), n1 = x.shape(1), n2 = x.shape(2), W = x.shape(3);
+  const int64_t item = int64_t(x.itemsize());
+  const auto* src = x.data<uint8_t>();
+  std::vector<uint8_t> gather;  // one row's bytes, where its last axis is strided
+  buf.resize(size_t(n0 * n1 * n2 * D));
   float* dst = buf.data();
   for (int64_t i0 = 0; i0 < n0; ++i0)
     for (int64_t i1 = 0; i1 < n1; ++i1)
       for (int64_t i2 = 0; i2 < n2; ++i2, dst += D) {
-        const uint16_t* row = src + i0 * st[0] + i1 * st[1] + i2 * st[2];
-        if (st[3] == 1 || D == 1) {
-          widen(row, dst, int(D));
-        } else {
-          for (int64_t d = 0; d < D; ++d) widen(row + d * st[3], dst + d, 1);
+        const uint8_t* row = src + (i0 * st[0] + i1 * st[1] + i2 * st[2]) * item;
+        if (st[3] != 1 && W > 1) {
+          gather.resize(size_t(W * item));
+          for (int64_t w = 0; w < W; ++w)
+            std::memcpy(gather.data() + w * item, row + w * st[3] * item, size_t(item));
+          row = gather.data();
         }
+        widen(row, dst, int(D));
       }
   View v;
   v.p = buf.data();
@@ -472,14 +479,15 @@ void attention_eval(const std::vector<mx::array>& in, float* out, float scale, i
     a.k = view_of(in[1], kbuf);
     a.v = view_of(in[2], vbuf);
   } else if (a.L > 1 || in[1].strides()[3] != 1 || in[2].strides()[3] != 1) {
-    a.k = widened(in[1], widen_fn(kv, isa), kbuf);
-    a.v = widened(in[2], widen_fn(kv, isa), vbuf);
+    a.k = widened(in[1], widen_fn(kv, isa), a.D, kbuf);
+    a.v = widened(in[2], widen_fn(kv, isa), a.D, vbuf);
   } else {  // a decode step: each block's rows widened where they are read
     a.widen = widen_fn(kv, isa);
     const auto& ks = in[1].strides();
     const auto& vs = in[2].strides();
-    a.kh = {in[1].data<uint16_t>(), ks[0], ks[1], ks[2]};
-    a.vh = {in[2].data<uint16_t>(), vs[0], vs[1], vs[2]};
+    const int64_t item = int64_t(in[1].itemsize());
+    a.kh = {in[1].data<uint8_t>(), ks[0] * item, ks[1] * item, ks[2] * item};
+    a.vh = {in[2].data<uint8_t>(), vs[0] * item, vs[1] * item, vs[2] * item};
   }
   a.scale = scale;
   a.causal = causal;
@@ -533,7 +541,10 @@ mx::array make_attention(const std::string& fn, const mx::array& q, const mx::ar
   if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4)
     fail("q, k and v must be [B, heads, length, head_dim]");
   if (k.shape() != v.shape()) fail("k and v must have the same shape");
-  if (q.shape(0) != k.shape(0) || q.shape(3) != k.shape(3))
+  const bool q8 = k.dtype() == mx::uint8;
+  if (q8 && (q.shape(3) % kQ8Group != 0 || k.shape(3) != q8_row_bytes(q.shape(3))))
+    fail("q8_0 k and v must hold head_dim / 32 groups of 34 bytes, head_dim a multiple of 32");
+  if (q.shape(0) != k.shape(0) || (!q8 && q.shape(3) != k.shape(3)))
     fail("q and k must agree on batch size and head_dim");
   if (k.shape(1) == 0 || q.shape(1) % k.shape(1) != 0)
     fail("q's heads must be a multiple of k's");
@@ -543,8 +554,8 @@ mx::array make_attention(const std::string& fn, const mx::array& q, const mx::ar
   if (q.shape(3) % 16 != 0) fail("head_dim must be a multiple of 16");
   if (q.dtype() != mx::float32) fail("q must be float32");
   if (k.dtype() != v.dtype() || (k.dtype() != mx::float32 && k.dtype() != mx::float16 &&
-                                 k.dtype() != mx::bfloat16))
-    fail("k and v must be both float32, both float16 or both bfloat16");
+                                 k.dtype() != mx::bfloat16 && k.dtype() != mx::uint8))
+    fail("k and v must be both float32, both float16, both bfloat16 or both q8_0 (uint8)");
   auto s = mx::to_stream(mx::Device::cpu);
   const int B = q.shape(0), Hq = q.shape(1), L = q.shape(2), S = k.shape(2);
   std::vector<mx::array> inputs = {q, k, v};
@@ -567,6 +578,40 @@ mx::array make_attention(const std::string& fn, const mx::array& q, const mx::ar
 }
 
 }  // namespace
+
+void KvQuantize::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  auto& out = outputs[0];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  encoder.set_input_array(inputs[0]);
+  encoder.set_output_array(out);
+  encoder.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]),
+                    out = mx::array::unsafe_weak_copy(out)]() mutable {
+    thread_local std::vector<float> buf;
+    const int D = x.shape(-1);
+    quantize_q8_rows(row_major(x, buf), out.data<uint8_t>(), D ? int64_t(x.size()) / D : 0, D);
+  });
+}
+
+void KvQuantize::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error("forkv's quantize_kv runs on the CPU only.");
+}
+
+std::vector<mx::Shape> KvQuantize::output_shapes(const std::vector<mx::array>& inputs) {
+  auto shape = inputs[0].shape();
+  shape.back() = int(q8_row_bytes(shape.back()));
+  return {shape};
+}
+
+mx::array quantize_kv(const mx::array& x) {
+  if (x.ndim() < 1 || x.dtype() != mx::float32 || x.shape(-1) % kQ8Group != 0)
+    throw std::invalid_argument("forkv quantize_kv: x must be float32 [..., D], D a multiple "
+                                "of 32");
+  auto shape = x.shape();
+  shape.back() = int(q8_row_bytes(shape.back()));
+  return mx::array(shape, mx::uint8,
+                   std::make_shared<KvQuantize>(mx::to_stream(mx::Device::cpu)), {x});
+}
 
 mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
                     const std::optional<mx::array>& mask, bool causal, int rot) {

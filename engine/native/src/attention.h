@@ -21,7 +21,8 @@ namespace forkv {
 
 // q [B, Hq, L, D]; k, v [B, Hkv, S, D] with Hq a multiple of Hkv, D a multiple of 16 and
 // L <= S; q float32, k and v float32, float16 or bfloat16 (both the same: half-width cached
-// K/V, widened exactly as they are read). mask, broadcastable to [B, Hq, L, S]: bool (keep
+// K/V, widened exactly as they are read), or both q8_0 rows (uint8 [B, Hkv, S, D / 32 * 34],
+// D a multiple of 32: halfkv.h). mask, broadcastable to [B, Hq, L, S]: bool (keep
 // where true) or float (added to the scores). causal: query row i sees keys j <= S - L + i (mlx's "causal").
 // rot: key j in time order is row (j + rot) % S of k, v and the mask (a wrapped ring cache,
 // newest key last in time order). Returns [B, Hq, L, D] float32; a row that sees no key is
@@ -40,6 +41,22 @@ mlx::core::array decode_attention(const mlx::core::array& q, const mlx::core::ar
 // kind 0 none, 1 bool, 2 float32), into out [B, Hq, L, D].
 void attention_eval(const std::vector<mlx::core::array>& in, float* out, float scale,
                     int mask_kind, bool causal, int rot, Isa isa);
+
+// x [..., D] float32 (D a multiple of 32) -> uint8 [..., D / 32 * 34]: the q8_0 rows a q8_0
+// K/V cache stores (halfkv.h's quantize_q8_rows, as attn_in stores them).
+mlx::core::array quantize_kv(const mlx::core::array& x);
+
+class KvQuantize : public mlx::core::Primitive {
+ public:
+  explicit KvQuantize(mlx::core::Stream stream) : mlx::core::Primitive(stream) {}
+  void eval_cpu(const std::vector<mlx::core::array>& inputs,
+                std::vector<mlx::core::array>& outputs) override;
+  void eval_gpu(const std::vector<mlx::core::array>& inputs,
+                std::vector<mlx::core::array>& outputs) override;
+  const char* name() const override { return "ForkvKvQuantize"; }
+  bool is_equivalent(const mlx::core::Primitive&) const override { return true; }
+  std::vector<mlx::core::Shape> output_shapes(const std::vector<mlx::core::array>& inputs) override;
+};
 
 class Attention : public mlx::core::Primitive {
  public:

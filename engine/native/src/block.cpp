@@ -8,6 +8,7 @@
 
 #include "activation.h"
 #include "attention.h"
+#include "halfkv.h"
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/types/half_types.h"
@@ -71,6 +72,9 @@ void store(const float* src, mx::array& out) {
   } else if (out.dtype() == mx::bfloat16) {
     auto* y = out.data<mx::bfloat16_t>();
     for (size_t i = 0; i < n; ++i) y[i] = static_cast<mx::bfloat16_t>(src[i]);
+  } else if (out.dtype() == mx::uint8) {  // q8_0 rows (halfkv.h)
+    const int W = out.shape(-1), D = W / kQ8GroupBytes * kQ8Group;
+    quantize_q8_rows(src, out.data<uint8_t>(), W ? int64_t(n) / W : 0, D);
   } else {
     std::copy_n(src, n, out.data<float>());
   }
@@ -224,8 +228,9 @@ void DecoderBlock::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array
 std::vector<mx::Shape> DecoderBlock::output_shapes(const std::vector<mx::array>& in) {
   if (out_half_) return {in[3 + (shape_.mask_kind ? 1 : 0)].shape()};
   const int B = in[0].shape(0), L = in[0].shape(1), hd = shape_.head_dim;
-  return {{B, shape_.n_heads, L, hd}, {B, shape_.n_kv_heads, L, hd},
-          {B, shape_.n_kv_heads, L, hd}};
+  const int kv = shape_.kv_dtype == mx::uint8 ? int(q8_row_bytes(hd)) : hd;  // q8_0 rows
+  return {{B, shape_.n_heads, L, hd}, {B, shape_.n_kv_heads, L, kv},
+          {B, shape_.n_kv_heads, L, kv}};
 }
 
 std::vector<mx::array> attn_in(const mx::array& x, const mx::array& norm,
@@ -247,8 +252,12 @@ std::vector<mx::array> attn_in(const mx::array& x, const mx::array& norm,
   sh.eps = eps; sh.norm_offset = norm_offset; sh.qk_norm = !qk_norms.empty();
   sh.qk_eps = qk_eps; sh.rope_dims = rope_dims; sh.rope_traditional = rope_traditional;
   sh.rope_base = rope_base; sh.rope_scale = rope_scale; sh.offset = offset;
-  sh.kv_dtype = kv_dtype == "float16" ? mx::float16 : kv_dtype == "bfloat16" ? mx::bfloat16
-                                                                             : mx::float32;
+  sh.kv_dtype = kv_dtype == "float16"    ? mx::float16
+                : kv_dtype == "bfloat16" ? mx::bfloat16
+                : kv_dtype == "q8_0"     ? mx::uint8
+                                         : mx::float32;
+  if (sh.kv_dtype == mx::uint8 && head_dim % kQ8Group != 0)
+    throw std::invalid_argument("forkv attn_in: q8_0 K/V need head_dim a multiple of 32");
   std::vector<mx::array> head = {x, as_is(norm, s)};
   for (const auto& n : qk_norms) head.push_back(as_is(n, s));
   const int B = x.shape(0), L = x.shape(1);
@@ -269,8 +278,9 @@ std::vector<mx::array> attn_in(const mx::array& x, const mx::array& norm,
   if (total != (n_heads + 2 * n_kv_heads) * head_dim)
     throw std::invalid_argument("forkv attn_in: the linears' widths are not q, k and v's");
   auto prim = std::make_shared<DecoderBlock>(s, false, sh, std::move(lins), current_isa());
+  const int kv_width = sh.kv_dtype == mx::uint8 ? int(q8_row_bytes(head_dim)) : head_dim;
   return mx::array::make_arrays(
-      {{B, n_heads, L, head_dim}, {B, n_kv_heads, L, head_dim}, {B, n_kv_heads, L, head_dim}},
+      {{B, n_heads, L, head_dim}, {B, n_kv_heads, L, kv_width}, {B, n_kv_heads, L, kv_width}},
       {mx::float32, sh.kv_dtype, sh.kv_dtype}, prim, kernel_inputs(head, arrays, s));
 }
 
