@@ -1,5 +1,6 @@
 """`forkv bench serve`'s long case: its requests against a fake server, the server it runs in
-(a fresh one per side, after that side's other cases, whose peak RSS is the case's), the
+(a fresh one per side, after every side's other cases, the sides taking turns rep by rep,
+whose peak RSS is the case's), the
 llama-server flags it starts with, its headline figures, and one real run on forkv serve with
 a demo model and a tiny prompt."""
 
@@ -54,23 +55,48 @@ class _Server:
         self.log.append(("stop", self.name))
 
 
-def test_long_case_runs_in_a_fresh_server_after_the_others(monkeypatch):
+def test_long_case_runs_in_a_fresh_server_after_the_others_the_sides_taking_turns(
+        monkeypatch):
     log = []
     monkeypatch.setattr(serve, "_cases", lambda server, side, sz, tok, rep, cases, no_eos: {
         c: {"on": server.name} for c in cases})
     side = _Side(lambda _: _Server("shared", 300.0, log),
                  start_long=lambda ctx: _Server(f"long {ctx}", 900.0, log))
-    runs = serve._run_side(side, QUICK, None, 2, side.cases(("fork", "long")), {})
-    ctx = long_context(QUICK)
-    assert log == [("start", "shared"), ("stop", "shared"),
-                   ("start", f"long {ctx}"), ("stop", f"long {ctx}"),
-                   ("start", f"long {ctx}"), ("stop", f"long {ctx}")]  # one per rep
-    assert runs[0]["fork"] == {"on": "shared"}
-    assert runs[0]["long"] == {"on": f"long {ctx}", "peak_rss_mib": 900.0}
-    assert [r["peak_rss_mib"] for r in runs] == [900.0, 900.0]  # the side's largest server
     only_long = _Side(None, start_long=lambda ctx: _Server("q8", 350.0, log))
     assert only_long.cases(("fork", "long")) == ("long",)
     assert _Side(lambda _: None).cases(("fork", "long")) == ("fork",)
+    runs = {"forkv": serve._run_side(side, QUICK, None, 2, ("fork",), {})}
+    serve._run_long({"forkv": side, "q8": only_long}, runs, QUICK, None, 2, {}, [])
+    ctx = long_context(QUICK)
+    assert log == [("start", "shared"), ("stop", "shared"),
+                   ("start", f"long {ctx}"), ("stop", f"long {ctx}"),  # rep 0: forkv first
+                   ("start", "q8"), ("stop", "q8"),
+                   ("start", "q8"), ("stop", "q8"),  # rep 1: the other way round
+                   ("start", f"long {ctx}"), ("stop", f"long {ctx}")]
+    assert runs["forkv"][0]["fork"] == {"on": "shared"}
+    assert runs["forkv"][0]["long"] == {"on": f"long {ctx}", "peak_rss_mib": 900.0}
+    assert [r["peak_rss_mib"] for r in runs["forkv"]] == [900.0, 900.0]  # its largest server
+    assert runs["q8"] == [{"long": {"on": "q8", "peak_rss_mib": 350.0}, "peak_rss_mib": 350.0}] * 2
+
+
+def test_an_optional_side_whose_long_case_fails_keeps_its_other_cases(monkeypatch):
+    monkeypatch.setattr(serve, "_cases", lambda server, side, sz, tok, rep, cases, no_eos: {
+        c: {"on": server.name} for c in cases})
+
+    def broken(ctx):
+        raise OSError("no such binary")
+
+    log, notes = [], []
+    runs = {"a": [{"fork": {}, "peak_rss_mib": 1.0}]}
+    serve._run_long({"a": _Side(lambda _: None, optional=True, start_long=broken),
+                     "b": _Side(None, optional=True, start_long=broken),
+                     "c": _Side(None, start_long=lambda ctx: _Server("c", 2.0, log))},
+                    runs, QUICK, None, 1, {}, notes)
+    assert runs == {"a": [{"fork": {}, "peak_rss_mib": 1.0}],
+                    "c": [{"long": {"on": "c", "peak_rss_mib": 2.0}, "peak_rss_mib": 2.0}]}
+    assert [n.split(":")[0] for n in notes] == ["No a long case", "No b long case"]
+    with pytest.raises(OSError):  # a side that is not optional fails the run
+        serve._run_long({"d": _Side(None, start_long=broken)}, {}, QUICK, None, 1, {}, [])
 
 
 def test_llama_server_for_the_long_case_has_one_slot_its_context_and_kv_type(monkeypatch):
@@ -104,7 +130,8 @@ def test_long_headline_is_forkv_over_each_llama_server():
              "llamacpp": [{"fork": _fork(0.5), "long": _long(450.0, 400.0, 32.0, 2.0),
                            "peak_rss_mib": 450.0}],
              "llamacpp_tuned": [{"fork": _fork(0.4), "peak_rss_mib": 1500.0}],
-             "llamacpp_q8": [{"long": _long(360.0, 250.0, 50.0, 4.0), "peak_rss_mib": 360.0}]}
+             "llamacpp_q8": [{"long": _long(360.0, 250.0, 50.0, 4.0), "peak_rss_mib": 360.0}],
+             "forkv_q8": [{"long": _long(432.0, 300.0, 45.0, 0.2), "peak_rss_mib": 432.0}]}
     res = _result("gemma3-270m", FULL, 1, "float32", sides, ("fork", "long"), [],
                   {"llamacpp_ok": True})
     h, t = res["headline"], res["targets"]
@@ -122,10 +149,15 @@ def test_long_headline_is_forkv_over_each_llama_server():
     assert "peer_long_peak_rss_mib" not in h
     assert (t["long_rss_vs_llamacpp"]["met"], t["long_prefill_vs_llamacpp"]["met"],
             t["long_decode_vs_llamacpp"]["met"]) == (True, False, True)
-    assert not any(k.endswith("_vs_llamacpp_q8") for k in t)  # a second peer: no targets
+    # q8_0 K/V on both sides: its RSS has a target; forkv's default against it does not
+    assert (h["long_rss_q8_vs_llamacpp_q8"], h["long_prefill_q8_vs_llamacpp_q8"],
+            h["long_decode_q8_vs_llamacpp_q8"]) == (1.2, 1.2, 0.9)
+    assert [k for k in t if k.endswith("_vs_llamacpp_q8")] == ["long_rss_q8_vs_llamacpp_q8"]
+    assert t["long_rss_q8_vs_llamacpp_q8"]["met"] is False
+    assert h["forkv_q8_long_peak_rss_mib"] == 432.0
     long = res["cases"][1]
     assert long["case"] == "long"
-    assert set(long["summary"]) == {"forkv", "llama_server", "llama_server_q8"}
+    assert set(long["summary"]) == {"forkv", "forkv_q8", "llama_server", "llama_server_q8"}
     assert long["summary"]["llama_server_q8"]["peak_rss_mib"] == 360.0
     assert any(n.startswith("long: one prompt of 32,000 tokens") and "-c 32,768" in n
                for n in res["notes"])
@@ -137,7 +169,7 @@ def test_long_case_runs_on_forkv_serve():
                           long_tokens=48, long_decode_tokens=8)
     (case,) = res["cases"]
     (run,) = case["forkv"]
-    assert case["case"] == "long" and set(case["summary"]) == {"forkv"}
+    assert case["case"] == "long" and set(case["summary"]) == {"forkv", "forkv_q8"}
     assert run["decode_tokens"] == 8  # end of sequence suppressed
     assert run["long_prompt_tokens"] > 48
     assert run["prefill_tokens_per_s"] > 0 and run["decode_tokens_per_s"] > 0
@@ -147,6 +179,8 @@ def test_long_case_runs_on_forkv_serve():
     h = res["headline"]
     assert h["forkv_peak_rss_mib"] == h["forkv_long_peak_rss_mib"] == run["peak_rss_mib"]
     assert not any(k.startswith("long_") for k in h)  # no llama-server side to compare with
+    (q8,) = case["forkv_q8"]  # --kv-bits 8 (the demo's head_dim, 32, takes it)
+    assert q8["decode_tokens"] == 8 and q8["fork_cached_tokens"] > 0 and q8["peak_rss_mib"] > 0
 
 
 @pytest.mark.parametrize("setting", ["long_tokens", "long_decode_tokens"])

@@ -11,7 +11,8 @@ earlier turn), prune (think, drop the thinking, answer), tree (k sampled branche
 prompt at once), tenants (clients under one cache_salt, then each under its own), kernels
 (prefill and decode speed with nothing to reuse) and long (one 32K-token prompt decoding 256
 tokens, then a fork and a rewind at 32K: forkv and llama-server only, each side in a fresh
-process of its own, llama-server also with q8_0 K/V, so each one's peak RSS is this case's).
+process of its own, both also with q8_0 K/V (forkv's `--kv-bits 8`), so each one's peak RSS
+is this case's; it runs after every side's other cases, rep by rep, the sides taking turns).
 
 Headline figures against mlx_lm.server keep their names (`ttft_speedup_fork`, ...); against
 vLLM they end in `_vs_vllm`; against llama-server `ttft_ratio_<case>_vs_llamacpp` (forkv ÷
@@ -22,7 +23,8 @@ recomputed part of the conversation before it), `prefill_kernel_ratio` (the long
 `prefill_short_kernel_ratio` (512 tokens) and `decode_kernel_ratio`; the tuned
 llama-server's end in `_vs_llamacpp_tuned`. The long case's `long_rss_vs_llamacpp`,
 `long_prefill_vs_llamacpp` and `long_decode_vs_llamacpp` are forkv ÷ llama-server's peak RSS,
-prefill and decode tok/s (`_vs_llamacpp_q8`: against its q8_0 K/V). Knows the sides and the
+prefill and decode tok/s (`_vs_llamacpp_q8`: against its q8_0 K/V; `long_*_q8_vs_llamacpp_q8`:
+forkv's q8_0 K/V against it). Knows the sides and the
 figures; the processes are in `serve_procs`, `cluster_vllm` and `llamacpp`.
 """
 
@@ -55,7 +57,7 @@ TARGETS = {"extend_ttft_ratio": "<= 1.1", "ttft_speedup_fork": ">= 20",
            "computed_ratio_vs_llamacpp": "<= 1", "ttft_speedup_deep_rewind_vs_llamacpp": ">= 20",
            "tenant_throughput_ratio": ">= 0.9", "llamacpp_ok": "== true",
            "long_rss_vs_llamacpp": "<= 1.2", "long_prefill_vs_llamacpp": ">= 1.0",
-           "long_decode_vs_llamacpp": ">= 1.0"}
+           "long_decode_vs_llamacpp": ">= 1.0", "long_rss_q8_vs_llamacpp_q8": "<= 1.0"}
 
 
 @dataclass(slots=True)
@@ -119,6 +121,9 @@ def run_serve_bench(model: str = "gemma3-270m", quick: bool = False, reps: int =
     config = json.loads((Path(folder) / "config.json").read_text())
     dtype = pick_dtype("auto", "bfloat16")  # what forkv computes in on this device
     sides = {"forkv": _Side(lambda _: start_forkv(model), start_long=lambda _: start_forkv(model))}
+    if "long" in cases:  # forkv's K/V at half its default bytes (--kv-bits 8)
+        sides["forkv_q8"] = _Side(None, optional=True,
+                                  start_long=lambda _: start_forkv(model, kv_dtype="q8_0"))
     if exact == "on":
         sides["forkv_exact"] = _Side(lambda _: start_forkv(model, "exact"))
     if mlx_lm == "on":
@@ -141,16 +146,22 @@ def run_serve_bench(model: str = "gemma3-270m", quick: bool = False, reps: int =
                 start_llama_server(binary, gguf, chat_template=template, context=ctx,
                                    kv_type="q8_0")))
     no_eos = {str(i): -100.0 for i in sorted(_eos_ids(tokenizer, config))}
-    runs = {}
+    runs, failed = {}, set()
     for name, side in sides.items():
-        if not side.cases(cases):  # only the long case, which it does not run (notes say)
+        rest = tuple(c for c in side.cases(cases) if c != "long")
+        if not rest:  # none, or only the long case (below)
             continue
         try:
-            runs[name] = _run_side(side, sz, tokenizer, reps, side.cases(cases), no_eos)
+            runs[name] = _run_side(side, sz, tokenizer, reps, rest, no_eos)
         except Exception as e:
             if not side.optional:
                 raise
             notes.append(f"No {name} side: {type(e).__name__}: {e}"[:2000])
+            failed.add(name)
+    if "long" in cases:
+        _run_long({n: side for n, side in sides.items()
+                   if side.start_long is not None and n not in failed},
+                  runs, sz, tokenizer, reps, no_eos, notes)
     if llama is not None and _repack_crashed(llama[0], llama[1]):
         notes.append("llama-server segfaults at start with weight repacking on this CPU, so "
                      "both llama-server sides ran with --no-repack.")
@@ -222,14 +233,47 @@ def _llama_setup(model: str, llamacpp: str, quick: bool, notes: list):
     return binary, *gguf
 
 
+def _run_long(sides: dict, runs: dict, sz: Sizes, tokenizer, reps: int, no_eos: dict,
+              notes: list) -> None:
+    """The long case on each of `sides`, every time in a fresh server of its own whose peak
+    RSS is the case's, into `runs`: rep by rep, the sides taking turns (in order in even reps,
+    reversed in odd ones), so that this machine's drift over the minutes one 32K prefill takes
+    falls on every side alike. An optional side that fails loses its long case (a note says
+    why); its other cases stand."""
+    failed: set[str] = set()
+    names = list(sides)
+    for rep in range(reps):
+        for name in names if rep % 2 == 0 else names[::-1]:
+            side = sides[name]
+            if name in failed:
+                continue
+            try:
+                got, peak = _fresh(side.start_long(long_context(sz)), side, sz, tokenizer, rep,
+                                   "long", no_eos)
+            except Exception as e:
+                if not side.optional:
+                    raise
+                notes.append(f"No {name} long case: {type(e).__name__}: {e}"[:2000])
+                failed.add(name)
+                continue
+            got["long"]["peak_rss_mib"] = peak
+            run = runs.setdefault(name, [{} for _ in range(reps)])[rep]
+            run.update(got, peak_rss_mib=max(run.get("peak_rss_mib") or 0, peak or 0))
+    for name in failed & set(runs):
+        if not any(set(r) - {"long", "peak_rss_mib"} for r in runs[name]):
+            del runs[name]  # it ran nothing else
+            continue
+        for run in runs[name]:
+            run.pop("long", None)
+
+
 def _run_side(side: _Side, sz: Sizes, tokenizer, reps: int, cases: tuple[str, ...],
               no_eos: dict) -> list[dict]:
-    """Every rep's case results and peak RSS on one side. The long case runs in a fresh server
-    of its own, after the others, and reports that server's peak RSS as its own."""
+    """Every rep's case results and peak RSS on one side (not the long case: _run_long)."""
     rest = tuple(c for c in cases if c != "long")
     if not rest:
-        runs: list[dict] = [{} for _ in range(reps)]
-    elif not side.per_case:
+        return []
+    if not side.per_case:
         server = side.start(1)
         try:
             server.wait_ready(timeout=900)
@@ -247,12 +291,6 @@ def _run_side(side: _Side, sz: Sizes, tokenizer, reps: int, cases: tuple[str, ..
                 out.update(got)
                 rss.append(peak or 0)
             runs.append(dict(out, peak_rss_mib=max(rss)))
-    if "long" in cases:
-        for rep, run in enumerate(runs):
-            got, peak = _fresh(side.start_long(long_context(sz)), side, sz, tokenizer, rep,
-                               "long", no_eos)
-            got["long"]["peak_rss_mib"] = peak
-            run.update(got, peak_rss_mib=max(run.get("peak_rss_mib") or 0, peak or 0))
     return runs
 
 
@@ -293,9 +331,9 @@ _FIGURES = {"extend_ttft_ratio": ("extend", "later_ttft_s", "forkv"),
             "prune_ttft_speedup": ("prune", "ttft_median_s", "peer"),
             "tree_throughput_ratio": ("tree", "tokens_per_s", "forkv")}
 _THROUGHPUT = ("concurrent_throughput_ratio", "tree_throughput_ratio")
-_LABELS = {"forkv": "forkv", "forkv_exact": "forkv_exact", "peer": "mlx_lm_server", "vllm": "vllm",
-           "llamacpp": "llama_server", "llamacpp_tuned": "llama_server_tuned",
-           "llamacpp_q8": "llama_server_q8"}
+_LABELS = {"forkv": "forkv", "forkv_exact": "forkv_exact", "forkv_q8": "forkv_q8",
+           "peer": "mlx_lm_server", "vllm": "vllm", "llamacpp": "llama_server",
+           "llamacpp_tuned": "llama_server_tuned", "llamacpp_q8": "llama_server_q8"}
 # long case figure -> its field: forkv ÷ the llama-server side's (peak RSS: their maxima)
 _LONG = {"long_rss": "peak_rss_mib", "long_prefill": "prefill_tokens_per_s",
          "long_decode": "decode_tokens_per_s"}
@@ -350,11 +388,18 @@ def _llama_figures(f: list, other: list, ran: tuple[str, ...], suffix: str) -> d
         out[f"ttft_speedup_deep_rewind{suffix}"] = round(statistics.median(pairs), 3) \
             if pairs else None
     if "long" in ran:
-        for figure, key in _LONG.items():
-            pick = max if key == "peak_rss_mib" else statistics.median
-            num, den = (pick(r["long"][key] or 0 for r in runs) for runs in (f, other))
-            # (no /proc, no peak RSS: no figure, rather than a ratio of zeros)
-            out[figure + suffix] = _ratio(num, den) if num and den else None
+        out.update(_long_figures(f, other, suffix))
+    return out
+
+
+def _long_figures(f: list, other: list, suffix: str) -> dict:
+    """The long case's figures (_LONG) of runs `f` against `other`'s."""
+    out = {}
+    for figure, key in _LONG.items():
+        pick = max if key == "peak_rss_mib" else statistics.median
+        num, den = (pick(r["long"][key] or 0 for r in runs) for runs in (f, other))
+        # (no /proc, no peak RSS: no figure, rather than a ratio of zeros)
+        out[figure + suffix] = _ratio(num, den) if num and den else None
     return out
 
 
@@ -378,6 +423,9 @@ def _result(model: str, sz: Sizes, reps: int, dtype: str, sides: dict,
             if "forkv_exact" in sides:  # the same figures for `forkv serve --reuse exact`
                 headline.update({"exact_" + k: v for k, v in _llama_figures(
                     sides["forkv_exact"], sides[name], ran, "_vs_" + name).items()})
+    if all("long" in sides.get(n, [{}])[0] for n in ("forkv_q8", "llamacpp_q8")):
+        headline.update(_long_figures(sides["forkv_q8"], sides["llamacpp_q8"],
+                                      "_q8_vs_llamacpp_q8"))  # q8_0 K/V on both sides
     if "forkv_exact" in sides:  # exact ÷ fast TTFT per case: what fast reuse buys
         for case in _both(f, sides["forkv_exact"], ran):
             headline[f"fast_ttft_speedup_{case}"] = _ratio(
@@ -455,9 +503,11 @@ def _notes(dtype: str, sides: dict, ran: tuple[str, ...] = (), sz: Sizes = FULL)
             f"message) decoding {sz.long_decode_tokens} tokens with end-of-sequence suppressed, "
             "then a fork (the same text, another question) and a rewind (back to the first "
             "branch after the fork: its answer and a new question). It runs on forkv serve "
-            "(its defaults: fast reuse, float16 K/V) and llama-server (its default f16 K/V, "
-            "and -ctk q8_0 -ctv q8_0: llamacpp_q8), not on the other sides; on each in a fresh "
-            "server process of its own after that side's other cases, llama-server with one "
+            "(its defaults: fast reuse, float16 K/V; and --kv-bits 8: forkv_q8) and "
+            "llama-server (its default f16 K/V, and -ctk q8_0 -ctv q8_0: llamacpp_q8), not on "
+            "the other sides; on each in a fresh server process of its own after every side's "
+            "other cases, rep by rep with the sides taking turns (reversed in odd reps), "
+            "llama-server with one "
             f"slot and -c {long_context(sz):,} (its other defaults: context checkpoints, "
             "prompt cache). Peak RSS: VmHWM of /proc/PID/status, the server process's plus "
             "any live descendants', read after the case, before the server stops (forkv serve "
@@ -466,7 +516,8 @@ def _notes(dtype: str, sides: dict, ran: tuple[str, ...] = (), sz: Sizes = FULL)
             "llama-server's timings.prompt_per_second, forkv's computed prompt tokens ÷ TTFT "
             "on the client's clock (HTTP, chat template and tokenizing included); decode "
             "tok/s: timings.predicted_per_second, forkv's client clock after the first token. "
-            "long_*_vs_llamacpp[_q8] = forkv ÷ llama-server (RSS: lower is better).")
+            "long_*_vs_llamacpp[_q8] = forkv ÷ llama-server (RSS: lower is better); "
+            "long_*_q8_vs_llamacpp_q8 = forkv_q8 ÷ llamacpp_q8.")
     return out
 
 

@@ -123,10 +123,12 @@ def _children() -> dict[int, list[int]]:
     return out
 
 
-def start_forkv(model: str, reuse: str | None = None) -> ServerProcess:
+def start_forkv(model: str, reuse: str | None = None,
+                kv_dtype: str | None = None) -> ServerProcess:
     port = _free_port()
     cmd = [sys.executable, "-m", "forkv.cli", "serve", "--model", model, "--port", str(port),
-           "--reasoning", "off", *(["--reuse", reuse] if reuse else [])]
+           "--reasoning", "off", *(["--reuse", reuse] if reuse else []),
+           *(["--kv-dtype", kv_dtype] if kv_dtype else [])]
     return ServerProcess("forkv serve", cmd, port, model)
 
 
