@@ -171,6 +171,39 @@ def test_the_kernel_reads_q8_kv_as_their_dequantized_values(isa):
         lib.set_isa(best)
 
 
+@pytest.mark.parametrize("kv", ["float16", "q8_0"])
+@pytest.mark.parametrize("B, Hkv, L, S", [(1, 1, 3, 700), (2, 2, 40, 300), (1, 1, 300, 812)])
+def test_chunk_rows_over_narrow_kv_are_the_float32_paths_and_decode_steps(kv, B, Hkv, L, S):
+    # A chunk's rows go in groups that widen each block's keys once (the union of the rows'
+    # blocks, which end at each row's own position); with a causal or a window mask every
+    # row gives the float32 path's bits on the widened values and a decode step's.
+    import mlx.core as mx
+
+    from forkv.engine.native.kvcache import dequantize_q8
+
+    lib = _native()
+    D, Hq = 64, 4 * Hkv
+    mx.random.seed(L)
+    q = mx.random.normal((B, Hq, L, D))
+    kf, vf = mx.random.normal((B, Hkv, S, D)), mx.random.normal((B, Hkv, S, D))
+    if kv == "q8_0":
+        k, v = lib.quantize_kv(kf), lib.quantize_kv(vf)
+        wk, wv = dequantize_q8(k), dequantize_q8(v)
+    else:
+        k, v = kf.astype(mx.float16), vf.astype(mx.float16)
+        wk, wv = k.astype(mx.float32), v.astype(mx.float32)
+    rows, cols = mx.arange(S - L, S)[:, None], mx.arange(S)[None]
+    window = (cols <= rows) & (cols > rows - 300)
+    causal = lib.attention(q, k, v, 0.125, None, True)
+    assert mx.array_equal(causal, lib.attention(q, wk, wv, 0.125, None, True)).item()
+    assert mx.array_equal(lib.attention(q, k, v, 0.125, window),
+                          lib.attention(q, wk, wv, 0.125, window)).item()
+    for i in {0, L // 2, L - 1}:
+        n = S - L + i + 1
+        step = lib.attention(q[:, :, i:i + 1], k[:, :, :n], v[:, :, :n], 0.125)
+        assert mx.array_equal(step, causal[:, :, i:i + 1]).item(), i
+
+
 def _engine(lm, store=None, block=256):
     store = store or RecordStore(1 << 30, None)
     return scoped_engine(lm, block_size=block, store=store), store

@@ -32,6 +32,11 @@ constexpr int kBlock = 256;  // keys per block, anchored at the row's own positi
 constexpr int kLanes = 16;   // partial sums per dot product and per softmax sum
 constexpr int kGroup = 4;    // query heads that share one pass over a K or V row
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+// Query rows of one (batch, KV head) that share each block's K/V reads in a prefill or verify
+// chunk (narrow K/V: widened into a thread's scratch of (kBlock + kRowGroup) x D x 2 floats).
+// Each row alone streams all its keys from memory (at 32K keys of Gemma 3 ~2.5 ms a layer,
+// float16 or float32 alike); a group of 16 reads them once.
+constexpr int kRowGroup = 16;
 
 // A [B, H, L or S, D] operand: element strides, D's being 1.
 struct View {
@@ -52,6 +57,11 @@ struct Args {
   // Where K/V are narrow (`widen` set): read from kh, vh and widened one block at a time.
   HalfView kh, vh;
   WidenFn widen = nullptr;
+  // Where set, K and V rows already widened for a range of keys in time order (a group of
+  // query rows' union of one block): key j's rows are kt, vt + (j - t0) * D.
+  const float* kt = nullptr;
+  const float* vt = nullptr;
+  int t0 = 0;
   int mask_kind = 0;
   const void* mask = nullptr;
   int64_t m0 = 0, m1 = 0, m2 = 0, m3 = 0;  // mask strides over b, query head, row, key
@@ -221,7 +231,10 @@ FORKV_INLINE void block(const Args& a, int b, int h, int i, int j0, int n, float
   }
   for (int jj = lo; jj < hi; ++jj) {  // only keys in [lo, hi) are read
     const int64_t r = a.at(j0 + jj);
-    if (a.widen) {  // narrow K/V: this block's rows widened once for all G heads
+    if (a.kt) {  // widened once for a group of rows
+      krows[jj] = a.kt + size_t(j0 + jj - a.t0) * D;
+      vrows[jj] = a.vt + size_t(j0 + jj - a.t0) * D;
+    } else if (a.widen) {  // narrow K/V: this block's rows widened once for all G heads
       float* kw = wide + size_t(jj) * D;
       float* vw = wide + size_t(kBlock + jj) * D;
       a.widen(a.kh.p + b * a.kh.s0 + h * a.kh.s1 + r * a.kh.s2, kw, D);
@@ -373,24 +386,62 @@ void run_attention(const Args& a, float* out, Isa isa) {
     h = (r / a.L) % a.Hkv;
     b = r / (a.L * a.Hkv);
   };
-  if (rows >= 4 * threads) {  // prefill: a thread takes a row and all its blocks
+  if (a.L > 1 || rows >= 4 * threads) {  // chunks, many rows: groups of rows, block by block
+    // R consecutive rows of one (b, h) per group (at most kRowGroup; enough groups for every
+    // thread): their block `blk` covers nearly the same keys (each row's blocks end at its
+    // own position), so a group reads them from memory once, narrow ones widened once, and
+    // each row's arithmetic on them is what it would be alone.
+    const int bh = a.B * a.Hkv, per = std::max(1, (threads + bh - 1) / bh);
+    const int R = std::max(1, std::min(kRowGroup, (a.L + per - 1) / per));
+    const int per_bh = (a.L + R - 1) / R, groups = bh * per_bh;
     p.run(threads, [&](int) {
       thread_local Scratch s;
-      thread_local std::vector<float> parts;
-      parts.resize(max_blocks * item);
+      thread_local std::vector<float> parts, wide;
+      parts.resize(size_t(R) * max_blocks * item);
       for (;;) {
-        const int r = next.fetch_add(1);
-        if (r >= rows) break;
-        int b, h, i;
-        unpack(r, b, h, i);
-        for (int blk = 0; blk < a.blocks(i); ++blk)
-          run_block(a, block_fn, b, h, i, blk, parts.data() + blk * item, s);
-        combine_row(a, combine_fn, b, h, i, parts.data(), out);
+        const int gi = next.fetch_add(1);
+        if (gi >= groups) break;
+        const int b = gi / per_bh / a.Hkv, h = gi / per_bh % a.Hkv;
+        const int i0 = gi % per_bh * R, i1 = std::min(a.L, i0 + R);
+        int nb = 0;
+        for (int i = i0; i < i1; ++i) nb = std::max(nb, a.blocks(i));
+        for (int blk = 0; blk < nb; ++blk) {
+          Args ga = a;
+          if (a.widen) {  // the rows' union of this block, widened once, in time order
+            int lo = a.S, hi = 0;
+            for (int i = i0; i < i1; ++i) {
+              if (blk >= a.blocks(i)) continue;
+              const int j0 = a.block_start(i, blk);
+              lo = std::min(lo, j0);
+              hi = std::max(hi, std::min(a.visible(i), a.block_start(i, blk + 1)));
+            }
+            const int n = std::max(0, hi - lo);
+            wide.resize(size_t(2) * n * a.D + 1);
+            for (int j = lo; j < hi; ++j) {
+              const int64_t r = a.at(j);
+              a.widen(a.kh.p + b * a.kh.s0 + h * a.kh.s1 + r * a.kh.s2,
+                      wide.data() + size_t(j - lo) * a.D, a.D);
+              a.widen(a.vh.p + b * a.vh.s0 + h * a.vh.s1 + r * a.vh.s2,
+                      wide.data() + size_t(n + j - lo) * a.D, a.D);
+            }
+            ga.widen = nullptr;
+            ga.kt = wide.data();
+            ga.vt = wide.data() + size_t(n) * a.D;
+            ga.t0 = lo;
+          }
+          for (int i = i0; i < i1; ++i)
+            if (blk < a.blocks(i))
+              run_block(ga, block_fn, b, h, i, blk,
+                        parts.data() + (size_t(i - i0) * max_blocks + blk) * item, s);
+        }
+        for (int i = i0; i < i1; ++i)
+          combine_row(a, combine_fn, b, h, i, parts.data() + size_t(i - i0) * max_blocks * item,
+                      out);
       }
     });
     return;
   }
-  // Decode: few rows, so the threads share their blocks; the same arithmetic per block.
+  // Decode steps of a few rows: the threads share their blocks; the same arithmetic per block.
   thread_local std::vector<float> parts;
   parts.resize(size_t(rows) * max_blocks * item);
   float* pp = parts.data();
@@ -423,8 +474,7 @@ KvType kv_type(const mx::array& x) {
 }
 
 // A [B, H, S, *] narrow K or V widened whole into `buf` as [B, H, S, D] float32 rows: for
-// prefill and verify chunks, whose many rows each read every key (widening per block would
-// repeat it per row).
+// K/V whose last axis is strided (the per-block widening reads rows of contiguous bytes).
 View widened(const mx::array& x, WidenFn widen, int64_t D, std::vector<float>& buf) {
   const auto& st = x.strides();
   const int64_t n0 = x.shape(0), n1 = x.shape(1), n2 = x.shape(2), W = x.shape(3);
@@ -478,10 +528,10 @@ void attention_eval(const std::vector<mx::array>& in, float* out, float scale, i
   if (kv == KvType::float32) {
     a.k = view_of(in[1], kbuf);
     a.v = view_of(in[2], vbuf);
-  } else if (a.L > 1 || in[1].strides()[3] != 1 || in[2].strides()[3] != 1) {
+  } else if (in[1].strides()[3] != 1 || in[2].strides()[3] != 1) {
     a.k = widened(in[1], widen_fn(kv, isa), a.D, kbuf);
     a.v = widened(in[2], widen_fn(kv, isa), a.D, vbuf);
-  } else {  // a decode step: each block's rows widened where they are read
+  } else {  // each block's rows widened where they are read (a group's once: run_attention)
     a.widen = widen_fn(kv, isa);
     const auto& ks = in[1].strides();
     const auto& vs = in[2].strides();
