@@ -210,7 +210,8 @@ def _engine(lm, store=None, block=256):
 
 
 @pytest.mark.parametrize("arch, kv", [
-    ("qwen3", "float16"), ("gemma3", "float16"), ("qwen3:small", "q8_0"), ("gemma3", "q8_0"),
+    ("qwen3", "float16"), ("gemma3", "float16"), ("gemma3", "q8_0"),
+    pytest.param("qwen3:small", "q8_0", marks=pytest.mark.slow),
     pytest.param("qwen3", "bfloat16", marks=pytest.mark.slow),
     pytest.param("gemma3", "bfloat16", marks=pytest.mark.slow)])
 def test_restore_is_bit_exact_in_the_narrow_format(arch, kv):
@@ -231,10 +232,13 @@ def test_restore_is_bit_exact_in_the_narrow_format(arch, kv):
             assert c.keys.dtype == _stored(kv)
 
 
-@pytest.mark.parametrize("arch", ["qwen3:small", "gemma3"])
-def test_records_take_half_the_bytes_and_q8_about_a_quarter(arch):
+@pytest.mark.parametrize("arch, formats", [
+    ("qwen3", ("float32", "float16", "bfloat16")),  # (head_dim 16: no q8_0)
+    ("gemma3", ("float32", "float16", "bfloat16", "q8_0")),
+    pytest.param("qwen3:small", ("float32", "q8_0"), marks=pytest.mark.slow)])
+def test_records_take_half_the_bytes_and_q8_about_a_quarter(arch, formats):
     sizes = {}
-    for kv in ("float32", "float16", "bfloat16", "q8_0"):
+    for kv in formats:
         engine, store = _engine(_load(arch, kv))
         engine.generate(random_tokens(600, seed=5), max_tokens=1)
         engine.drain()
@@ -243,7 +247,8 @@ def test_records_take_half_the_bytes_and_q8_about_a_quarter(arch):
     # the records hold K/V (and a few small int arrays): half the bytes, within 2%; q8_0 34
     # bytes for every 32 values
     for kv, share in (("float16", 0.5), ("bfloat16", 0.5), ("q8_0", 34 / 128)):
-        assert abs(sizes[kv] / sizes["float32"] - share) < 0.02, sizes
+        if kv in sizes:
+            assert abs(sizes[kv] / sizes["float32"] - share) < 0.02, sizes
 
 
 def test_a_record_never_restores_under_another_format():
