@@ -1,15 +1,16 @@
 """Cached K/V narrower than float32 for the models whose attention runs on forkv's kernels.
 
 `half_caches(caches, dtype)` gives each of mlx-lm's K/V caches (a `CacheList`'s children too) a
-subclass, in place, whose `update_and_fetch` casts the new keys and values to `dtype` (float16 or
-bfloat16) or quantizes them to q8_0 (the kernels' `quantize_kv`: per 32 values a float16 scale and
-32 int8, llama.cpp's Q8_0, stored as uint8 rows of head_dim / 32 * 34 bytes) before mlx-lm's own
-code stores them: the cache, every record snapshot of it and every batch it joins hold the narrow
-bytes, and attention gets the stored K/V, which the kernel widens exactly as it reads them (so a
-prefill row and a decode step still read the same values). Batch caches from `merge` and the
-single-row caches from `extract` keep the format. The subclasses keep their class's name and module, so
-record kinds, layouts and the batch logic see the class they know. mlx-lm's model code is left
-unchanged. Knows mlx-lm's cache classes; nothing about records, files or fingerprints.
+subclass, in place, whose `update_and_fetch` casts the new keys and values to `dtype` (float16
+or bfloat16) or quantizes them to q8_0 (the kernels' `quantize_kv`: per 32 values a float16
+scale and 32 int8, llama.cpp's Q8_0, stored as uint8 rows of head_dim / 32 * 34 bytes) before
+mlx-lm's own code stores them: the cache, every record snapshot of it and every batch it joins
+hold the narrow bytes, and attention gets the stored K/V, which the kernel widens exactly as it
+reads them (so a prefill row and a decode step still read the same values). Batch caches from
+`merge` and the single-row caches from `extract` keep the format. The subclasses keep their
+class's name and module, so record kinds, layouts and the batch logic see the class they know.
+mlx-lm's model code is left unchanged. Knows mlx-lm's cache classes; nothing about records,
+files or fingerprints.
 """
 
 from __future__ import annotations
