@@ -163,6 +163,7 @@ def test_long_headline_is_forkv_over_each_llama_server():
                for n in res["notes"])
 
 
+@pytest.mark.slow  # two real servers (float16 and q8_0 K/V): CI's --slow run
 def test_long_case_runs_on_forkv_serve():
     res = run_serve_bench("demo:gemma3:tiny", quick=True, cases=("long",), vllm="off",
                           llamacpp="off", exact="off", mlx_lm="off", drift="off",
