@@ -87,10 +87,10 @@ class EngineConfig(BaseModel):
     @field_validator("kv_dtype")
     @classmethod
     def _kv_dtype(cls, value: str) -> str:
-        from .native.kvcache import KV_DTYPES
+        from .native.kvcache import KV_CHOICES
 
-        if value not in ("auto", *KV_DTYPES):
-            raise ValueError(f"must be one of auto, {', '.join(KV_DTYPES)}")
+        if value not in KV_CHOICES:
+            raise ValueError(f"must be one of {', '.join(KV_CHOICES)}")
         return value
 
     @field_validator("reuse")

@@ -79,10 +79,10 @@ def _kv_bits(value: str) -> str:
 def add_kv_dtype_option(p) -> None:
     """`--kv-dtype` and its shorthand `--kv-bits`, shared by generate, run and serve (both
     set `kv_dtype`; None: FORKV_KV_DTYPE, else auto)."""
-    from forkv.engine.native.kvcache import KV_DTYPES
+    from forkv.engine.native.kvcache import KV_CHOICES
 
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--kv-dtype", choices=("auto", *KV_DTYPES), default=None,
+    g.add_argument("--kv-dtype", choices=KV_CHOICES, default=None,
                    help="what cached K/V are stored in where forkv's CPU kernels run attention "
                         "(auto: float16, half float32's bytes; q8_0: 8 bits and a float16 "
                         "scale per 32 values, about a quarter; FORKV_KV_DTYPE)")

@@ -3,6 +3,8 @@ narrow reads): the caches hold the format, the kernel reads it exactly, records 
 about a quarter of) the bytes, restores stay bit-exact, and a record made under one format
 never restores under another."""
 
+import contextlib
+
 import pytest
 from conftest import scoped_engine
 from helpers import fresh_logits, random_tokens
@@ -55,6 +57,20 @@ def _q8_reference(x):
     return rows.reshape(*x.shape[:-1], -1)
 
 
+@contextlib.contextmanager
+def _on_isa(lib, isa: str):
+    """The kernels on `isa` inside the block (skipped where this CPU lacks it), then back."""
+    order = ["scalar", "avx2", "avx512vnni"]
+    if order.index(isa) > order.index(lib.best_isa()):
+        pytest.skip(f"this CPU has no {isa}")
+    best = lib.isa()
+    lib.set_isa(isa)
+    try:
+        yield
+    finally:
+        lib.set_isa(best)
+
+
 def _leaves(caches):
     return [x for c in caches for x in getattr(c, "caches", (c,))]
 
@@ -94,14 +110,9 @@ def test_the_kernel_reads_half_kv_as_their_float32_values(isa, kv):
     import mlx.core as mx
 
     lib = _native()
-    best = lib.isa()
-    if ["scalar", "avx2", "avx512vnni"].index(isa) > ["scalar", "avx2",
-                                                      "avx512vnni"].index(lib.best_isa()):
-        pytest.skip(f"this CPU has no {isa}")
     dt = getattr(mx, kv)
     mx.random.seed(3)
-    try:
-        lib.set_isa(isa)
+    with _on_isa(lib, isa):
         for B, Hq, Hkv, L, S, D in [(1, 4, 1, 1, 700, 256), (2, 6, 3, 1, 300, 64),
                                     (1, 4, 2, 37, 600, 128)]:
             q = mx.random.normal((B, Hq, L, D))
@@ -121,8 +132,6 @@ def test_the_kernel_reads_half_kv_as_their_float32_values(isa, kv):
         vals = mx.array((special * 7)[:64], dt).reshape(1, 1, 1, 64)
         out = lib.attention(mx.ones((1, 1, 1, 64)), vals, vals, 1.0, None, False)
         assert mx.array_equal(out, vals.astype(mx.float32)).item()
-    finally:
-        lib.set_isa(best)
 
 
 @pytest.mark.parametrize("isa", ["avx512vnni", "avx2", "scalar"])
@@ -132,13 +141,8 @@ def test_the_kernel_reads_q8_kv_as_their_dequantized_values(isa):
     from forkv.engine.native.kvcache import dequantize_q8
 
     lib = _native()
-    best = lib.isa()
-    if ["scalar", "avx2", "avx512vnni"].index(isa) > ["scalar", "avx2",
-                                                      "avx512vnni"].index(lib.best_isa()):
-        pytest.skip(f"this CPU has no {isa}")
     mx.random.seed(5)
-    try:
-        lib.set_isa(isa)
+    with _on_isa(lib, isa):
         for B, Hq, Hkv, L, S, D in [(1, 4, 1, 1, 700, 256), (2, 6, 3, 1, 300, 64),
                                     (1, 4, 2, 37, 600, 128)]:
             q = mx.random.normal((B, Hq, L, D))
@@ -167,8 +171,6 @@ def test_the_kernel_reads_q8_kv_as_their_dequantized_values(isa):
             lib.quantize_kv(mx.zeros((1, 1, 1, 48)))
         with pytest.raises(ValueError, match="q8_0"):
             lib.attention(mx.zeros((1, 1, 1, 64)), k[:, :1, :, :34], v[:, :1, :, :34], 1.0)
-    finally:
-        lib.set_isa(best)
 
 
 @pytest.mark.parametrize("kv", ["float16", "q8_0"])

@@ -20,7 +20,7 @@ from ... import arenas
 from ..cache.layout import CacheLayout, cache_layout
 from ..errors import ModelLoadError
 from . import blas
-from ..native.kvcache import KV_DTYPES as _KV_FORMATS
+from ..native.kvcache import KV_CHOICES, kv_row_widths
 from .fingerprint import fingerprint  # whole-content hash, cached by (dev, inode, size, mtime)
 from .quantized import QuantChoice, apply_quantized
 from .sources import resolve_source
@@ -28,7 +28,6 @@ from .special_tokens import eos_token_ids
 
 _log = logging.getLogger(__name__)
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
-KV_DTYPES = ("auto", *_KV_FORMATS)
 
 
 @dataclass(slots=True)
@@ -108,9 +107,9 @@ def load_model(name: str, dtype: str = "auto", quantized: str = "auto", *,
     from mlx_lm.utils import load_tokenizer
 
     pick_dtype(dtype, "float32")  # a bad dtype fails before any folder is built or converted
-    if kv_dtype not in KV_DTYPES:
+    if kv_dtype not in KV_CHOICES:
         raise ModelLoadError(f"Unknown kv_dtype {kv_dtype!r}; choose one of "
-                             f"{', '.join(KV_DTYPES)}.")
+                             f"{', '.join(KV_CHOICES)}.")
     source = resolve_source(name, download=download,
                             quantized_gguf=wants_quantized_gguf(quantized))
     path = source.path
@@ -199,7 +198,7 @@ def pick_kv_dtype(requested: str, model, quant: QuantChoice, dtype: str) -> str:
     if not uses_native_attention(model):
         return "float32"
     if requested == "q8_0":
-        dims = _kv_head_dims(model)
+        dims = kv_row_widths(model, _make_cache(model))
         if not dims or any(d % Q8_GROUP for d in dims):
             _log.warning("q8_0 K/V need head_dim a multiple of %d (this model's: %s); caching "
                          "K/V in float16 instead", Q8_GROUP, sorted(dims))
@@ -329,16 +328,6 @@ def _missing_fields(path: Path, e: TypeError) -> str:
     what = f"field(s) {found.group(1)}" if found else f"a field ({e})"
     return (f"{str(path / 'config.json')!r} lacks {what}, which its model_type needs; add "
             "them from the model's original config.json.")
-
-
-def _kv_head_dims(model) -> set[int]:
-    """The widths of the K/V rows `model`'s caches store (one token through fresh caches)."""
-    import mlx.core as mx
-
-    caches = _make_cache(model)
-    mx.eval(model(mx.array([[0]]), cache=caches))
-    leaves = [x for c in caches for x in getattr(c, "caches", (c,))]
-    return {int(c.keys.shape[-1]) for c in leaves if getattr(c, "keys", None) is not None}
 
 
 def _make_cache(model) -> list:

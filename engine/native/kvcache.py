@@ -15,10 +15,11 @@ files or fingerprints.
 
 from __future__ import annotations
 
-__all__ = ["KV_DTYPES", "Q8_GROUP", "Q8_GROUP_BYTES", "bytes_per_token", "dequantize_q8",
-           "half_caches", "kv_dtype_of"]
+__all__ = ["KV_CHOICES", "KV_DTYPES", "Q8_GROUP", "Q8_GROUP_BYTES", "bytes_per_token",
+           "dequantize_q8", "half_caches", "kv_dtype_of", "kv_row_widths"]
 
 KV_DTYPES = ("float16", "bfloat16", "q8_0", "float32")
+KV_CHOICES = ("auto", *KV_DTYPES)  # the setting's values (auto: native.DEFAULT_KV_DTYPE)
 Q8_GROUP, Q8_GROUP_BYTES = 32, 34  # q8_0: values per group, bytes per group (scale + int8s)
 # mlx-lm's K/V caches whose storage dtype follows the keys they are given.
 _CLASSES = ("KVCache", "RotatingKVCache", "ChunkedKVCache", "BatchKVCache",
@@ -42,12 +43,22 @@ def kv_dtype_of(cache) -> str:
 def bytes_per_token(model, caches: list) -> int:
     """K/V bytes one cached token takes over every layer of `model`, whose fresh `caches`
     (from make_cache) this fills with two tokens."""
+    return sum(c.keys[..., :1, :].nbytes + c.values[..., :1, :].nbytes
+               for c in _filled_kv(model, caches, 2))
+
+
+def kv_row_widths(model, caches: list) -> set[int]:
+    """The widths of the K/V rows `model`'s fresh `caches` store (one token through them)."""
+    return {int(c.keys.shape[-1]) for c in _filled_kv(model, caches, 1)}
+
+
+def _filled_kv(model, caches: list, n: int) -> list:
+    """The K/V caches among `caches` (a CacheList's children too), after `n` tokens."""
     import mlx.core as mx
 
-    mx.eval(model(mx.array([[0, 1]]), cache=caches))
+    mx.eval(model(mx.array([list(range(n))]), cache=caches))
     leaves = [x for c in caches for x in getattr(c, "caches", (c,))]
-    return sum(c.keys[..., :1, :].nbytes + c.values[..., :1, :].nbytes
-               for c in leaves if getattr(c, "keys", None) is not None)
+    return [c for c in leaves if getattr(c, "keys", None) is not None]
 
 
 def _swap(cache, dtype: str):

@@ -70,6 +70,11 @@ struct Args {
   int rot = 0;  // key j (in time order) is row (j + rot) % S of k, v and the mask
 
   int group() const { return Hq / Hkv; }
+  // K and V row r (storage order) of (b, h), narrow, widened into kw and vw.
+  void widen_row(int b, int h, int64_t r, float* kw, float* vw) const {
+    widen(kh.p + b * kh.s0 + h * kh.s1 + r * kh.s2, kw, D);
+    widen(vh.p + b * vh.s0 + h * vh.s1 + r * vh.s2, vw, D);
+  }
   int at(int j) const { return rot ? (j + rot) % S : j; }
   // Keys [0, visible(i)) are the ones query row i may see.
   int visible(int i) const { return causal ? std::max(0, std::min(S, S - L + i + 1)) : S; }
@@ -237,8 +242,7 @@ FORKV_INLINE void block(const Args& a, int b, int h, int i, int j0, int n, float
     } else if (a.widen) {  // narrow K/V: this block's rows widened once for all G heads
       float* kw = wide + size_t(jj) * D;
       float* vw = wide + size_t(kBlock + jj) * D;
-      a.widen(a.kh.p + b * a.kh.s0 + h * a.kh.s1 + r * a.kh.s2, kw, D);
-      a.widen(a.vh.p + b * a.vh.s0 + h * a.vh.s1 + r * a.vh.s2, vw, D);
+      a.widen_row(b, h, r, kw, vw);
       krows[jj] = kw;
       vrows[jj] = vw;
     } else {
@@ -417,13 +421,9 @@ void run_attention(const Args& a, float* out, Isa isa) {
             }
             const int n = std::max(0, hi - lo);
             wide.resize(size_t(2) * n * a.D + 1);
-            for (int j = lo; j < hi; ++j) {
-              const int64_t r = a.at(j);
-              a.widen(a.kh.p + b * a.kh.s0 + h * a.kh.s1 + r * a.kh.s2,
-                      wide.data() + size_t(j - lo) * a.D, a.D);
-              a.widen(a.vh.p + b * a.vh.s0 + h * a.vh.s1 + r * a.vh.s2,
-                      wide.data() + size_t(n + j - lo) * a.D, a.D);
-            }
+            for (int j = lo; j < hi; ++j)
+              a.widen_row(b, h, a.at(j), wide.data() + size_t(j - lo) * a.D,
+                          wide.data() + size_t(n + j - lo) * a.D);
             ga.widen = nullptr;
             ga.kt = wide.data();
             ga.vt = wide.data() + size_t(n) * a.D;

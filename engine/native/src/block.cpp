@@ -225,12 +225,15 @@ void DecoderBlock::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array
   throw std::runtime_error("forkv's decoder blocks run on the CPU only.");
 }
 
+int BlockShape::kv_width() const {
+  return kv_dtype == mx::uint8 ? int(q8_row_bytes(head_dim)) : head_dim;
+}
+
 std::vector<mx::Shape> DecoderBlock::output_shapes(const std::vector<mx::array>& in) {
   if (out_half_) return {in[3 + (shape_.mask_kind ? 1 : 0)].shape()};
   const int B = in[0].shape(0), L = in[0].shape(1), hd = shape_.head_dim;
-  const int kv = shape_.kv_dtype == mx::uint8 ? int(q8_row_bytes(hd)) : hd;  // q8_0 rows
-  return {{B, shape_.n_heads, L, hd}, {B, shape_.n_kv_heads, L, kv},
-          {B, shape_.n_kv_heads, L, kv}};
+  return {{B, shape_.n_heads, L, hd}, {B, shape_.n_kv_heads, L, shape_.kv_width()},
+          {B, shape_.n_kv_heads, L, shape_.kv_width()}};
 }
 
 std::vector<mx::array> attn_in(const mx::array& x, const mx::array& norm,
@@ -278,9 +281,9 @@ std::vector<mx::array> attn_in(const mx::array& x, const mx::array& norm,
   if (total != (n_heads + 2 * n_kv_heads) * head_dim)
     throw std::invalid_argument("forkv attn_in: the linears' widths are not q, k and v's");
   auto prim = std::make_shared<DecoderBlock>(s, false, sh, std::move(lins), current_isa());
-  const int kv_width = sh.kv_dtype == mx::uint8 ? int(q8_row_bytes(head_dim)) : head_dim;
   return mx::array::make_arrays(
-      {{B, n_heads, L, head_dim}, {B, n_kv_heads, L, kv_width}, {B, n_kv_heads, L, kv_width}},
+      {{B, n_heads, L, head_dim}, {B, n_kv_heads, L, sh.kv_width()},
+       {B, n_kv_heads, L, sh.kv_width()}},
       {mx::float32, sh.kv_dtype, sh.kv_dtype}, prim, kernel_inputs(head, arrays, s));
 }
 

@@ -40,6 +40,8 @@ struct BlockShape {
   int offset = 0;
   bool row_offsets = false;  // an int32 [B] input after the q/k norms: each row's position
   mlx::core::Dtype kv_dtype = mlx::core::float32;
+  // The last axis of the K and V attn_in stores: head_dim, or a q8_0 row's bytes (uint8).
+  int kv_width() const;
   // BlockOut
   int mask_kind = 0;  // 0 none, 1 bool, 2 float
   bool causal = false, sandwich = false;  // sandwich: Gemma's post-attention/-MLP norms
