@@ -203,6 +203,35 @@ def test_llama_server_timings_give_computed_and_cached_tokens():
     assert (r.prompt_tokens, r.cached_tokens, r.computed_tokens) == (5, 4, 1)
 
 
+class _ByteFirst:
+    """A stream whose first token is a byte of a character: no text until the second one."""
+
+    def __init__(self):
+        self.chat, self.completions, self.asked = self, self, []
+
+    def create(self, **kw):
+        self.asked.append(kw.get("logprobs"))
+        lp = {"content": [{"token": "x", "logprob": -0.1, "bytes": [240], "top_logprobs": []}]}
+        byte = {"index": 0, "delta": {}, "logprobs": lp if kw.get("logprobs") else None}
+        rest = {"index": 0, "delta": {"content": "\U0001f600"}, "finish_reason": "length"}
+
+        def chunks():
+            yield _chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}}])
+            yield _chunk([byte])
+            time.sleep(0.05)  # the second token's decode step
+            yield _chunk([rest])
+        return chunks()
+
+
+def test_the_token_clock_stops_at_a_first_token_without_text():
+    fake = _ByteFirst()
+    by_text = timed_chat(fake, "m", [{"role": "user", "content": "hi"}], 2)
+    by_token = timed_chat(fake, "m", [{"role": "user", "content": "hi"}], 2, token_clock=True)
+    assert fake.asked == [None, True]  # only the token clock asks for logprobs
+    assert by_text.ttft_s >= 0.05 > by_token.ttft_s
+    assert by_text.text == by_token.text == "\U0001f600"
+
+
 def test_deep_rewind_goes_back_to_each_earlier_turn():
     fake = _Fake()
     out = run_case(Client(fake, "m"), "deep_rewind", QUICK, _Tok(), 0)

@@ -160,16 +160,22 @@ class Timed:
 
 
 def timed_chat(client, model: str, messages: list[dict], max_tokens: int, *, n: int = 1,
-               temperature: float = 0.0, extra: dict | None = None) -> Timed:
+               temperature: float = 0.0, extra: dict | None = None,
+               token_clock: bool = False) -> Timed:
     """Stream one completion (greedy unless `temperature`; `n` choices; `extra` body fields
     such as cache_salt or logit_bias); time to its first token (or to its end if none).
+    The first token is the first chunk with text, unless `token_clock`: then the request asks
+    for logprobs, so that every token sends a chunk, and the first chunk carrying a token
+    stops the clock (a first token that is part of a character, such as a random model's
+    byte token, sends no text until the character completes: text would time the next one).
     Computed prompt tokens: llama-server's `timings.prompt_n` where it sends timings (one per
     choice, all alike), else prompt_tokens - cached_tokens."""
     t0 = time.perf_counter()
     stream = client.chat.completions.create(
         model=model, messages=messages, max_tokens=max_tokens, temperature=temperature,
         stream=True, stream_options={"include_usage": True},
-        **({"n": n} if n > 1 else {}), **({"extra_body": extra} if extra else {}))
+        **({"n": n} if n > 1 else {}), **({"extra_body": extra} if extra else {}),
+        **({"logprobs": True} if token_clock else {}))
     first, parts, usages, timings = None, [], [], []
     for chunk in stream:
         if chunk.usage is not None:
@@ -177,7 +183,8 @@ def timed_chat(client, model: str, messages: list[dict], max_tokens: int, *, n: 
         if getattr(chunk, "timings", None):  # llama-server's extra field on its last chunks
             timings.append(chunk.timings)
         for choice in chunk.choices:
-            if (choice.delta.content or choice.finish_reason) and first is None:
+            token = token_clock and choice.logprobs is not None and choice.logprobs.content
+            if (choice.delta.content or choice.finish_reason or token) and first is None:
                 first = time.perf_counter() - t0
             parts.append(choice.delta.content or "")
     total = time.perf_counter() - t0
