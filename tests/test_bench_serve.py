@@ -232,6 +232,22 @@ def test_the_token_clock_stops_at_a_first_token_without_text():
     assert by_text.text == by_token.text == "\U0001f600"
 
 
+def test_a_side_about_q8_0_fails_on_a_server_that_caches_another_format():
+    from forkv.bench.serve import _check_kv, _Side
+    from server_proc import TINY, shared_server
+
+    url = shared_server(*TINY)
+    server = type("S", (), {"base_url": url + "/v1", "model": "demo:qwen3:tiny",
+                            "name": "forkv serve"})()
+    _check_kv(server, _Side(None))  # a side about no format: not asked
+    with pytest.raises(RuntimeError, match="not q8_0"):
+        _check_kv(server, _Side(None, kv_dtype="q8_0"))  # head_dim 16: float16 instead
+    import openai
+
+    got = openai.OpenAI(base_url=url + "/v1", api_key="x").models.retrieve(server.model)
+    _check_kv(server, _Side(None, kv_dtype=got.kv_dtype))
+
+
 def test_deep_rewind_goes_back_to_each_earlier_turn():
     fake = _Fake()
     out = run_case(Client(fake, "m"), "deep_rewind", QUICK, _Tok(), 0)

@@ -218,6 +218,8 @@ def test_speculation_changes_no_token_and_is_counted(client, url):
 
 def test_models_health_metrics(client, url):
     assert MODEL in [m.id for m in client.models.list().data]
+    # the K/V format the loaded model caches in (demo qwen3:tiny: head_dim 16, no q8_0)
+    assert client.models.retrieve(MODEL).kv_dtype in ("float16", "bfloat16", "float32")
     assert http("GET", f"{url}/health")[0] == 200
     _, text = http("GET", f"{url}/metrics")
     for name in ("forkv_requests_total", "forkv_tokens_reused_total",

@@ -69,6 +69,7 @@ class _Side:
     optional: bool = False  # a failure is a note, not an error
     # context tokens -> a fresh server for the long case alone; None: no long case
     start_long: Callable[[int], ServerProcess] | None = None
+    kv_dtype: str | None = None  # the K/V format the side is about (checked: forkv's card)
 
     def cases(self, cases: tuple[str, ...]) -> tuple[str, ...]:
         """Those of `cases` this side runs."""
@@ -122,7 +123,7 @@ def run_serve_bench(model: str = "gemma3-270m", quick: bool = False, reps: int =
     dtype = pick_dtype("auto", "bfloat16")  # what forkv computes in on this device
     sides = {"forkv": _Side(lambda _: start_forkv(model), start_long=lambda _: start_forkv(model))}
     if "long" in cases:  # forkv's K/V at half its default bytes (--kv-bits 8)
-        sides["forkv_q8"] = _Side(None, optional=True,
+        sides["forkv_q8"] = _Side(None, optional=True, kv_dtype="q8_0",
                                   start_long=lambda _: start_forkv(model, kv_dtype="q8_0"))
     if exact == "on":
         sides["forkv_exact"] = _Side(lambda _: start_forkv(model, "exact"))
@@ -299,9 +300,25 @@ def _fresh(server: ServerProcess, side: _Side, sz: Sizes, tokenizer, rep: int, c
     """One case on a server started for it alone; its results and the server's peak RSS."""
     try:
         server.wait_ready(timeout=900)
+        _check_kv(server, side)
         return _cases(server, side, sz, tokenizer, rep, (case,), no_eos), server.peak_rss_mib()
     finally:
         server.stop()
+
+
+def _check_kv(server: ServerProcess, side: _Side) -> None:
+    """Raise unless the server caches K/V in the side's format (a model whose head_dim is not
+    whole groups of 32 gets float16 under --kv-bits 8: its figures would be float16's)."""
+    if side.kv_dtype is None:
+        return
+    import openai
+
+    client = openai.OpenAI(base_url=server.base_url, api_key="bench", max_retries=0)
+    got = getattr(client.models.retrieve(server.model), "kv_dtype", None)
+    if got != side.kv_dtype:
+        raise RuntimeError(f"{server.name} caches this model's K/V in {got}, not "
+                           f"{side.kv_dtype} (see its log): its figures would not be "
+                           f"{side.kv_dtype}'s")
 
 
 def _cases(server: ServerProcess, side: _Side, sz: Sizes, tokenizer, rep: int,

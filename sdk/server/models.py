@@ -256,7 +256,8 @@ def model_card(server, name: str, served: ServedModel | None, kind: str | None =
     card = {"id": name, "object": "model", "owned_by": "forkv"}
     if served is not None:
         card.update(created=int(served.loaded_at), status="loaded",
-                    context_length=served.lm.context_length)
+                    context_length=served.lm.context_length,
+                    kv_dtype=getattr(served.lm, "kv_dtype", None))
     else:
         card.update(created=int(server.started), status="available", source=kind)
     return card
