@@ -136,7 +136,7 @@ def test_a_batch_runs_ahead_and_rows_that_stop_or_cancel_leave_the_rest_exact(ar
     end = next((i for i in range(6, len(alone)) if alone[i] not in alone[:i]),
                alone.index(alone[6])) + 1
     lm = dataclasses.replace(lm, eos_token_ids=frozenset({alone[end - 1]}))
-    got, queued = {}, {}
+    got, queued, taken = {}, {}, {}
     for ahead in (False, True):
         with _engine(lm, ahead) as engine, engine.paused():
             handles = [engine.submit(p, params) for p in prompts]
@@ -150,7 +150,9 @@ def test_a_batch_runs_ahead_and_rows_that_stop_or_cancel_leave_the_rest_exact(ar
                     handles[3].cancel()
                     engine.run_on_thread(lambda: None)  # (the cancel, posted, has run)
             got[ahead] = [h.result() for h in handles]
+            taken[ahead] = engine.scheduler.totals.taken_back
     assert queued == {False: False, True: True}
+    assert taken[False] == 0 and taken[True] >= 1  # the cancel's queued step, counted
     assert got[True][0].finish_reason == "stop"
     assert [r.finish_reason for r in got[True]][3] == "cancelled"
     for a, b in zip(got[True], got[False]):

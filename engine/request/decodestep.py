@@ -112,6 +112,7 @@ class DecodeSteps:
         if self._ahead is not None:
             self._ahead = None
             take_back(self.batch.caches)
+            self.totals.taken_back += 1
 
     def _runs_ahead(self, rows: list[Sequence]) -> bool:
         """Whether the next decode step may be built and queued before this one's tokens are

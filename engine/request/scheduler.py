@@ -65,7 +65,9 @@ class StepTotals:
     recomputed_tokens: int = 0
     drafted_tokens: int = 0  # draft tokens verified (speculate.py)
     accepted_tokens: int = 0  # of those, the ones the model drew itself
-    taken_back: int = 0  # steps queued ahead taken back: a lone row's drafter drafted after all
+    # steps queued ahead and taken back (a wasted step each): a lone row's drafter drafted
+    # after all, or a row of the batch stopped or was cancelled
+    taken_back: int = 0
     record_jobs_s: float = 0.0  # deferred decode records (prefill-only jobs)
 
     def as_dict(self) -> dict:

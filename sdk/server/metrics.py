@@ -79,7 +79,8 @@ class Metrics:
         metric("tokens_accepted_total", "counter", "Draft tokens the model drew itself.",
                [({}, stats.get("tokens_accepted", 0))])
         metric("steps_taken_back_total", "counter", "Decode steps queued ahead and taken back "
-               "because the row's drafter drafted after all (a wasted step each).",
+               "(a row's drafter drafted after all, or a row stopped or was cancelled): a "
+               "wasted step each.",
                [({}, stats.get("steps_taken_back", 0))])
         metric("record_hits_total", "counter", "Checkpoint records found, by kind.",
                [({"kind": k}, n) for k, n in sorted(stats["hits"].items())])
