@@ -176,3 +176,43 @@ def test_doctor_says_what_it_chose_for_quantized_weights(q4_folder, monkeypatch,
     monkeypatch.setenv("FORKV_QUANTIZED", "keep")
     info = report(str(q4_folder))
     assert info["quantized"] == "keep (FORKV_QUANTIZED)" and info["quantization"] == "4-bit kept"
+
+
+def test_the_bpe_word_cache_is_bounded():
+    # tokenizers caches up to 10,000 words per thread per BPE tokenizer and never empties it:
+    # a server's threads filled theirs with words seen once. forkv holds it to 1,024.
+    import random
+    import threading
+
+    from forkv import arenas
+    from forkv.engine.models.loader import BPE_CACHE_WORDS, bound_word_cache
+
+    if arenas.usage() is None:
+        pytest.skip("needs glibc's malloc statistics")
+    lm = load_model("demo:qwen3:tiny")
+    raw = lm.tokenizer._tokenizer._tokenizer
+    rng = random.Random(5)
+    # (the demo tokenizer splits no words: each short text is one cache entry)
+    texts = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz ") for _ in range(24))
+             for _ in range(12_000)]
+
+    def grown_mib() -> float:  # in a thread of its own: a cache of its own, freed at its end
+        out = []
+
+        def run():
+            before = arenas.usage()["malloc_in_use"]
+            for text in texts:
+                raw.encode(text, add_special_tokens=False)
+            out.append((arenas.usage()["malloc_in_use"] - before) / 2**20)
+
+        t = threading.Thread(target=run)
+        t.start()
+        t.join()
+        return out[0]
+
+    assert grown_mib() < 2.5  # as loaded: 1,024 entries (~1 MiB here)
+    bound_word_cache(lm.tokenizer, 10_000)  # tokenizers' default
+    try:
+        assert grown_mib() > 5  # ~9 MiB here
+    finally:
+        bound_word_cache(lm.tokenizer, BPE_CACHE_WORDS)

@@ -55,8 +55,11 @@ def _load_tokenizer(path: Path, config: dict) -> Any:
     blas.activate()  # before mlx (which mlx-lm imports) is loaded
     from mlx_lm.utils import load_tokenizer
 
+    from forkv.engine.models.loader import bound_word_cache
+
     eos = config.get("eos_token_id")
-    return load_tokenizer(path, eos_token_ids=[eos] if isinstance(eos, int) else eos)
+    return bound_word_cache(load_tokenizer(path, eos_token_ids=[eos] if isinstance(eos, int)
+                                           else eos))
 
 
 def _config(path: Path) -> dict:
