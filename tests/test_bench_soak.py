@@ -84,7 +84,7 @@ def _fake_result(curves: dict, tally: Tally | None = None) -> dict:
     samples = [{k: v[i] for k, v in curves.items()} for i in range(len(TIMES))]
     for s in samples:
         s.update(ram_bytes=s["store_bytes"], disk_bytes=0, namespaces=8, in_flight=0,
-                 requests=1, expected_4xx=0, unexpected=0, server_5xx=0)
+                 requests=1, expected_4xx=0, unexpected=0, server_5xx=0, responses_stored=3)
     return _result(samples, tally, 0, 180, ["demo:qwen3:tiny"], [], {
         "minutes": 3, "tenants": 16, "api_keys": 4, "models": ["demo:qwen3:tiny"],
         "clients": 8, "sample_s": 15, "seed": 0, "ram_budget": "4MiB", "disk_budget": "16MiB",

@@ -13,7 +13,7 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from server_proc import TINY, http, no_eos, shared_server  # noqa: E402
+from server_proc import TINY, http, metric, no_eos, shared_server  # noqa: E402
 
 MODEL = "demo:qwen3:tiny"
 DOCUMENT = "Section 1. Foxes are quick and dogs are lazy. " * 12  # ~560 byte tokens
@@ -65,6 +65,19 @@ def test_delete_removes_the_subtree(client, url):
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model=MODEL, previous_response_id=root.id, input="more")
     assert client.responses.retrieve(other.id).id == other.id
+
+
+def test_metrics_count_the_responses_kept_and_their_nodes(client, url):
+    before = (metric(url, "forkv_responses_stored"), metric(url, "forkv_response_tree_nodes"))
+    root = client.responses.create(model=MODEL, input="count me", max_output_tokens=2)
+    client.responses.create(model=MODEL, previous_response_id=root.id, input="and me",
+                            max_output_tokens=2)
+    client.responses.create(model=MODEL, input="not kept", max_output_tokens=2, store=False)
+    kept = (metric(url, "forkv_responses_stored"), metric(url, "forkv_response_tree_nodes"))
+    assert kept[0] == before[0] + 2 and kept[1] == before[1] + 4  # user + final each
+    http("DELETE", f"{url}/v1/responses/{root.id}")
+    assert (metric(url, "forkv_responses_stored"),
+            metric(url, "forkv_response_tree_nodes")) == before
 
 
 def test_delete_releases_turn_end_checkpoints(client, url):

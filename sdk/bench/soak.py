@@ -57,7 +57,7 @@ SOCKET_SLACK = 4  # listening socket and connections being torn down, beyond one
 CURVES = ("t_s", "rss_mib", "store_bytes", "ram_bytes", "disk_bytes", "files", "sockets",
           "threads", "namespaces", "in_flight", "requests", "expected_4xx", "unexpected",
           "server_5xx", "mlx_active_mib", "mlx_cache_mib", "live_mib", "malloc_in_use_mib",
-          "malloc_free_mib")
+          "malloc_free_mib", "responses_stored")
 
 
 def serve_command(port: int, keys: list[str], model: str | None = None) -> list[str]:
@@ -147,7 +147,8 @@ def _fds(pid: int) -> tuple[int, int]:
 # Where RSS goes, followed and not judged: malloc's split tells live native allocations from
 # freed memory it holds (fragmentation) when RSS grows.
 _PARTS = ("mlx_active", "mlx_cache", "live", "malloc_in_use", "malloc_free")
-_GAUGES = {"forkv_namespaces": "namespaces", "forkv_requests_in_flight": "in_flight"}
+_GAUGES = {"forkv_namespaces": "namespaces", "forkv_requests_in_flight": "in_flight",
+           "forkv_responses_stored": "responses_stored"}
 
 
 def read_metrics(url: str, key: str) -> dict[str, float]:
@@ -157,7 +158,7 @@ def read_metrics(url: str, key: str) -> dict[str, float]:
     with urllib.request.urlopen(request, timeout=30) as r:
         text = r.read().decode()
     out = {"ram_bytes": 0.0, "disk_bytes": 0.0, "namespaces": 0.0, "in_flight": 0.0,
-           "server_5xx": 0.0, **dict.fromkeys(_PARTS, 0.0)}
+           "responses_stored": 0.0, "server_5xx": 0.0, **dict.fromkeys(_PARTS, 0.0)}
     for line in text.splitlines():
         if line.startswith("#") or " " not in line:
             continue
@@ -191,7 +192,8 @@ def take_sample(pid: int, url: str, key: str, t_s: float, tally: Tally) -> dict:
             "ram_bytes": int(m["ram_bytes"]), "disk_bytes": int(m["disk_bytes"]),
             "files": files, "sockets": sockets, "threads": threads,
             "namespaces": int(m["namespaces"]), "in_flight": int(m["in_flight"]),
-            "requests": totals["requests"], "expected_4xx": totals["expected_4xx"],
+            "responses_stored": int(m["responses_stored"]), "requests": totals["requests"],
+            "expected_4xx": totals["expected_4xx"],
             "unexpected": totals["unexpected"], "server_5xx": int(m["server_5xx"]),
             **{f"{k}_mib": round(m[k] / 2**20, 1) for k in _PARTS}}
 
@@ -320,7 +322,8 @@ def _warm_rule(warmup_s: float | None) -> str:
 def _line(s: dict) -> str:
     return (f"rss {s['rss_mib']} MiB (mlx {s['mlx_active_mib']} + cache {s['mlx_cache_mib']}, "
             f"malloc {s['malloc_in_use_mib']} used + {s['malloc_free_mib']} free, "
-            f"live {s['live_mib']}), store {s['store_bytes'] / 2**20:.1f} MiB, files "
+            f"live {s['live_mib']}), store {s['store_bytes'] / 2**20:.1f} MiB, responses "
+            f"{s['responses_stored']}, files "
             f"{s['files']}, sockets {s['sockets']}, threads {s['threads']}, requests "
             f"{s['requests']}, unexpected {s['unexpected']}")
 

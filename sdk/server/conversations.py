@@ -66,6 +66,12 @@ class Conversations:
                            "response_not_found", "previous_response_id")
         return stored
 
+    def counts(self) -> tuple[int, int]:
+        """(responses kept, nodes of their trees) over every namespace: what a long-running
+        server holds for the Responses API (read from any thread: lengths, in C)."""
+        responses = sum(map(len, list(self._responses.values())))
+        return responses, sum(map(len, list(self._trees.values())))
+
     def responses(self, namespace: str) -> list[Stored]:
         """The responses kept in `namespace`, oldest first."""
         return list(self._responses.get(namespace, {}).values())

@@ -5,7 +5,8 @@ generated, record hits and misses per kind, bytes per tier, queue depth, request
 a time-to-first-token histogram, where the process's memory goes (`memory_bytes`: resident
 set, mlx's arrays and its buffer cache, fast reuse's live caches, malloc's heap in use and held
 free; records by tier are in `tier_bytes`) and the RAM budget's split (`ram_budget_bytes`,
-`ram_bytes` by part). Written by hand (a few lines) rather than with prometheus_client. Knows
+`ram_bytes` by part), and what the Responses API keeps (`responses_stored`,
+`response_tree_nodes`). Written by hand (a few lines) rather than with prometheus_client. Knows
 nothing about HTTP routing or models.
 """
 
@@ -96,6 +97,13 @@ class Metrics:
                [({}, stats["in_flight"])])
         metric("namespaces", "gauge", "Checkpoint namespaces (tenants, salts) seen recently.",
                [({}, stats["namespaces"])])
+        if "responses_stored" in stats:
+            metric("responses_stored", "gauge", "Responses API responses kept in memory "
+                   "(store: true, not deleted), over loaded models and namespaces.",
+                   [({}, stats["responses_stored"])])
+            metric("response_tree_nodes", "gauge", "Nodes of the Responses API's conversation "
+                   "trees (the kept responses' turns and answers).",
+                   [({}, stats["response_nodes"])])
         metric("memory_bytes", "gauge", "Memory by part: the process's resident set (rss), "
                "mlx's arrays (mlx_active) and freed buffers it keeps (mlx_cache), fast "
                "reuse's live caches (live, part of mlx_active), malloc's allocated bytes "

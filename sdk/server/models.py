@@ -224,9 +224,12 @@ class ModelPool:
         total = {"hits": {}, "misses": {}, "tokens_reused": 0, "tokens_computed": 0,
                  "tokens_drafted": 0, "tokens_accepted": 0, "steps_taken_back": 0,
                  "tier_bytes": {"ram": 0, "disk": 0}, "live_bytes": 0, "waiting": 0,
-                 "running": 0, "in_flight": 0, "namespaces": 0,
-                 "ram": {"budget": 0, "waits": 0, "parts": {}}}
+                 "running": 0, "in_flight": 0, "namespaces": 0, "responses_stored": 0,
+                 "response_nodes": 0, "ram": {"budget": 0, "waits": 0, "parts": {}}}
         for m in self.loaded:
+            responses, nodes = m.conversations.counts()
+            total["responses_stored"] += responses
+            total["response_nodes"] += nodes
             st = m.backend.stats()
             for name in ("hits", "misses", "tier_bytes"):
                 for k, v in st[name].items():
