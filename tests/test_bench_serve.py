@@ -111,6 +111,21 @@ def test_peak_rss_counts_the_child_processes():
         proc.stop()
 
 
+def test_a_server_hears_stops_ctrl_c_though_the_bench_runs_with_sigint_ignored():
+    # A bench started in the background has SIGINT ignored; its servers must not inherit that
+    # (they would wait out stop's 20 s and be killed).
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        proc = ServerProcess("sleeper", [sys.executable, "-c", "import time; time.sleep(60)"],
+                             1, "m")
+    finally:
+        signal.signal(signal.SIGINT, before)
+    time.sleep(0.5)  # (past the interpreter's start, where it installs its handler)
+    t0 = time.monotonic()
+    proc.stop()
+    assert time.monotonic() - t0 < 10 and proc.proc.returncode != -signal.SIGKILL
+
+
 def test_vllm_setting_is_checked(monkeypatch):
     with pytest.raises(ValueError, match="vllm must be auto, on or off"):
         run_serve_bench("demo:gemma3:tiny", quick=True, vllm="maybe")

@@ -63,6 +63,7 @@ def _tokenizer(name: str):
     return load_model(name).tokenizer
 
 
+@pytest.mark.slow  # (4 s: 40 turns rendered fresh at each depth)
 def test_demo_qwen3_thinking_turns_render_exactly_at_any_depth():
     tok = _tokenizer("demo:qwen3:tiny")
     fmt = reasoning_format(tok)

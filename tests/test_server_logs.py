@@ -94,6 +94,7 @@ def test_model_loads_and_one_access_line_per_request(tmp_path):
     assert float(first[9]) >= load_s - 0.1, text
 
 
+@pytest.mark.slow  # (a server of its own: ~4 s)
 def test_quiet_prints_no_load_or_access_lines(tmp_path):
     path = tmp_path / "serve.log"
     with path.open("wb") as log, running_server("--quiet", "--reasoning", "off",

@@ -44,7 +44,10 @@ def _same(engine, prompt, n: int, **params):
 
 
 @kernels
-@pytest.mark.parametrize("arch", ["gemma3", "qwen3", "qwen3_5"])
+@pytest.mark.parametrize("arch", [
+    pytest.param("gemma3", marks=pytest.mark.slow),  # (5-6 s each: the fast suite keeps qwen3)
+    "qwen3",
+    pytest.param("qwen3_5", marks=pytest.mark.slow)])
 def test_same_tokens_on_and_off(arch):
     # 300 tokens after a 120-token prompt: past a block boundary (256) and, on Gemma 3's
     # sliding layers, past their 128-token window

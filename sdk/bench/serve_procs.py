@@ -47,6 +47,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _default_sigint() -> None:
+    """The server's `preexec_fn`: a bench started in the background (`cmd &`, nohup, a CI
+    script) has SIGINT ignored, which a child inherits, and Python then installs no
+    KeyboardInterrupt handler: `stop`'s Ctrl-C would go unheard, every server would wait out
+    its 20 s and be killed instead of shutting down."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class ServerProcess:
     def __init__(self, name: str, cmd: list[str], port: int, model: str,
                  env: dict[str, str] | None = None):
@@ -54,7 +62,8 @@ class ServerProcess:
         self.cleanup: list[str] = []  # files the server reads, removed when it stops
         self._log = tempfile.TemporaryFile()
         env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}  # `env` wins
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+                                     preexec_fn=_default_sigint)
 
     @property
     def base_url(self) -> str:
