@@ -218,6 +218,16 @@ def test_headline_without_llama_server_keeps_forkv_figures():
     assert headline_of({}, {}, False)["spec_identical"] is None  # nothing speculated
 
 
+def test_llama_server_ran_when_every_spec_type_its_cases_need_did():
+    from forkv.bench.decode import llama_ran
+
+    spec = ("none", "ngram-simple", "ngram-mod")
+    assert llama_ran({"none": []}, spec, ("kernels",))  # a kernels-only run needs `none` only
+    assert not llama_ran({"none": []}, spec, ("edit", "kernels"))
+    assert llama_ran(dict.fromkeys(spec, []), spec, ("edit",))
+    assert not llama_ran({}, spec, ("kernels",))
+
+
 def test_targets_follow_the_model():
     assert decode.targets_for("gemma3-270m")["decode_kernel_ratio"] == ">= 1.2"
     assert decode.targets_for("smollm2-135m")["decode_kernel_ratio"] == ">= 1.1"
