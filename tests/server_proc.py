@@ -22,6 +22,8 @@ import time
 import urllib.error
 import urllib.request
 
+from forkv.bench.serve_procs import default_sigint  # noqa: F401 - the tests' preexec_fn
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -58,13 +60,6 @@ def running_server(*args: str, timeout: float = 180.0, log=None):
 
 
 _shared: dict[tuple[str, ...], str] = {}
-
-
-def default_sigint() -> None:
-    """A child's `preexec_fn`: a pytest started with SIGINT ignored (a background job, as CI
-    scripts run it) passes SIG_IGN on, and Python then installs no KeyboardInterrupt handler:
-    the child would never see a test's Ctrl-C (`forkv run --ui` outlived a 30 s wait so)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def stop(proc: subprocess.Popen) -> None:

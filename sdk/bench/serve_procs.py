@@ -47,11 +47,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _default_sigint() -> None:
-    """The server's `preexec_fn`: a bench started in the background (`cmd &`, nohup, a CI
-    script) has SIGINT ignored, which a child inherits, and Python then installs no
-    KeyboardInterrupt handler: `stop`'s Ctrl-C would go unheard, every server would wait out
-    its 20 s and be killed instead of shutting down."""
+def default_sigint() -> None:
+    """A child's `preexec_fn` (the bench's servers, the tests' processes): a process started
+    in the background (`cmd &`, nohup, a CI script) has SIGINT ignored, which a child
+    inherits, and Python then installs no KeyboardInterrupt handler: a server's Ctrl-C would
+    go unheard, and `stop` would wait out its 20 s and kill it instead."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
@@ -63,7 +63,7 @@ class ServerProcess:
         self._log = tempfile.TemporaryFile()
         env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}  # `env` wins
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                     preexec_fn=_default_sigint)
+                                     preexec_fn=default_sigint)
 
     @property
     def base_url(self) -> str:
