@@ -180,7 +180,7 @@ def test_doctor_says_what_it_chose_for_quantized_weights(q4_folder, monkeypatch,
 
 def test_the_bpe_word_cache_is_bounded():
     # tokenizers caches up to 10,000 words per thread per BPE tokenizer and never empties it:
-    # a server's threads filled theirs with words seen once. forkv holds it to 1,024.
+    # a server's threads filled theirs with words seen once. forkv holds it to 256.
     import random
     import threading
 
@@ -210,7 +210,7 @@ def test_the_bpe_word_cache_is_bounded():
         t.join()
         return out[0]
 
-    assert grown_mib() < 2.5  # as loaded: 1,024 entries (~1 MiB here)
+    assert grown_mib() < 2.5  # as loaded: 256 entries (~0.3 MiB here)
     bound_word_cache(lm.tokenizer, 10_000)  # tokenizers' default
     try:
         assert grown_mib() > 5  # ~9 MiB here
