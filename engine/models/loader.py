@@ -25,6 +25,7 @@ from .fingerprint import fingerprint  # whole-content hash, cached by (dev, inod
 from .quantized import QuantChoice, apply_quantized
 from .sources import resolve_source
 from .special_tokens import eos_token_ids
+from .tokenizer_layers import raw_tokenizer
 
 _log = logging.getLogger(__name__)
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -191,9 +192,7 @@ def keep_tokenizer(tokenizer):
 def bound_word_cache(tokenizer, words: int = BPE_CACHE_WORDS):
     """`tokenizer` with its BPE model's per-thread word cache held to `words` entries (a
     tokenizer of another kind, or a tokenizers release without the setting, unchanged)."""
-    hf = getattr(tokenizer, "_tokenizer", tokenizer)  # under mlx-lm's TokenizerWrapper
-    raw = getattr(hf, "_tokenizer", hf)  # under transformers' fast tokenizer
-    resize = getattr(getattr(raw, "model", None), "_resize_cache", None)
+    resize = getattr(getattr(raw_tokenizer(tokenizer), "model", None), "_resize_cache", None)
     if callable(resize):
         resize(words)
     return tokenizer

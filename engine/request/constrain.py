@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import GenerationError
+from ..models.tokenizer_layers import hf_tokenizer
 
 __all__ = ["KINDS", "Constraint", "RowMatcher", "as_constraint", "ll_tokenizer"]
 
@@ -106,10 +107,9 @@ _LOCK = threading.Lock()
 
 
 def _backend(tokenizer: Any) -> Any:
-    """The Hugging Face fast tokenizer under mlx-lm's wrapper (or the tokenizer itself)."""
-    inner = tokenizer
-    if not hasattr(inner, "backend_tokenizer"):  # mlx-lm's TokenizerWrapper
-        inner = getattr(tokenizer, "_tokenizer", tokenizer)
+    """The Hugging Face fast tokenizer under mlx-lm's wrapper (or the tokenizer itself), or a
+    clear error."""
+    inner = hf_tokenizer(tokenizer)
     if not hasattr(inner, "backend_tokenizer"):
         raise GenerationError("constrained decoding needs a Hugging Face fast tokenizer; this "
                               f"model's is a {type(inner).__name__}.")

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import weakref
 
+from ..models.tokenizer_layers import hf_tokenizer, raw_tokenizer
+
 _REPLACEMENT = "\ufffd"
 _BYTE_TOKENS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -23,16 +25,14 @@ def plain_decode(tokenizer):
     backend's own `decode`, skipping transformers' per-call conversions (half of the
     streaming detokenizer's cost, which runs twice a generated token); any other tokenizer,
     or one whose class changes decoding, keeps its `decode`."""
-    hf = getattr(tokenizer, "_tokenizer", tokenizer)  # under mlx-lm's TokenizerWrapper
-    raw = getattr(hf, "_tokenizer", None)
+    hf, raw = hf_tokenizer(tokenizer), raw_tokenizer(tokenizer)
     try:
         from transformers.tokenization_utils_base import PreTrainedTokenizerBase
         from transformers.tokenization_utils_tokenizers import TokenizersBackend
     except ImportError:
         return tokenizer.decode
     cls = type(hf)
-    if (raw is None or not callable(getattr(raw, "decode", None))
-            or hf.clean_up_tokenization_spaces is not False
+    if (raw is None or getattr(hf, "clean_up_tokenization_spaces", None) is not False
             or cls.decode is not PreTrainedTokenizerBase.decode
             or getattr(cls, "_decode", None) is not TokenizersBackend._decode):
         return tokenizer.decode
