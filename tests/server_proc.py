@@ -22,7 +22,7 @@ import time
 import urllib.error
 import urllib.request
 
-from forkv.bench.serve_procs import default_sigint  # noqa: F401 - the tests' preexec_fn
+from forkv.bench.serve_procs import default_sigint  # (also the other tests' preexec_fn)
 
 
 def free_port() -> int:

@@ -25,7 +25,8 @@ def plain_decode(tokenizer):
     backend's own `decode`, skipping transformers' per-call conversions (half of the
     streaming detokenizer's cost, which runs twice a generated token); any other tokenizer,
     or one whose class changes decoding, keeps its `decode`."""
-    hf, raw = hf_tokenizer(tokenizer), raw_tokenizer(tokenizer)
+    hf = hf_tokenizer(tokenizer)
+    raw = raw_tokenizer(hf)
     try:
         from transformers.tokenization_utils_base import PreTrainedTokenizerBase
         from transformers.tokenization_utils_tokenizers import TokenizersBackend
