@@ -136,6 +136,35 @@ def test_sample_draws_by_the_weights_and_never_an_excluded_token(lib):
         lib.sample(mx.stack([x, x]), mx.array(0.5))
 
 
+def test_draw_is_the_ops_it_fuses_bit_for_bit_and_rows_stand_alone(lib):
+    """draw(): lp = x - logsumexp(x), then mlx's argmax of lp (t = 0) or sample(lp / t, u),
+    the same bits on every ISA; a row alone draws what it draws in a batch, with ties in lp
+    going to the first token as mlx's argmax does."""
+    x = mx.random.normal((6, 262_147), key=mx.random.key(2)) * 5
+    x[5, 1000] = x[5, 9] = x[5].max() + 3.0  # a tie for the greedy pick: the first wins
+    t = mx.array([0.0, 0.8, 1.0, 1.7, 0.05, 0.0])
+    u = mx.random.uniform(shape=(6,), key=mx.random.key(3))
+    for isa in _isas(lib):
+        lib.set_isa(isa)
+        lp = x - lib.logsumexp(x)
+        want = [mx.argmax(lp[i]).item() if t[i].item() == 0 else
+                lib.sample(lp[i] / t[i].item(), u[i]).item() for i in range(6)]
+        tokens, picked = lib.draw(x, t, u)
+        assert tokens.tolist() == want, isa
+        assert picked.tolist() == [lp[i, want[i]].item() for i in range(6)], isa
+        assert want[5] == 9
+        for i in (1, 5):
+            alone = lib.draw(x[i:i + 1], t[i:i + 1], u[i:i + 1])
+            assert (alone[0].item(), alone[1].item()) == (want[i], picked[i].item()), isa
+    lib.set_isa(lib.best_isa())
+    gone = lib.draw(mx.full((2, 7), -mx.inf), mx.array([0.0, 1.0]), mx.array([0.3, 0.3]))
+    assert gone[0].tolist() == [0, 0]
+    with pytest.raises(ValueError, match="one number per row"):
+        lib.draw(x, t[:2], u)
+    with pytest.raises(ValueError, match="must be \\[rows, vocab\\]"):
+        lib.draw(x[0], t[:1], u[:1])
+
+
 def test_the_models_module_is_left_alone(lib):
     """Only a marked class's own `__call__` sees the dispatchers. The model's module keeps
     mlx.nn, so its module-level functions - Gemma 4's `geglu` is under `mx.compile` - keep

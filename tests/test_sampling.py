@@ -116,3 +116,38 @@ def test_bad_values_name_the_field(kwargs, field):
     with pytest.raises(GenerationError) as e:
         SamplingParams(**kwargs)
     assert field in str(e.value) and str(e.value).endswith(".")
+
+
+@pytest.mark.parametrize("kw", [
+    {"temperature": 0}, {"temperature": 0.8, "seed": 3}, {"temperature": 1.3, "seed": 4},
+    {"temperature": 0.7, "seed": 5, "logit_bias": {7: 4.0}, "top_logprobs": 3},
+    {"temperature": 0.9, "seed": 6, "frequency_penalty": 0.4},
+    {"temperature": 0.9, "seed": 7, "top_k": 5}])  # a filter: not fused, the same route
+def test_draw_rows_draws_what_the_sampler_draws_alone(lib, kw):
+    """A batch's draws (one native call where the samplers are fused) are the bits of each
+    row's own `Sampler.__call__`, at the next draw and at positions ahead, with the padded
+    ids of a vocab_limit never drawn; both take the same keys."""
+    import mlx.core as mx
+
+    from forkv.engine.request.sampling import draw_rows
+
+    logits = mx.random.normal((4, 4099), key=mx.random.key(9)) * 3
+    history = [1, 7, 7, 2]
+
+    def samplers():
+        return [Sampler(SamplingParams(**kw), vocab_limit=4000, kernels=lib) for _ in range(4)]
+
+    alone, batch = samplers(), samplers()
+    assert all(s.fused for s in batch) == ("top_k" not in kw)
+    for at in (None, 0, 2):
+        want = [s(logits[i], history, ahead=at) for i, s in enumerate(alone)]
+        tokens, picked, full = draw_rows(logits, [(s, history, at) for s in batch])
+        assert tokens.tolist() == [t.item() for t, _ in want]
+        assert picked.tolist() == [lp[t].item() for t, lp in want]
+        assert max(tokens.tolist()) < 4000
+        for f, (_, lp) in zip(full, want):
+            assert (f is None) == (not kw.get("top_logprobs")) or "top_k" in kw
+            if f is not None:
+                assert mx.array_equal(f, lp).item()
+    if kw.get("temperature"):  # the next draws used the same keys on both sides
+        assert all(mx.array_equal(a._key, b._key).item() for a, b in zip(alone, batch))

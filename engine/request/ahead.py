@@ -42,7 +42,7 @@ class Step:
 
     tokens: object  # mx.array [rows]: the sampled ids
     picked: object  # mx.array [rows]: their logprobs
-    sampled: list  # (token, logprobs) per row, as the sampler gave them
+    logprobs: list  # each row's whole logprobs where it reports top logprobs, else None
 
 
 def can_take_back(caches) -> bool:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from ..events import GenerationEvent
 from .ahead import Step, can_take_back, take_back
-from .sampling import top_logprobs
+from .sampling import draw_rows, top_logprobs
 from .sequence import Sequence
 
 __all__ = ["DecodeSteps", "StepReport", "top"]
@@ -68,8 +68,8 @@ class DecodeSteps:
             mx.async_eval(self._ahead.tokens, self._ahead.picked, self.batch.state())
         else:
             mx.eval(step.tokens, step.picked, self.batch.state())
-        tokens, picked, sampled = step.tokens.tolist(), step.picked.tolist(), step.sampled
-        tops = [top(lp, seq.params.top_logprobs) for (_, lp), seq in zip(sampled, rows)]
+        tokens, picked = step.tokens.tolist(), step.picked.tolist()
+        tops = [top(lp, seq.params.top_logprobs) for lp, seq in zip(step.logprobs, rows)]
         report.decoded = len(rows)
 
         # Every row now holds all its tokens; record (and recompute) those on a boundary before
@@ -97,14 +97,10 @@ class DecodeSteps:
         """The graph of one decode step of `rows` on `inputs` ([rows, 1] ids), unevaluated.
         `ahead`: a step queued ahead, whose draws take their sampler keys only when it is
         used (`advance`), so that a step taken back leaves the samplers as they were."""
-        import mlx.core as mx
 
         logits = self.runner.decode(rows, inputs, self.batch.caches)
         at = 0 if ahead else None
-        sampled = [seq.sampler(logits[i, -1], seq.tokens, ahead=at)
-                   for i, seq in enumerate(rows)]
-        return Step(mx.stack([t for t, _ in sampled]), mx.stack([lp[t] for t, lp in sampled]),
-                    sampled)
+        return Step(*draw_rows(logits[:, -1], [(seq.sampler, seq.tokens, at) for seq in rows]))
 
     def _drop_ahead(self) -> None:
         """Forget the step queued ahead, if any, and take it back out of the caches: every
@@ -160,10 +156,8 @@ class DecodeSteps:
         # here: a row with one cannot verify)
         base = max(0, held + 1 - seq.params.penalty_context)
         seen = seq.tokens[base:] + draft
-        sampled = [seq.sampler(logits[0, i], seen[:held + 1 + i - base], ahead=i)
-                   for i in range(k + 1)]
-        tokens = mx.stack([t for t, _ in sampled])
-        picked = mx.stack([lp[t] for t, lp in sampled])
+        tokens, picked, full = draw_rows(
+            logits[0], [(seq.sampler, seen[:held + 1 + i - base], i) for i in range(k + 1)])
         mx.eval(tokens, picked, self.batch.state())
         tokens, picked = tokens.tolist(), picked.tolist()
         agree = 0
@@ -178,8 +172,7 @@ class DecodeSteps:
 
         events = []
         for i in range(agree + 1):  # the agreed drafts, then the first draw that differs
-            event = seq.accept(tokens[i], picked[i],
-                               top(sampled[i][1], seq.params.top_logprobs))
+            event = seq.accept(tokens[i], picked[i], top(full[i], seq.params.top_logprobs))
             events.append(event)
             if event.finish_reason is not None:
                 break

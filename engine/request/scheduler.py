@@ -47,6 +47,7 @@ from .ahead import Step, is_enabled
 from .batchcache import BatchCache
 from .buffers import StepBuffers
 from .decodestep import DecodeSteps, StepReport, top
+from .sampling import draw_rows
 from .sequence import Sequence
 
 __all__ = ["Scheduler", "StepReport", "StepTotals"]
@@ -295,9 +296,9 @@ class Scheduler(DecodeSteps):
         if seq.params.max_tokens == 0:
             report.events.append((seq, seq.finish("length")))
             return
-        token, logprobs = seq.sampler(logits, seq.tokens)
-        tok = int(token.item())
-        event = seq.accept(tok, float(logprobs[tok].item()),
+        token, picked, (logprobs,) = draw_rows(logits.reshape(1, -1),
+                                               [(seq.sampler, seq.tokens, None)])
+        event = seq.accept(int(token[0].item()), float(picked[0].item()),
                            top(logprobs, seq.params.top_logprobs))
         report.events.append((seq, event))
         if event.finish_reason is None:

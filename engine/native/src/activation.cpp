@@ -2,6 +2,7 @@
 #include "activation.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -123,7 +124,141 @@ int32_t sample_portable(const float* x, int64_t V, float u, float* b) {
   return sample_row(x, V, u, b);
 }
 
+// One row of draw(): lse as lse_row computes it; greedy, the first j whose x[j] - lse equals
+// the rounded max (subtraction rounds monotonically, so that is the max of lp and mlx's argmax
+// of lp); sampled, lp / t into `scores`, then sample_row.
+FORKV_INLINE void draw_row(const float* x, int64_t V, float t, float u, float* scores,
+                           float* blocks, int32_t* token, float* picked) {
+  const float m = row_max(x, V);
+  const float lse = std::isfinite(m) ? m + std::log(exp_sum(x, 0, V, m)) : m;
+  int32_t tok = 0;
+  if (std::isfinite(lse)) {
+    if (t == 0.0f) {
+      const float best = m - lse;
+      for (int64_t j = 0; j < V; ++j)
+        if (x[j] - lse == best) {
+          tok = int32_t(j);
+          break;
+        }
+    } else {
+      for (int64_t j = 0; j < V; ++j) scores[j] = (x[j] - lse) / t;
+      tok = sample_row(scores, V, u, blocks);
+    }
+  }
+  *token = tok;
+  *picked = x[tok] - lse;
+}
+
+T512F void draw512(const float* x, int64_t V, float t, float u, float* s, float* b, int32_t* k,
+                   float* p) {
+  draw_row(x, V, t, u, s, b, k, p);
+}
+T256F void draw256(const float* x, int64_t V, float t, float u, float* s, float* b, int32_t* k,
+                   float* p) {
+  draw_row(x, V, t, u, s, b, k, p);
+}
+void draw_portable(const float* x, int64_t V, float t, float u, float* s, float* b, int32_t* k,
+                   float* p) {
+  draw_row(x, V, t, u, s, b, k, p);
+}
+
 }  // namespace
+
+void Draw::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  for (auto& out : outputs) {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    encoder.set_output_array(out);
+  }
+  std::vector<mx::array> in;
+  for (const auto& a : inputs) {
+    encoder.set_input_array(a);
+    in.push_back(mx::array::unsafe_weak_copy(a));
+  }
+  encoder.dispatch([in = std::move(in), tok = mx::array::unsafe_weak_copy(outputs[0]),
+                    lp = mx::array::unsafe_weak_copy(outputs[1]), isa = isa_]() mutable {
+    thread_local std::vector<float> buf, tbuf, ubuf, vbuf;
+    const float* xp = row_major(in[0], buf);
+    const float* tp = row_major(in[1], tbuf);
+    const float* up = row_major(in[2], ubuf);
+    const int32_t* lim = in[3].data<int32_t>();  // (made row-contiguous by draw())
+    const int32_t* bid = in[4].data<int32_t>();
+    const float* bval = row_major(in[5], vbuf);
+    const int64_t V = in[0].shape(-1), rows = int64_t(tok.size()), nb = in[4].shape(-1);
+    auto* fn = by_isa(isa, &draw512, &draw256, &draw_portable);
+    int32_t* ty = tok.data<int32_t>();
+    float* ly = lp.data<float>();
+    // A row is a few hundred microseconds of work: one thread per row while rows remain.
+    Pool& p = pool();
+    const int threads = int(std::min<int64_t>(rows, std::max(1, std::min(current_threads(),
+                                                                         p.num_threads()))));
+    std::atomic<int64_t> next{0};
+    p.run(std::max(1, threads), [&](int) {
+      thread_local std::vector<float> scores, blocks, row;
+      scores.resize(size_t(V));
+      blocks.resize(size_t((V + kSampleBlock - 1) / kSampleBlock) + 1);
+      for (int64_t r; (r = next.fetch_add(1)) < rows;) {
+        const float* x = xp + r * V;
+        const int32_t* rb = bid + r * nb;
+        const bool biased = nb > 0 && rb[0] >= 0;
+        if (lim[r] < V || biased) {  // the sampler's mask, then its logit bias, on a copy
+          row.resize(size_t(V));
+          const int64_t keep = std::max<int64_t>(0, std::min<int64_t>(lim[r], V));
+          std::copy(x, x + keep, row.data());
+          std::fill(row.data() + keep, row.data() + V, -std::numeric_limits<float>::infinity());
+          for (int64_t b = 0; b < nb && rb[b] >= 0; ++b)
+            if (rb[b] < V) row[size_t(rb[b])] += bval[r * nb + b];
+          x = row.data();
+        }
+        fn(x, V, tp[r], up[r], scores.data(), blocks.data(), ty + r, ly + r);
+      }
+    });
+  });
+}
+
+void Draw::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error("forkv's draw runs on the CPU only.");
+}
+
+bool Draw::is_equivalent(const mx::Primitive& other) const {
+  return isa_ == static_cast<const Draw&>(other).isa_;
+}
+
+std::vector<mx::Shape> Draw::output_shapes(const std::vector<mx::array>& inputs) {
+  auto shape = inputs[0].shape();
+  shape.pop_back();
+  return {shape, shape};
+}
+
+std::vector<mx::array> draw(const mx::array& logits, const mx::array& t, const mx::array& u,
+                           const std::optional<mx::array>& limit,
+                           const std::optional<mx::array>& bias_ids,
+                           const std::optional<mx::array>& bias_values) {
+  if (logits.ndim() != 2 || logits.shape(1) < 1)
+    throw std::invalid_argument("forkv draw: logits must be [rows, vocab] with a vocab");
+  if (logits.dtype() != mx::float32 || t.dtype() != mx::float32 || u.dtype() != mx::float32)
+    throw std::invalid_argument("forkv draw: logits, t and u must be float32");
+  const int R = logits.shape(0), V = logits.shape(1);
+  const mx::Shape rows{R};
+  if (t.shape() != rows || u.shape() != rows)
+    throw std::invalid_argument("forkv draw: t and u must hold one number per row of logits");
+  const auto s = mx::to_stream(mx::Device::cpu);
+  mx::array lim = limit ? *limit : mx::full(rows, V, mx::int32, s);
+  if (lim.dtype() != mx::int32 || lim.shape() != rows)
+    throw std::invalid_argument("forkv draw: limit must be int32, one per row");
+  if (bias_ids.has_value() != bias_values.has_value())
+    throw std::invalid_argument("forkv draw: bias_ids and bias_values come together");
+  mx::array ids = bias_ids ? *bias_ids : mx::zeros({R, 0}, mx::int32, s);
+  mx::array vals = bias_values ? *bias_values : mx::zeros({R, 0}, mx::float32, s);
+  if (ids.ndim() != 2 || ids.shape(0) != R || ids.dtype() != mx::int32 ||
+      vals.shape() != ids.shape() || vals.dtype() != mx::float32)
+    throw std::invalid_argument("forkv draw: bias_ids (int32) and bias_values (float32) must "
+                                "be [rows, n], ids -1 after a row's last entry");
+  return mx::array::make_arrays(
+      {rows, rows}, {mx::int32, mx::float32},
+      std::make_shared<Draw>(s, current_isa()),
+      {logits, t, u, mx::contiguous(lim, false, s), mx::contiguous(ids, false, s), vals});
+}
 
 void Sample::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   auto& out = outputs[0];

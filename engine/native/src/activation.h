@@ -62,6 +62,33 @@ class Sample : public mlx::core::Primitive {
   Isa isa_;
 };
 
+// The sampler's whole draw for each row of `logits` [R, V] (float32) in one call, rows spread
+// over the pool. A row's ids from limit[r] (int32 [R]; default V) on are -inf, then its logit
+// bias is added (bias_ids int32 [R, n], -1 after the row's last entry, bias_values float32
+// [R, n]); then lp = logits - logsumexp(logits); with temperature t[r] == 0 the first token of
+// highest lp (mlx's argmax of lp), else sample() of lp / t[r] with u[r]. Returns the tokens
+// (int32 [R]) and their lp (float32 [R]): the bits of those ops run one by one, so a row draws
+// the same token alone, in a batch or in a verify chunk. A row with no finite logsumexp gives
+// token 0. One call instead of ~7 graph nodes a row, each a pass over a 262,144-wide row.
+std::vector<mlx::core::array> draw(const mlx::core::array& logits, const mlx::core::array& t,
+                                   const mlx::core::array& u,
+                                   const std::optional<mlx::core::array>& limit,
+                                   const std::optional<mlx::core::array>& bias_ids,
+                                   const std::optional<mlx::core::array>& bias_values);
+
+class Draw : public mlx::core::Primitive {
+ public:
+  Draw(mlx::core::Stream s, Isa isa) : mlx::core::Primitive(s), isa_(isa) {}
+  void eval_cpu(const std::vector<mlx::core::array>& in, std::vector<mlx::core::array>& out) override;
+  void eval_gpu(const std::vector<mlx::core::array>& in, std::vector<mlx::core::array>& out) override;
+  const char* name() const override { return "ForkvDraw"; }
+  bool is_equivalent(const mlx::core::Primitive& other) const override;
+  std::vector<mlx::core::Shape> output_shapes(const std::vector<mlx::core::array>& in) override;
+
+ private:
+  Isa isa_;
+};
+
 class Activation : public mlx::core::Primitive {
  public:
   Activation(mlx::core::Stream s, Act act, Isa isa)

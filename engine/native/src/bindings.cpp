@@ -34,6 +34,8 @@ NB_MODULE(_forkv_native, m) {
   m.def("activation", &forkv::activation, "x"_a, "kind"_a, "mul"_a = nb::none());
   m.def("logsumexp", &forkv::logsumexp, "x"_a);
   m.def("sample", &forkv::sample, "scores"_a, "u"_a);
+  m.def("draw", &forkv::draw, "logits"_a, "t"_a, "u"_a, "limit"_a = nb::none(),
+        "bias_ids"_a = nb::none(), "bias_values"_a = nb::none());
   m.def("rms_norm", &forkv::rms_norm, "x"_a, "w"_a, "eps"_a, "offset"_a = 0.0f);
   m.def("rope", &forkv::rope, "x"_a, "dims"_a, "traditional"_a, "base"_a, "scale"_a,
         "offset"_a = 0, "offsets"_a = nb::none());
