@@ -151,3 +151,25 @@ def test_draw_rows_draws_what_the_sampler_draws_alone(lib, kw):
                 assert mx.array_equal(f, lp).item()
     if kw.get("temperature"):  # the next draws used the same keys on both sides
         assert all(mx.array_equal(a._key, b._key).item() for a, b in zip(alone, batch))
+
+
+def test_a_batch_of_unlike_rows_draws_as_each_row_alone(lib):
+    """Rows with biases of different widths, none, a penalty (drawn from a prepared row) and
+    greedy or sampled in one batch: each row's draw is its own sampler's."""
+    import mlx.core as mx
+
+    from forkv.engine.request.sampling import draw_rows
+
+    kws = [{"temperature": 0.9, "seed": 1, "logit_bias": {3: 2.0, 40: -1.0, 41: 5.0}},
+           {"temperature": 0, "logit_bias": {5: 9.0}}, {"temperature": 1.1, "seed": 2},
+           {"temperature": 0.6, "seed": 3, "presence_penalty": 0.7}]
+    logits = mx.random.normal((4, 3001), key=mx.random.key(4)) * 2
+    history = [5, 41, 41]
+    for drop in (3, None):  # without the penalised row (natively biased), then with it
+        params = kws[:drop]
+        alone = [Sampler(SamplingParams(**kw), kernels=lib) for kw in params]
+        batch = [Sampler(SamplingParams(**kw), kernels=lib) for kw in params]
+        want = [s(logits[i], history) for i, s in enumerate(alone)]
+        tokens, picked, _ = draw_rows(logits[:len(params)], [(s, history, None) for s in batch])
+        assert tokens.tolist() == [t.item() for t, _ in want]
+        assert picked.tolist() == [lp[t].item() for t, lp in want]

@@ -192,6 +192,9 @@ class Sampler:
         self._bias_only = bool(p.logit_bias) and (p.repetition_penalty == 1.0
                                                  and not p.presence_penalty
                                                  and not p.frequency_penalty)
+        self._bias = (mx.array(list(p.logit_bias), dtype=mx.int32),
+                      mx.array(list(p.logit_bias.values()), dtype=mx.float32)) \
+            if p.logit_bias else None
         self._processors = make_logits_processors(
             p.logit_bias or None,
             p.repetition_penalty if p.repetition_penalty != 1.0 else None, p.penalty_context,
@@ -343,14 +346,7 @@ def draw_rows(logits, rows: Sequence[tuple[Sampler, Sequence[int], int | None]])
             x = logits.astype(mx.float32)
             limit = mx.array([min(s._vocab_limit or vocab, vocab) for s, _, _ in rows],
                              dtype=mx.int32)
-            width = max(len(s.params.logit_bias) for s, _, _ in rows)
-            ids = [[*s.params.logit_bias, *[-1] * (width - len(s.params.logit_bias))]
-                   for s, _, _ in rows]
-            values = [[*s.params.logit_bias.values(), *[0.0] * (width - len(s.params.logit_bias))]
-                      for s, _, _ in rows]
-            tokens, picked = kernels.draw(
-                x, temps, u, limit, *((mx.array(ids, dtype=mx.int32),
-                                       mx.array(values, dtype=mx.float32)) if width else ()))
+            tokens, picked = kernels.draw(x, temps, u, limit, *_biases([s for s, _, _ in rows]))
             if any(s.params.top_logprobs for s, _, _ in rows):  # their rows as _prepare has them
                 x = mx.stack([s._prepare(logits[i], toks) if s.params.top_logprobs else x[i]
                               for i, (s, toks, _) in enumerate(rows)])
@@ -369,6 +365,26 @@ def draw_rows(logits, rows: Sequence[tuple[Sampler, Sequence[int], int | None]])
         picked.append(p)
         full.append(f)
     return mx.stack(tokens), mx.stack(picked), full
+
+
+def _biases(samplers: list[Sampler]) -> tuple:
+    """The rows' logit biases as the native draw takes them: (ids [R, n] int32, -1 after a
+    row's last entry; values [R, n] float32), or () where no row has one."""
+    import mlx.core as mx
+
+    width = max((len(s._bias[0]) for s in samplers if s._bias is not None), default=0)
+    if not width:
+        return ()
+    ids, values = [], []
+    for s in samplers:
+        i, v = s._bias if s._bias is not None else (mx.zeros((0,), mx.int32),
+                                                    mx.zeros((0,), mx.float32))
+        if len(i) < width:
+            i = mx.concatenate([i, mx.full((width - len(i),), -1, mx.int32)])
+            v = mx.concatenate([v, mx.zeros((width - len(v),), mx.float32)])
+        ids.append(i)
+        values.append(v)
+    return mx.stack(ids), mx.stack(values)
 
 
 # mlx-lm's apply_top_p and apply_min_p, not compiled: mx.compile bakes the float in, so each
