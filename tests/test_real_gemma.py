@@ -199,3 +199,22 @@ def test_forkv_demo_on_the_real_model_prints_real_text(capsys):
     text_lines = [line for line in out.splitlines() if line.startswith("    ")]
     assert len(text_lines) == 5 and any(any(c.isalpha() for c in t) for t in text_lines), out
     assert "restored from checkpoints" in out
+
+
+def test_chat_completions_encode_a_growing_chat_as_the_engine_does():
+    """The server's chat encodings (sdk/server/chat_encode.py) on the real 262K tokenizer,
+    which does not split on whitespace: every request of a growing chat gets the engine's
+    own tokens, extended from the last render."""
+    import random
+
+    from forkv.server.chat_encode import ChatEncodings
+    from test_server_chat_encode import _chat
+
+    lm = real_gemma()
+    engine = Engine(lm)
+    try:
+        enc = ChatEncodings(lm.tokenizer, lm.name)
+        for msgs in _chat(random.Random(7), 12):
+            assert enc.encode(msgs, "") == engine.encode(msgs)
+    finally:
+        engine.close()

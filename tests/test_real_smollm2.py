@@ -159,3 +159,22 @@ def test_the_readme_cli_example_runs():
     out = subprocess.run([sys.executable, "-m", "forkv.cli", *args[1:]], capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0 and "Tokyo" in out.stdout, out.stdout + out.stderr
+
+
+def test_chat_completions_encode_a_growing_chat_as_the_engine_does():
+    """The server's chat encodings (sdk/server/chat_encode.py) on SmolLM2's tokenizer: every
+    request of a growing chat gets the engine's own tokens, extended from the last render."""
+    import random
+
+    from forkv.engine import Engine, load_model
+    from forkv.server.chat_encode import ChatEncodings
+    from test_server_chat_encode import _chat
+
+    lm = load_model(NAME)
+    engine = Engine(lm)
+    try:
+        enc = ChatEncodings(lm.tokenizer, lm.name)
+        for msgs in _chat(random.Random(7), 12):
+            assert enc.encode(msgs, "") == engine.encode(msgs)
+    finally:
+        engine.close()

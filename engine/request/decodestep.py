@@ -97,7 +97,6 @@ class DecodeSteps:
         """The graph of one decode step of `rows` on `inputs` ([rows, 1] ids), unevaluated.
         `ahead`: a step queued ahead, whose draws take their sampler keys only when it is
         used (`advance`), so that a step taken back leaves the samplers as they were."""
-
         logits = self.runner.decode(rows, inputs, self.batch.caches)
         at = 0 if ahead else None
         return Step(*draw_rows(logits[:, -1], [(seq.sampler, seq.tokens, at) for seq in rows]))

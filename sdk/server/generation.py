@@ -45,9 +45,11 @@ def _prepare(state, prompt, params: SamplingParams, images, namespace: str, max_
     """Token ids of a text prompt (context checked), or the messages as they are (images)."""
     if images:
         return prompt
-    engine = state.backend.engine
     try:
-        tokens = engine.encode(prompt)
+        if state.chat_encodings is not None and _is_chat(prompt):
+            tokens = state.chat_encodings.encode(prompt, namespace)
+        else:
+            tokens = state.backend.engine.encode(prompt)
     except GenerationError as e:
         raise APIError(400, str(e), "invalid_request", "messages") from None
     except Exception as e:  # noqa: BLE001 - a chat template refusing the messages
@@ -60,6 +62,11 @@ def _prepare(state, prompt, params: SamplingParams, images, namespace: str, max_
     except ContextTooLong as e:
         raise _too_long(e, max_param) from None
     return tokens
+
+
+def _is_chat(prompt) -> bool:
+    return isinstance(prompt, (list, tuple)) and bool(prompt) and all(
+        isinstance(m, dict) for m in prompt)
 
 
 async def start(state, prompt, params: SamplingParams, namespace: str, images=None,

@@ -25,6 +25,7 @@ from forkv.runner import reasoning_format
 
 from . import logs
 from .served_engine import ServedEngine
+from .chat_encode import ChatEncodings
 from .conversations import Conversations
 from .errors import APIError
 
@@ -52,6 +53,10 @@ class ServedModel:
         self.fingerprint = f"forkv-{lm.fingerprint.hex()[:12]}"
         self.conversations = Conversations(f"{lm.name}@{lm.fingerprint.hex()[:12]}")
         self.can_see_images = bool(getattr(lm, "is_vision", False))
+        # chat prompts encoded from the namespace's last renders (text models: a vision
+        # model's runner renders its own prompts)
+        self.chat_encodings = None if self.can_see_images else ChatEncodings(lm.tokenizer,
+                                                                               lm.name)
         # The template's thinking format, as Session detects it: it renders every path (with
         # reasoning off too); `reasoning` is it when responses think first, else None.
         self.format = reasoning_format(lm.tokenizer)

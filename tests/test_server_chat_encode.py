@@ -1,0 +1,95 @@
+"""Chat completions' prompts encoded from the namespace's last renders (sdk/server/
+chat_encode.py): the engine's own tokens for every request, the new messages' cost only,
+never from another namespace's render, bounded."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from conftest import load_tiny
+from forkv.engine import Engine
+from forkv.graph import token_extend
+from forkv.server.chat_encode import ChatEncodings
+
+
+class Counting:
+    """A tokenizer that counts the characters it is asked to encode."""
+
+    def __init__(self, tok):
+        self._tok, self._tokenizer, self.encoded = tok, tok._tokenizer, 0
+        self.chat_template = getattr(tok, "chat_template", None)
+
+    def encode(self, text, add_special_tokens=True):
+        self.encoded += len(text)
+        return self._tok.encode(text, add_special_tokens=add_special_tokens)
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+
+def _chat(rng: random.Random, turns: int) -> list[list[dict]]:
+    """The messages of each request of a growing chat."""
+    msgs = [{"role": "system", "content": "Be terse."}]
+    out = []
+    for t in range(turns):
+        words = " ".join(rng.choice(["log", "line", "  two", "x\ny", "é", "ok?"])
+                         for _ in range(rng.randrange(3, 30)))
+        msgs.append({"role": "user", "content": f"turn {t}: {words}"})
+        out.append(list(msgs))
+        msgs.append({"role": "assistant", "content": rng.choice(["ok", "no", " yes ", "a\n"])})
+    return out
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+def test_each_request_gets_the_engines_tokens_and_encodes_its_new_part(arch):
+    lm = load_tiny(arch)
+    engine = Engine(lm)
+    try:
+        tok = Counting(lm.tokenizer)
+        enc = ChatEncodings(tok, lm.name)
+        requests = _chat(random.Random(5), 14)
+        late = []
+        for i, msgs in enumerate(requests):
+            before = tok.encoded
+            assert enc.encode(msgs, "a") == engine.encode(msgs), i
+            late.append(tok.encoded - before)
+        whole = len(tok.apply_chat_template(requests[-1], tokenize=False,
+                                            add_generation_prompt=True))
+        # past the checked uses a request encodes its tail, not the conversation
+        assert max(late[token_extend.CHECKED_USES + 2:]) < whole / 3
+    finally:
+        engine.close()
+
+
+def test_a_namespace_never_extends_another_namespaces_render(monkeypatch):
+    lm = load_tiny("qwen3")
+    enc = ChatEncodings(lm.tokenizer, lm.name)
+    seen = []
+    real = token_extend.extend_encoding
+
+    def spy(tok, encode, text, old_text, old_tokens):
+        seen.append(old_text)
+        return real(tok, encode, text, old_text, old_tokens)
+
+    monkeypatch.setattr("forkv.server.chat_encode.extend_encoding", spy)
+    first, second = _chat(random.Random(1), 2)
+    enc.encode(first, "tenant-a")
+    enc.encode(second, "tenant-b")  # starts with tenant-a's render, but is not theirs
+    assert seen == []
+    enc.encode(first, "tenant-c")
+    enc.encode(second, "tenant-c")  # extends its own first render
+    assert len(seen) == 1
+
+
+def test_what_is_kept_is_bounded():
+    lm = load_tiny("qwen3")
+    enc = ChatEncodings(lm.tokenizer, lm.name, per_namespace=2, max_tokens=400)
+    for ns in range(30):
+        for msgs in _chat(random.Random(ns), 3):
+            enc.encode(msgs, f"ns{ns}")
+    assert enc._tokens <= 400
+    assert enc._tokens == sum(len(t) for kept in enc._kept.values() for _, t in kept)
+    assert all(len(kept) <= 2 for kept in enc._kept.values())
+    assert "ns29" in enc._kept  # the most recent stays
