@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["extend_encoding", "extend_encoding_at"]
+__all__ = ["cut_at_special", "extend_encoding", "extend_encoding_at"]
 
 CHECKED_USES = 3  # whole-encode comparisons per tokenizer before the shortcut is trusted
 
@@ -70,6 +70,28 @@ def _specials(tokenizer: Any) -> _Specials | None:
     with _lock:
         _tables[tokenizer] = table
     return table
+
+
+def cut_at_special(tokenizer: Any, text: str, tokens: Sequence[int], limit: int
+                   ) -> tuple[str, Sequence[int]] | None:
+    """(text[:p], tokens[:i]) for the last special token, tokens[i], that starts at p with
+    every added token's length of text after p still within text[:limit]: a prefix of `text`
+    and its tokens (nothing before a special token depends on what follows it) that another
+    text sharing text[:limit] starts with, for `extend_encoding`, which checks the tokens'
+    tail. None where no such token is found or the tokenizer has no table."""
+    table = _specials(tokenizer)
+    if table is None:
+        return None
+    pos = len(text)
+    for i in range(len(tokens) - 1, -1, -1):
+        s = table.content.get(tokens[i])
+        if s is not None:
+            pos = text.rfind(s, 0, pos)
+            if pos < 0:
+                return None
+            if pos + table.longest <= limit:
+                return text[:pos], tokens[:i]
+    return None
 
 
 def extend_encoding(tokenizer: Any, encode: Callable[[str], list[int]], text: str,

@@ -154,3 +154,20 @@ def test_mlx_lm_detokenizer_is_built_only_when_asked_for(name):
         detok.add_token(i)
     detok.finalize()
     assert detok.text.strip() == tok.decode(ids).strip()
+
+
+def test_cut_at_special_gives_a_prefix_and_its_tokens():
+    from forkv.graph.token_extend import cut_at_special
+
+    tok = load_tiny("qwen3").tokenizer
+    encode = _encoder(tok)
+    texts = _chat_texts(tok, 6, random.Random(4))
+    text = texts[-1]
+    tokens = encode(text)
+    for limit in (len(text), len(text) // 2, len(text) // 5):
+        cut_text, cut_tokens = cut_at_special(tok, text, tokens, limit)
+        assert text.startswith(cut_text) and len(cut_text) <= limit
+        assert list(cut_tokens) == encode(cut_text)
+        assert tok.decode([tokens[len(cut_tokens)]]).startswith("<|")  # a special token next
+    assert cut_at_special(tok, text, tokens, 3) is None  # none inside the first 3 characters
+    assert cut_at_special(ToyTokenizer(), "<|im_start|>a", [1, 2], 13) is None

@@ -93,3 +93,30 @@ def test_what_is_kept_is_bounded():
     assert enc._tokens == sum(len(t) for kept in enc._kept.values() for _, t in kept)
     assert all(len(kept) <= 2 for kept in enc._kept.values())
     assert "ns29" in enc._kept  # the most recent stays
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+def test_rewinds_and_edits_encode_from_what_they_share(arch):
+    """A request that goes back to an earlier turn with a new message (a rewind), or edits
+    the last one, shares only part of the last render: the engine's tokens, encoded from the
+    last special token inside the shared part."""
+    lm = load_tiny(arch)
+    engine = Engine(lm)
+    try:
+        tok = Counting(lm.tokenizer)
+        enc = ChatEncodings(tok, lm.name)
+        requests = _chat(random.Random(8), 10)
+        for msgs in requests[:token_extend.CHECKED_USES + 2]:
+            enc.encode(msgs, "a")
+        full = requests[-1]
+        enc.encode(full, "a")
+        whole = len(tok.apply_chat_template(full, tokenize=False, add_generation_prompt=True))
+        branches = [full[:1 + 2 * k] + [{"role": "user", "content": f"Back to {k}?"}]
+                    for k in (7, 3, 8)]
+        branches.append(full[:-1] + [{"role": "user", "content": "An edited last ask."}])
+        for msgs in branches:
+            before = tok.encoded
+            assert enc.encode(msgs, "a") == engine.encode(msgs)
+            assert tok.encoded - before < whole / 3
+    finally:
+        engine.close()

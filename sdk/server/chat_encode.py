@@ -3,12 +3,13 @@
 A chat client sends the whole conversation with every request, and encoding all of it again
 took 17-22 ms of a 16.6K-token request's time to first token on Gemma 3 (the chat template's
 Jinja render is a small part of that; the tokenizer is the rest). So each namespace keeps its
-last few renders (text and tokens), and a render that starts with one of them encodes only
-what follows the last special token they share (`forkv.graph.token_extend`, as the graph's
-renders do: the old tail is re-encoded and compared every time, and a tokenizer's first uses
-are checked against a whole encode). Per namespace: one tenant's request never extends
-another's text, whose shorter encode would tell it that text. In memory only, bounded by
-tokens; a prompt the engine could not have encoded the same way (images) never comes here.
+last two renders (text and tokens), and a render that shares a prefix with one of them (the
+next turn, a regeneration, a rewind to an earlier turn or an edit of it) encodes only what
+follows the last special token inside that prefix (`forkv.graph.token_extend`, as the graph's
+renders do: the kept tokens' tail is re-encoded and compared every time, and a tokenizer's
+first uses are checked against a whole encode). Per namespace: one tenant's request never
+extends another's text, whose shorter encode would tell it that text. In memory only,
+bounded by tokens; prompts with images never come here (the vision runner renders them).
 """
 
 from __future__ import annotations
@@ -19,12 +20,24 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from forkv.engine.models.chat_template import require_chat_template
-from forkv.graph.token_extend import extend_encoding
+from forkv.graph.token_extend import cut_at_special, extend_encoding
 
 __all__ = ["ChatEncodings"]
 
 PER_NAMESPACE = 2  # renders kept per namespace: the last request, and one before it
 MAX_TOKENS = 1 << 18  # tokens kept in all (1 MiB of ids, and their text: ~1 MB of English)
+
+
+def _shared(a: str, b: str) -> int:
+    """The length of the longest common prefix of `a` and `b` (slices compared in C)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 class ChatEncodings:
@@ -46,10 +59,15 @@ class ChatEncodings:
         text = tok.apply_chat_template(list(messages), tokenize=False,
                                        add_generation_prompt=True)
         tokens = None
-        for old_text, old_tokens in self._candidates(namespace):
-            if text.startswith(old_text) or old_text.startswith(text):
+        best = max(((_shared(text, old), old, toks) for old, toks in self._candidates(namespace)),
+                   key=lambda c: c[0], default=None)
+        if best is not None and best[0]:
+            shared, old_text, old_tokens = best
+            if shared < min(len(text), len(old_text)):  # a branch (a rewind, an edit): cut the
+                cut = cut_at_special(tok, old_text, old_tokens, shared)  # old render back to
+                old_text, old_tokens = cut if cut is not None else ("", ())  # what both share
+            if old_text:
                 tokens = extend_encoding(tok, self._encode, text, old_text, old_tokens)
-                break
         if tokens is None:
             tokens = self._encode(text)
         self._keep(namespace, text, tokens)
