@@ -74,11 +74,12 @@ def _specials(tokenizer: Any) -> _Specials | None:
 
 def cut_at_special(tokenizer: Any, text: str, tokens: Sequence[int], limit: int
                    ) -> tuple[str, Sequence[int]] | None:
-    """(text[:p], tokens[:i]) for the last special token, tokens[i], that starts at p with
-    every added token's length of text after p still within text[:limit]: a prefix of `text`
-    and its tokens (nothing before a special token depends on what follows it) that another
-    text sharing text[:limit] starts with, for `extend_encoding`, which checks the tokens'
-    tail. None where no such token is found or the tokenizer has no table."""
+    """`text` (encoded as `tokens`) cut where its last special token that starts at least
+    the longest added token's length before `limit` starts: (text[:p], tokens[:i]), tokens[i]
+    being that special token. Nothing before a special token depends on what follows it, so
+    the pair is a text and its tokens, and a text that shares text[:limit] starts with it:
+    `extend_encoding` can take it from there (and checks its tail). None where there is no
+    such token or the tokenizer has no table of them."""
     table = _specials(tokenizer)
     if table is None:
         return None
