@@ -205,19 +205,6 @@ def test_chat_completions_encode_a_growing_chat_as_the_engine_does():
     """The server's chat encodings (sdk/server/chat_encode.py) on the real 262K tokenizer,
     which does not split on whitespace: every request of a growing chat gets the engine's
     own tokens, extended from the last render, and so do rewinds."""
-    import random
+    from test_server_chat_encode import matches_the_engine
 
-    from forkv.server.chat_encode import ChatEncodings
-    from test_server_chat_encode import _chat
-
-    lm = real_gemma()
-    engine = Engine(lm)
-    try:
-        enc = ChatEncodings(lm.tokenizer, lm.name)
-        for msgs in _chat(random.Random(7), 12):
-            assert enc.encode(msgs, "") == engine.encode(msgs)
-        for k in (9, 3):  # rewinds: back to an earlier turn with a new message
-            branch = msgs[:1 + 2 * k] + [{"role": "user", "content": f"Back to {k}: why?"}]
-            assert enc.encode(branch, "") == engine.encode(branch)
-    finally:
-        engine.close()
+    matches_the_engine(real_gemma())

@@ -42,25 +42,45 @@ def _chat(rng: random.Random, turns: int) -> list[list[dict]]:
     return out
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
-def test_each_request_gets_the_engines_tokens_and_encodes_its_new_part(arch):
-    lm = load_tiny(arch)
+def matches_the_engine(lm, turns: int = 12) -> None:
+    """Every request of a growing chat of `turns`, then two rewinds, encoded as `lm`'s engine
+    encodes it (the real-tokenizer tests call this too)."""
     engine = Engine(lm)
     try:
-        tok = Counting(lm.tokenizer)
-        enc = ChatEncodings(tok, lm.name)
-        requests = _chat(random.Random(5), 14)
-        late = []
-        for i, msgs in enumerate(requests):
-            before = tok.encoded
-            assert enc.encode(msgs, "a") == engine.encode(msgs), i
-            late.append(tok.encoded - before)
-        whole = len(tok.apply_chat_template(requests[-1], tokenize=False,
-                                            add_generation_prompt=True))
-        # past the checked uses a request encodes its tail, not the conversation
-        assert max(late[token_extend.CHECKED_USES + 2:]) < whole / 3
+        enc = ChatEncodings(lm.tokenizer, lm.name)
+        for msgs in _chat(random.Random(7), turns):
+            assert enc.encode(msgs, "") == engine.encode(msgs)
+        for k in (turns - 3, 3):  # rewinds: back to an earlier turn with a new message
+            branch = msgs[:1 + 2 * k] + [{"role": "user", "content": f"Back to {k}: why?"}]
+            assert enc.encode(branch, "") == engine.encode(branch)
     finally:
         engine.close()
+
+
+@pytest.fixture(params=["qwen3", "gemma3"])
+def counted(request):
+    """(a demo model's engine, its tokenizer counting what it encodes, encodings over it)."""
+    lm = load_tiny(request.param)
+    engine = Engine(lm)
+    tok = Counting(lm.tokenizer)
+    try:
+        yield engine, tok, ChatEncodings(tok, lm.name)
+    finally:
+        engine.close()
+
+
+def test_each_request_gets_the_engines_tokens_and_encodes_its_new_part(counted):
+    engine, tok, enc = counted
+    requests = _chat(random.Random(5), 14)
+    late = []
+    for i, msgs in enumerate(requests):
+        before = tok.encoded
+        assert enc.encode(msgs, "a") == engine.encode(msgs), i
+        late.append(tok.encoded - before)
+    whole = len(tok.apply_chat_template(requests[-1], tokenize=False,
+                                        add_generation_prompt=True))
+    # past the checked uses a request encodes its tail, not the conversation
+    assert max(late[token_extend.CHECKED_USES + 2:]) < whole / 3
 
 
 def test_a_namespace_never_extends_another_namespaces_render(monkeypatch):
@@ -95,28 +115,21 @@ def test_what_is_kept_is_bounded():
     assert "ns29" in enc._kept  # the most recent stays
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
-def test_rewinds_and_edits_encode_from_what_they_share(arch):
+def test_rewinds_and_edits_encode_from_what_they_share(counted):
     """A request that goes back to an earlier turn with a new message (a rewind), or edits
     the last one, shares only part of the last render: the engine's tokens, encoded from the
     last special token inside the shared part."""
-    lm = load_tiny(arch)
-    engine = Engine(lm)
-    try:
-        tok = Counting(lm.tokenizer)
-        enc = ChatEncodings(tok, lm.name)
-        requests = _chat(random.Random(8), 10)
-        for msgs in requests[:token_extend.CHECKED_USES + 2]:
-            enc.encode(msgs, "a")
-        full = requests[-1]
-        enc.encode(full, "a")
-        whole = len(tok.apply_chat_template(full, tokenize=False, add_generation_prompt=True))
-        branches = [full[:1 + 2 * k] + [{"role": "user", "content": f"Back to {k}?"}]
-                    for k in (7, 3, 8)]
-        branches.append(full[:-1] + [{"role": "user", "content": "An edited last ask."}])
-        for msgs in branches:
-            before = tok.encoded
-            assert enc.encode(msgs, "a") == engine.encode(msgs)
-            assert tok.encoded - before < whole / 3
-    finally:
-        engine.close()
+    engine, tok, enc = counted
+    requests = _chat(random.Random(8), 10)
+    for msgs in requests[:token_extend.CHECKED_USES + 2]:
+        enc.encode(msgs, "a")
+    full = requests[-1]
+    enc.encode(full, "a")
+    whole = len(tok.apply_chat_template(full, tokenize=False, add_generation_prompt=True))
+    branches = [full[:1 + 2 * k] + [{"role": "user", "content": f"Back to {k}?"}]
+                for k in (7, 3, 8)]
+    branches.append(full[:-1] + [{"role": "user", "content": "An edited last ask."}])
+    for msgs in branches:
+        before = tok.encoded
+        assert enc.encode(msgs, "a") == engine.encode(msgs)
+        assert tok.encoded - before < whole / 3
