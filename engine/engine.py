@@ -158,14 +158,20 @@ class Engine:
         tok = self.lm.tokenizer
         if isinstance(prompt, str):
             ids = encode_text(tok, prompt)  # with the tokenizer's BOS, as mlx-lm does
-        elif prompt and all(isinstance(m, dict) for m in prompt):
+        elif len(prompt) and all(isinstance(m, dict) for m in prompt):  # (numpy ids too)
             require_chat_template(tok, self.lm.name)
             ids = tok.apply_chat_template(list(prompt), tokenize=True,
                                           add_generation_prompt=add_generation_prompt)
-        elif set(map(type, prompt)) <= {int}:  # (in C: a deep chat's prompt is 10Ks of ids)
+        elif _all_ints(prompt):
             ids = prompt
         else:
-            ids = [int(t) for t in prompt]
+            try:
+                ids = [int(t) for t in prompt]
+            except (TypeError, ValueError):
+                bad = next(t for t in prompt if not _is_id(t))
+                raise GenerationError(
+                    f"The prompt holds {bad!r} ({type(bad).__name__}) among its items; give "
+                    "text, token ids (ints) or chat messages (dicts).") from None
         if not ids:
             raise GenerationError("The prompt is empty; give at least one token of text.")
         return list(ids)
@@ -346,15 +352,17 @@ class Engine:
         keyer = self.prefix.keyer(namespace)
         return keyer.keys(tokens) if keyer else []
 
-    def turn_keys(self, tokens: Sequence[int], namespace: str | None = None
-                  ) -> dict[int, bytes]:
+    def turn_keys(self, tokens: Sequence[int], namespace: str | None = None,
+                  block_keys: Sequence[bytes] | None = None) -> dict[int, bytes]:
         """The keys of the turn-end checkpoints a run of `tokens` records, by position (see
-        turns.py; empty for models without a chat template)."""
+        turns.py; empty for models without a chat template). `block_keys`: `tokens`' own
+        `block_keys` in `namespace`, where the caller has them already."""
         ck = self.checkpointer
         if ck is None or ck.turns is None:
             return {}
         keyer = ck.keyer_for(namespace)
-        return ck.turns.keys(tokens, keyer.keys(tokens), keyer)
+        keys = keyer.keys(tokens) if block_keys is None else block_keys
+        return ck.turns.keys(tokens, keys, keyer)
 
     def checkpoint_keys(self, tokens: Sequence[int], namespace: str | None = None
                         ) -> list[bytes]:
@@ -437,3 +445,22 @@ def generate_batch(engine: Engine, prompts: Sequence,
             f"Got {len(params)} SamplingParams for {len(prompts)} prompts; pass one per prompt.")
     handles = [engine.submit(p, sp) for p, sp in zip(prompts, params)]
     return [h.result() for h in handles]
+
+
+def _all_ints(prompt: Sequence) -> bool:
+    """Whether every item of `prompt` is an int (bools and other int subclasses count): a sum
+    of ints is an int, and anything else (a float, a numpy scalar, a string) makes it
+    something else or raises. One pass in C at ~4 ns a token, where collecting the items'
+    types cost ~15 (a deep chat's prompt is 10Ks of ids, checked on every submit)."""
+    try:
+        return type(sum(prompt)) is int
+    except TypeError:
+        return False
+
+
+def _is_id(item) -> bool:
+    try:
+        int(item)
+    except (TypeError, ValueError):
+        return False
+    return True

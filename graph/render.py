@@ -180,7 +180,8 @@ def render(
         )
     tools = [t.to_openai() for t in visible_tools(path)]
     cache = render_cache(tree)
-    sigs = cache.signatures(done)
+    has_images = any(map(_images, done))  # (checked in C once: most paths have none)
+    sigs = cache.signatures(done, has_images)
     r = _Renderer(tokenizer, fmt, dict(template_kwargs or {}), tools, cache, done, sigs)
     text = r.prompt_text(done, target) if is_prompt else r.path_text(done)
     settings = r.settings
@@ -234,7 +235,7 @@ def render(
         prompt_text=text,
         token_ids=tokens,
         spans=spans,
-        images=_image_refs(done, spans, tokens, tokenizer),
+        images=_image_refs(done, spans, tokens, tokenizer) if has_images else [],
         is_prompt=is_prompt,
         _chat=(sigs, r.calls),
     )

@@ -281,17 +281,21 @@ class RenderCache:
                 self._paths.popitem(last=False)
         return list(out)
 
-    def signatures(self, nodes: Sequence[Node]) -> list[tuple]:
+    def signatures(self, nodes: Sequence[Node], has_images: bool | None = None
+                   ) -> list[tuple]:
         """`[signature(n) for n in nodes]`, from the signatures kept since the nodes' fields
-        were last assigned."""
+        were last assigned. `has_images`: whether any of `nodes` has images, where the caller
+        has looked already."""
         sigs = self._sigs
         out = list(map(sigs.get, map(_node_id, nodes)))
+        if has_images is None:
+            has_images = any(map(_images, nodes))
         # A node with images or tool calls, now or when kept, is signed again: its lists can
         # change in place, which no assignment tells (few nodes have any). Where the path has
         # none, that is seen in C, and only the nodes without a kept signature are signed,
         # looked for from the end (a deep path's new turn), not node by node.
-        if (self._listed.isdisjoint(map(_node_id, nodes)) and not any(map(_images, nodes))
-                and not any(map(_calls, nodes))):
+        if ((not self._listed or self._listed.isdisjoint(map(_node_id, nodes)))
+                and not has_images and not any(map(_calls, nodes))):
             missing, i = out.count(None), len(out)
             while missing:
                 i -= 1

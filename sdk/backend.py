@@ -26,9 +26,10 @@ class Backend(Protocol):
     def block_keys(self, tokens: Sequence[int], namespace: str | None = None) -> list[bytes]:
         """Keys of the full blocks of `tokens` in `namespace` (bookkeeping for release)."""
 
-    def turn_keys(self, tokens: Sequence[int], namespace: str | None = None
-                  ) -> dict[int, bytes]:
-        """Keys of the turn-end checkpoints a run of `tokens` records, by position."""
+    def turn_keys(self, tokens: Sequence[int], namespace: str | None = None,
+                  block_keys: Sequence[bytes] | None = None) -> dict[int, bytes]:
+        """Keys of the turn-end checkpoints a run of `tokens` records, by position
+        (`block_keys`: `tokens`' own, where the caller has them)."""
 
     def release(self, keys: Sequence[bytes]) -> int:
         """Drop the checkpoints under `keys`; how many records were dropped."""

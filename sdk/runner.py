@@ -97,7 +97,7 @@ def record_render(engine: Engine, tree: Tree, rendered: RenderedPath,
         tree.record_render(rendered, [], engine.block_size)
         return
     keys = engine.block_keys(rendered.token_ids, namespace=namespace)
-    turns = engine.turn_keys(rendered.token_ids, namespace=namespace)
+    turns = engine.turn_keys(rendered.token_ids, namespace=namespace, block_keys=keys)
     # (hex in C: a deep path has many blocks and turn ends)
     tree.record_render(rendered, list(map(_hex, keys)), engine.block_size,
                        dict(zip(turns, map(_hex, turns.values()))))

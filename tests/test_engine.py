@@ -59,3 +59,18 @@ def test_zero_max_tokens_and_bad_prompts():
 def test_forkv_load_facade():
     with forkv.load("demo:qwen3:tiny") as engine:
         assert engine.generate("abc", max_tokens=3).finish_reason == "length"
+
+
+def test_encode_takes_token_ids_of_any_integer_type_and_names_bad_ones():
+    import numpy as np
+
+    engine = scoped_engine(load_tiny("qwen3"))
+    ids = engine.encode(MESSAGES)
+    mine = list(ids)
+    assert engine.encode(mine) == ids and engine.encode(mine) is not mine  # a copy of its own
+    assert engine.encode(np.array(ids, np.int64)) == ids  # numpy ids come back as ints
+    assert all(type(t) is int for t in engine.encode(list(np.array(ids, np.int32))))
+    with pytest.raises(GenerationError, match="empty"):
+        engine.encode([])
+    with pytest.raises(GenerationError, match="None .NoneType. among its items"):
+        engine.encode([1, None])

@@ -94,6 +94,10 @@ def test_turn_ends_are_per_namespace():
     try:
         turn = engine.encode(chat)
         assert engine.turn_keys(turn, "a") != engine.turn_keys(turn, "b")
+        # the block keys a caller has already give the same turn keys as the engine's own
+        for ns in ("a", "b", None):
+            given = engine.turn_keys(turn, ns, block_keys=engine.block_keys(turn, ns))
+            assert given == engine.turn_keys(turn, ns) and given
         engine.generate(chat, ONE, namespace="a")
         engine.drain()
         longer = chat + [{"role": "assistant", "content": "ok"},

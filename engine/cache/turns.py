@@ -175,14 +175,17 @@ class Turns:
     def ends(self, tokens: Sequence[int]) -> list[int]:
         """`turn_ends` of `tokens`; those inside the tokens the last call shares with it are
         taken from that call (an end reads only the marker's tokens before it)."""
-        now = as_list(tokens)
+        return list(self._ends_of(as_list(tokens), owned=False))
+
+    def _ends_of(self, now: list[int], owned: bool) -> list[int]:
+        # `owned`: `now` is the caller's private copy, kept as is (no second copy)
         last_tokens, last_ends = self._ends
         same = shared_prefix(now, last_tokens)
         keep = bisect_right(last_ends, same)
         ends = last_ends[:keep] + turn_ends(now, self.marker, self.ck.block_size,
                                             max(0, same - len(self.marker) + 1))
-        self._ends = (now if now is not tokens else list(now), ends)
-        return list(ends)
+        self._ends = (now if owned else list(now), ends)
+        return ends
 
     def model(self, model, tokens: Sequence[int], keys: Sequence[bytes] | None,
               record: bool = True, keyer=None):
@@ -200,10 +203,10 @@ class Turns:
         """Keys of the turn-end checkpoints a run of `tokens` records, by position (for
         releasing them)."""
         keyer = keyer or self.ck.keyer
-        now = list(tokens)  # a copy of its own (compared by slices, in C)
+        now = list(tokens)  # a copy of its own (compared by slices, in C), shared with ends
         last_keyer, last_tokens, last = self._last
         same = shared_prefix(now, last_tokens) if last_keyer is keyer else -1
-        ends = self.ends(tokens)
+        ends = self._ends_of(now, owned=True)
         # The ends up to `same` are the last answer's first ones (ends ascend, and each reads
         # only the tokens before it): copied in C, only the new ends keyed.
         keep = bisect_right(ends, same)

@@ -293,7 +293,8 @@ class RemoteBackend:
             out.append(key)
         return out
 
-    def turn_keys(self, tokens, namespace: str | None = None) -> dict[int, bytes]:
+    def turn_keys(self, tokens, namespace: str | None = None,
+                  block_keys=None) -> dict[int, bytes]:
         """None here: the server places its own checkpoints (block keys are bookkeeping)."""
         return {}
 
