@@ -132,9 +132,10 @@ def kernels_line(is_cpu: bool) -> str:
     native.load()
     info = native.status()
     if info.available:
+        matvec = f"; decode's matvecs: {info.matvec}" if info.matvec else ""
         return (f"forkv-native-v{native.KERNEL_VERSION} {info.isa}, {info.num_threads} threads, "
                 "for quantized models' matmuls, and attention, norms, RoPE and activations "
-                f"of quantized and float32 models ({info.path})")
+                f"of quantized and float32 models{matvec} ({info.path})")
     return f"mlx's: forkv's CPU kernels are not in use: {info.reason}"
 
 

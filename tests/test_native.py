@@ -148,6 +148,56 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(lib, bits):
             lib.set_num_threads(0)
 
 
+@pytest.mark.parametrize("bits,group_size", [(4, 32), (5, 32), (6, 16), (8, 32)])
+def test_a_matvec_has_the_same_bits_read_in_tiles_or_rows(lib, bits, group_size):
+    # decode's one-row calls read weights 4 rows at a time or in order (choose_matvec times
+    # both on this CPU): every output sees the same operations either way, also beside other
+    # rows, in tile tails (N % 4) and with symmetric groups (no biases)
+    N, K = 70, 640
+    if group_size == 16:
+        w, s, b = _quantize16(mx.random.normal((N, K)), bits)
+    else:
+        w, s, b = mx.quantize(mx.random.normal((N, K)), group_size=group_size, bits=bits)
+    s, b = s.astype(mx.float32), b.astype(mx.float32)
+    wk = _kernel_weight(lib, w, K, bits)
+    x = mx.random.normal((3, K))
+    was = lib.matvec_tiles()
+    try:
+        for biases in (b, None):
+            out = {}
+            for tiles in (True, False):
+                lib.set_matvec_tiles(tiles)
+                out[tiles] = [lib.quantized_matmul(x[:m], wk, s, biases, bits, group_size)
+                              for m in (1, 2, 3)]
+            for a, c in zip(out[True], out[False]):
+                assert mx.array_equal(a, c).item()
+            assert mx.array_equal(out[True][0], out[True][2][:1]).item()
+    finally:
+        lib.set_matvec_tiles(was)
+
+
+def test_the_matvec_read_is_timed_or_fixed_by_the_environment(lib, monkeypatch):
+    from forkv.engine import native
+
+    was = lib.matvec_tiles()
+    try:
+        monkeypatch.setenv("FORKV_NATIVE_MATVEC", "rows")
+        assert native.choose_matvec(lib) == "rows in order (FORKV_NATIVE_MATVEC)"
+        assert not lib.matvec_tiles()
+        monkeypatch.setenv("FORKV_NATIVE_MATVEC", "tiled")
+        with pytest.raises(ValueError, match="'tiled' is not a choice; use 'tiles' or 'rows'"):
+            native.choose_matvec(lib)
+        monkeypatch.delenv("FORKV_NATIVE_MATVEC")
+        chosen = native.choose_matvec(lib)
+        if lib.isa() == "avx512vnni":
+            assert chosen.startswith(("4-row tiles (a 42 MB matvec: ", "rows in order (a 42"))
+            assert lib.matvec_tiles() == chosen.startswith("4-row")
+        else:
+            assert chosen == ""
+    finally:
+        lib.set_matvec_tiles(was)
+
+
 @pytest.mark.parametrize("bits", [4, 5, 6, 8])
 def test_a_split_call_gives_each_range_the_bits_of_its_own_call(lib, bits):
     # q/k/v or gate/up in one call (fused.py): each output is its rows' own call, bit for bit,

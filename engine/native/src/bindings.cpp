@@ -8,6 +8,7 @@
 #include "block.h"
 #include "pool.h"
 #include "rowwise.h"
+#include "qgemm.h"
 #include "qmatmul.h"
 
 namespace nb = nanobind;
@@ -48,6 +49,8 @@ NB_MODULE(_forkv_native, m) {
       if (name == forkv::isa_name(isa)) return forkv::set_isa(isa);
     throw std::invalid_argument("unknown ISA " + name + "; use scalar, avx2 or avx512vnni");
   });
+  m.def("matvec_tiles", &forkv::matvec_tiles);
+  m.def("set_matvec_tiles", &forkv::set_matvec_tiles, "on"_a);
   m.def("num_threads", &forkv::current_threads);
   m.def("set_num_threads", &forkv::set_threads, "n"_a);
 }

@@ -4,6 +4,7 @@
 #include "qgemm.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -141,6 +142,11 @@ void quantize_rows(const float* x, size_t ldx, int m0, int m1, int K, int group_
     }
   }
 }
+
+std::atomic<bool> g_matvec_tiles{true};
+
+void set_matvec_tiles(bool on) { g_matvec_tiles.store(on); }
+bool matvec_tiles() { return g_matvec_tiles.load(); }
 
 // ---------------------------------------------------------------- portable
 
@@ -383,8 +389,9 @@ T512 void rows512(const QuantX& x, const QuantW& w, const RowParams& p, int m0, 
   };
   int n = n0;
   // The first pass over these rows fetches them: prefetch the next block's as it goes (later
-  // passes, for more activation rows, find them in L1).
-  if (MR > 1)  // with one activation row, rows one after another read memory in order
+  // passes, for more activation rows, find them in L1). One activation row takes these tiles
+  // too where `matvec_tiles()` (set_matvec_tiles: the faster read on this CPU).
+  if (MR > 1 || g_matvec_tiles.load(std::memory_order_relaxed))
     for (; n + 4 <= n1; n += 4)
       tile512<BITS, MR, 4, SYM>(x, w, scales + size_t(n - first) * num_groups, at(biases, n),
                                 shift, m0, n, y, ldy,

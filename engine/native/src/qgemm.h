@@ -63,6 +63,14 @@ Isa best_isa();
 const char* isa_name(Isa isa);
 size_t row_bytes(int K, int bits);
 
+// How a one-row call (decode's matvec) reads its weight rows on AVX-512: four at a time in the
+// multi-row calls' tiles, with their prefetch (true), or one after another in memory order
+// (false). The same bits either way (every output sees the same operations in the same
+// order); which is faster depends on the CPU's prefetchers, so Python times both once
+// (native/__init__.py) and sets it.
+void set_matvec_tiles(bool on);
+bool matvec_tiles();
+
 // Quantize rows [m0, m1) of x (float32, row stride ldx) into the buffers of `qx`.
 void quantize_rows(const float* x, size_t ldx, int m0, int m1, int K, int group_size,
                    bool permuted, int8_t* q, float* dxv, float* dx, float* xsum, Isa isa);
