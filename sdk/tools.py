@@ -112,8 +112,10 @@ def attach_tool_calls(tokenizer: Any, tree: Tree, node: Node | str,
     if node.gen.tool_choice == "none":
         return []
     fmt = tool_format(tokenizer)
+    if fmt is None or fmt.start not in (node.text or ""):  # no call: the path is not walked
+        return []
     tools = visible_tools(tree.path(node))
-    if fmt is None or not tools:
+    if not tools:
         return []
     _, calls, problems = parse_tool_calls(node.text or "", fmt, tools,
                                           id_prefix or f"call_{node.id}")

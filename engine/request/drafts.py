@@ -216,8 +216,10 @@ class DraftSources:
     gives up its oldest first). The index holds ~70 bytes a token (tracemalloc, full; ~320 as
     the dict it was), so the default total is ~9 MB however many tenants a server has;
     FORKV_RECENT_TOKENS sets another total. Finished requests' own indexes are kept too, frozen
-    (~60 bytes a token), a few a namespace and `max_total` tokens in all, for the next request
-    that starts with the same tokens (taken over only within a namespace)."""
+    (~60 bytes a token, and their tokens as a list for the takeover's compare: 8 more, 36
+    where no other list holds the same ints), a few a namespace and `max_total` tokens in all,
+    for the next request that starts with the same tokens (taken over only within a
+    namespace)."""
 
     def __init__(self, max_namespaces: int = 64, max_tokens: int = 65536,
                  max_total: int | None = None):
