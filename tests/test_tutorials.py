@@ -60,6 +60,7 @@ def test_03_tree_of_thought_computes_the_prompt_once():
     assert "kept r" in out and "removed the other 3" in out
 
 
+@pytest.mark.slow  # a persisted store across sessions runs by default in test_security_persist
 def test_04_private_assistant_resumes_from_the_encrypted_store():
     out = run("04_private_assistant.py", FORKV_SCRYPT_N="32768")  # the cheapest KDF forkv accepts
     steps = {line.split(":")[0]: line for line in out.splitlines() if "reused" in line}
@@ -71,6 +72,7 @@ def test_04_private_assistant_resumes_from_the_encrypted_store():
     assert "checkpoints.fkv, tree.json" in out
 
 
+@pytest.mark.slow  # image reuse across branches runs by default in test_vision_families
 def test_05_visual_branch_and_prune_reuses_the_image():
     pytest.importorskip("mlx_vlm", reason="mlx-vlm is not installed (pip install 'forkv[vision]')")
     out = run("05_visual_branch_and_prune.py")
