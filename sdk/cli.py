@@ -226,6 +226,11 @@ def _main(argv: list[str] | None) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except Exception as e:
+        if interrupts.arrived():  # the Ctrl-C's KeyboardInterrupt, wrapped by a library
+            logging.getLogger("forkv").debug("interrupted inside %s", type(e).__name__,
+                                             exc_info=True)
+            print("forkv: interrupted", file=sys.stderr)
+            return 130
         message = user_message(e)
         if message is None:
             raise

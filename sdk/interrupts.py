@@ -27,7 +27,7 @@ import threading
 from ._startup import INTERRUPTED, is_cli
 from ._startup import leave_now as _leave_now
 
-__all__ = ["INTERRUPTED", "check", "finish", "is_cli", "leave", "take_over"]
+__all__ = ["INTERRUPTED", "arrived", "check", "finish", "is_cli", "leave", "take_over"]
 _LEAVE_S = 10.0  # the most `leave` waits for engine threads and stores to close
 _pending = False  # a Ctrl-C arrived since take_over
 
@@ -54,6 +54,13 @@ def take_over() -> None:
     if signal.getsignal(signal.SIGINT) is _leave_now:
         signal.signal(signal.SIGINT, _interrupt)
         sys.unraisablehook = _unraisable
+
+
+def arrived() -> bool:
+    """Whether a Ctrl-C arrived since `take_over`: an exception on the way out after one may
+    be its KeyboardInterrupt wrapped by a library (pydantic-core builds a model's validators in
+    Rust and reports a KeyboardInterrupt raised there as a `SchemaError`)."""
+    return _pending
 
 
 def check() -> None:

@@ -119,6 +119,33 @@ def test_ctrl_c_while_generating_removes_the_temp_folder(tmp_path):
     assert "Traceback" not in err and not list(tmp_path.glob("forkv-*"))
 
 
+def test_a_ctrl_c_a_library_wrapped_still_exits_130(monkeypatch, capsys):
+    # A Ctrl-C while `forkv serve` built a pydantic model's validators came out as
+    # pydantic-core's SchemaError ("Error building ... validator: KeyboardInterrupt"), and the
+    # CLI printed its traceback with status 1.
+    from forkv import interrupts
+
+    class SchemaError(Exception):
+        pass
+
+    def wrapped(args):
+        interrupts._pending = True  # the handler noted the Ctrl-C before raising it
+        raise SchemaError('Error building "literal" validator:\n  KeyboardInterrupt: ')
+
+    monkeypatch.setattr(interrupts, "_pending", False)
+    monkeypatch.setattr("forkv.generate_cmd.run_generate", wrapped)
+    assert main(["generate", "hi"]) == 130
+    assert capsys.readouterr().err.strip() == "forkv: interrupted"
+    monkeypatch.setattr(interrupts, "_pending", False)
+
+    def bug(args):  # without a Ctrl-C the same error is a bug, and it raises
+        raise SchemaError("a schema that does not build")
+
+    monkeypatch.setattr("forkv.generate_cmd.run_generate", bug)
+    with pytest.raises(SchemaError):
+        main(["generate", "hi"])
+
+
 def test_a_closed_pipe_ends_quietly(monkeypatch, capsys):
     def reader_left(args):
         raise BrokenPipeError(32, "Broken pipe")
