@@ -228,6 +228,20 @@ def test_llama_server_ran_when_every_spec_type_its_cases_need_did():
     assert not llama_ran({}, spec, ("kernels",))
 
 
+def test_draft_notes_speak_of_the_modes_that_ran():
+    counted = {"drafted": 12, "accepted": 9}
+    unknown = {"drafted": None, "accepted": None}
+    plain = {"drafted": 0, "accepted": 0}
+    # a kernels-only run sends no speculated request: nothing to say of draft counts
+    assert decode.draft_notes({"off": {"kernels": {"second": plain}}}) == []
+    assert decode.draft_notes({"auto": {"edit": {"second": counted}},
+                               "off": {"edit": {"second": plain}}}) == []
+    [note] = decode.draft_notes({"auto": {"edit": {"first": unknown, "second": unknown}}})
+    assert "no draft counts" in note
+    [note] = decode.draft_notes({"off": {"edit": {"second": counted}}})
+    assert "not honoured" in note
+
+
 def test_targets_follow_the_model():
     assert decode.targets_for("gemma3-270m")["decode_kernel_ratio"] == ">= 1.2"
     assert decode.targets_for("smollm2-135m")["decode_kernel_ratio"] == ">= 1.1"

@@ -414,6 +414,24 @@ def headline_of(forkv: dict, llama: dict, llamacpp_ok: bool) -> dict:
             "llamacpp_ok": llamacpp_ok}
 
 
+def draft_notes(forkv: dict) -> list[str]:
+    """What forkv's finished rows ({mode: {case: {which: row}}}) say of its draft counts: none
+    reported where requests asked for speculation (a kernels-only run asks for none), or drafts
+    where they asked for none."""
+    notes = []
+    auto = [row for case in forkv.get("auto", {}).values() for row in case.values()]
+    if auto and all(row.get("drafted") is None for row in auto):
+        notes.append("forkv reported no draft counts (usage.completion_tokens_details."
+                     "accepted/rejected_prediction_tokens), so its drafted, accepted and "
+                     "mean_accepted_length are unknown: a server without speculation or one "
+                     "that does not report it.")
+    if any((row.get("drafted") or 0) > 0 for case in forkv.get("off", {}).values()
+           for row in case.values()):
+        notes.append("forkv drafted on requests sent with speculate=off: the field is not "
+                     "honoured, so its 'off' figures are not plain decoding.")
+    return notes
+
+
 def targets_for(model: str) -> dict:
     """TARGETS plus the kernel ratio's, which is model-dependent (Gemma 3's is higher)."""
     return dict(TARGETS, decode_kernel_ratio=">= 1.2" if "gemma3" in model else ">= 1.1")
@@ -482,16 +500,7 @@ def run_decode_bench(model: str = "smollm2-135m", quick: bool = False, reps: int
                   for spec, rows in raw_llama.items()}
     ok = llama is not None and llama_ran(raw_llama, spec_types, tuple(asks))
     headline = headline_of(forkv, llama_rows, ok)
-    if not any(row.get("drafted") is not None for case in forkv.get("auto", {}).values()
-               for row in case.values()):
-        notes.append("forkv reported no draft counts (usage.completion_tokens_details."
-                     "accepted/rejected_prediction_tokens), so its drafted, accepted and "
-                     "mean_accepted_length are unknown: a server without speculation or one "
-                     "that does not report it.")
-    if any((row.get("drafted") or 0) > 0 for case in forkv.get("off", {}).values()
-           for row in case.values()):
-        notes.append("forkv drafted on requests sent with speculate=off: the field is not "
-                     "honoured, so its 'off' figures are not plain decoding.")
+    notes += draft_notes(forkv)
     rows = [{"case": c, "forkv": {m: forkv[m][c] for m in forkv if c in forkv[m]},
              "llama_server": {s: llama_rows[s][c] for s in llama_rows if c in llama_rows[s]}}
             for c in CASES if c in asks]
