@@ -219,8 +219,7 @@ def _main(argv: list[str] | None) -> int:
         module, _, func = _COMMANDS[args.command].partition(":")
         return getattr(importlib.import_module(module), func)(args)
     except KeyboardInterrupt:
-        print("forkv: interrupted", file=sys.stderr)
-        return 130
+        return _interrupted()
     except BrokenPipeError:  # the reader left (`forkv generate ... | head`): stop quietly
         with contextlib.suppress(OSError, ValueError):  # no more "Broken pipe" at exit
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -229,14 +228,18 @@ def _main(argv: list[str] | None) -> int:
         if interrupts.arrived():  # the Ctrl-C's KeyboardInterrupt, wrapped by a library
             logging.getLogger("forkv").debug("interrupted inside %s", type(e).__name__,
                                              exc_info=True)
-            print("forkv: interrupted", file=sys.stderr)
-            return 130
+            return _interrupted()
         message = user_message(e)
         if message is None:
             raise
         logging.getLogger("forkv").debug("error details", exc_info=True)
         print(f"forkv: error: {message}", file=sys.stderr)
         return 2
+
+
+def _interrupted() -> int:
+    print("forkv: interrupted", file=sys.stderr)
+    return interrupts.INTERRUPTED
 
 
 def user_message(e: BaseException) -> str | None:
