@@ -316,6 +316,35 @@ def test_use_native_moves_quantized_layers_and_keeps_results_close(lib, bits):
     assert float(mx.abs(out - ref).max()) <= 0.05 * float(mx.abs(ref).max())
 
 
+@pytest.mark.parametrize("bits", [4, 6, 8])
+def test_a_symmetric_embedding_looks_up_from_the_kernel_scales_bit_for_bit(lib, bits):
+    from forkv.engine.native.layers import NativeQuantizedEmbedding, use_native
+
+    V, D = 96, 128
+    emb = nn.QuantizedEmbedding(V, D, group_size=32, bits=bits)
+    rng = np.random.default_rng(bits)
+    emb.weight = mx.array(rng.integers(0, 2**32, emb.weight.shape, dtype=np.uint32))
+    # a GGUF's symmetric groups: f16 scales, each bias -2^(bits-1) times its scale
+    emb.scales = mx.array(rng.uniform(1e-3, 0.1, emb.scales.shape).astype(np.float16)
+                          .astype(np.float32))
+    emb.biases = emb.scales * -float(1 << (bits - 1))
+    tokens = mx.array([[0, 5, 9, 95, 5]])
+    ref = emb(tokens)
+    ref_bf16 = mx.dequantize(emb.weight[tokens], emb.scales[tokens].astype(mx.bfloat16),
+                             emb.biases[tokens].astype(mx.bfloat16), 32, bits)
+    model = nn.Sequential(emb)
+    assert use_native(model, lib) == 1
+    emb = model.layers[0]
+    assert type(emb) is NativeQuantizedEmbedding
+    assert "scales" not in emb and "biases" not in emb  # 8 bytes a group fewer
+    assert emb["kernel_scales"].dtype == mx.float16
+    out = emb(tokens)
+    assert out.dtype == mx.float32 and mx.array_equal(out, ref).item()
+    emb.lookup_dtype = mx.bfloat16  # the loader's cast of the float weights
+    out = emb(tokens)
+    assert out.dtype == mx.bfloat16 and mx.array_equal(out, ref_bf16).item()
+
+
 def test_unsupported_layers_are_named():
     from forkv.engine.native.layers import unsupported
 

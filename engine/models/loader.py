@@ -255,6 +255,9 @@ def _set_weights(model, config: dict, dtype: str, quantized: str, path: Path,
 
             model.apply(lambda x: x.astype(target) if mx.issubdtype(x.dtype, mx.floating)
                         else x, keep)
+            for _, m in model.named_modules():  # lookups that derive their scales (layers.py)
+                if hasattr(m, "lookup_dtype"):
+                    m.lookup_dtype = target
         else:
             model.set_dtype(target)
     return chosen, quant

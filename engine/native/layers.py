@@ -36,9 +36,27 @@ class NativeQuantizedLinear(nn.QuantizedLinear):
 
 
 class NativeQuantizedEmbedding(nn.QuantizedEmbedding):
-    """A QuantizedEmbedding whose `as_linear` (a tied output head) runs on the kernels."""
+    """A QuantizedEmbedding whose `as_linear` (a tied output head) runs on the kernels.
+
+    With symmetric groups (a GGUF's Q8_0 token_embd) it keeps no float32 scales and biases
+    for its lookups: they are the kernels' float16 scales widened, and each bias
+    -2^(bits-1) times its scale, bit for bit (`_compact` checked both), so a lookup derives
+    them for the rows it gathers and `mx.dequantize` gets the very inputs it got before.
+    Gemma 3's 262K-row table keeps 40 MiB fewer. `lookup_dtype`: the dtype the float weights
+    were cast to (the loader's), which those scales and biases would have been cast to."""
 
     _lib = None
+    lookup_dtype = mx.float32
+
+    def __call__(self, x):
+        if "scales" in self:
+            return super().__call__(x)
+        scales = self["kernel_scales"][x].astype(mx.float32)
+        biases = scales * -float(1 << (self.bits - 1))
+        if self.lookup_dtype != mx.float32:
+            scales, biases = scales.astype(self.lookup_dtype), biases.astype(self.lookup_dtype)
+        return mx.dequantize(self["weight"][x], scales=scales, biases=biases,
+                             group_size=self.group_size, bits=self.bits, mode=self.mode)
 
     def as_linear(self, x):
         return self._lib.quantized_matmul(x, self["kernel_weight"], self["kernel_scales"],
@@ -141,6 +159,8 @@ def use_native(model, lib) -> int:
         else:  # lookups keep mlx's arrays; 4/8-bit weights are shared, not copied
             _set_kernel_arrays(m, ("kernel_weight", "kernel_scales", "kernel_biases"),
                                (weight, scales, biases))
+            if biases is None:  # lookups derive them from the kernel scales
+                del m["scales"], m["biases"]
             m.__class__ = NativeQuantizedEmbedding
         m._lib = lib
         count += 1
