@@ -519,6 +519,42 @@ def test_a_ggufs_q6_k_layers_run_on_the_kernels_in_their_exact_groups(lib, tmp_p
     assert on.model(mx.array([[1, 5, 17, 200, 42, 7, 99, 3]])).shape[-1] == WIDE["vocab_size"]
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])  # tied head; gemma scales lookups
+def test_a_q6_k_token_embd_looks_up_from_its_groups_without_its_float_table(
+        lib, tmp_path, monkeypatch, arch):
+    from gguf_files import CONFIGS
+    from test_gguf_blocks import MIXED, WIDE, write_mixed_gguf
+
+    from forkv.engine import load_model
+    from forkv.engine.models.gguf import convert_gguf
+    from forkv.engine.native.layers import NativeGroupsEmbedding, lookup_rows
+
+    monkeypatch.setitem(CONFIGS, arch, dict(CONFIGS[arch], **WIDE))
+    monkeypatch.setitem(MIXED, "token_embd", "Q6_K")  # as in Llama 3.2 1B's Q4_K_M file
+    write_mixed_gguf(tmp_path / "m.gguf", arch)
+    qnt = convert_gguf(tmp_path / "m.gguf", tmp_path / "q", quantized=True)
+    flt = convert_gguf(tmp_path / "m.gguf", tmp_path / "f")
+    table = mx.load(str(flt / "model.safetensors"))["model.embed_tokens.weight"]
+    on = load_model(str(qnt))
+    emb = on.model.model.embed_tokens
+    assert type(emb) is NativeGroupsEmbedding and (emb.bits, emb.group_size) == (6, 16)
+    assert "weight" not in emb  # the float table is gone; the groups hold it in ~1/5
+    assert emb["kernel_weight"].nbytes * 4 < table.nbytes
+    ids = mx.arange(WIDE["vocab_size"])
+    # every row, bit for bit (uint32 views: zeros' signs too) the float conversion's table
+    assert mx.array_equal(emb(ids).view(mx.uint32), table.view(mx.uint32)).item()
+    assert mx.array_equal(emb(ids[None, 3:9]), table[None, 3:9]).item()  # any shape of ids
+    # the same lookups from 4- and 5-bit kernel layouts (mlx's packing, the repacked planes)
+    for bits in (4, 5, 8):
+        w, s_, _ = mx.quantize(table, group_size=32, bits=bits)
+        s_ = s_.astype(mx.float16).astype(mx.float32)  # symmetric groups: exact scales
+        q = mx.dequantize(w, s_, s_ * -float(1 << (bits - 1)), group_size=32, bits=bits)
+        kw = lib.repack(w, table.shape[1], bits) if bits == 5 else w
+        assert mx.array_equal(lookup_rows(kw, s_, ids[:40], bits, 32), q[:40]).item(), bits
+    # the model still runs whole, its head on the kernels
+    assert on.model(mx.array([[1, 5, 17, 200, 42]])).shape[-1] == WIDE["vocab_size"]
+
+
 def test_status_says_why_when_turned_off(monkeypatch):
     monkeypatch.setenv("FORKV_NATIVE", "off")
     monkeypatch.setattr(native, "_info", None)

@@ -126,7 +126,6 @@ def load_model(name: str, dtype: str = "auto", quantized: str = "auto", *,
         model, config = mlx_lm_load_model(path, lazy=True)
         tokenizer = keep_tokenizer(load_tokenizer(path, eos_token_ids=config.get("eos_token_id")))
         arenas.trim()
-        mx.eval(model.parameters())
     except TypeError as e:  # ModelArgs(**config) missing a field its architecture needs
         raise ModelLoadError(_missing_fields(path, e)) from None
     except KeyError as e:
@@ -135,7 +134,15 @@ def load_model(name: str, dtype: str = "auto", quantized: str = "auto", *,
                              "original config.json.") from None
     except (ValueError, FileNotFoundError, OSError) as e:
         raise ModelLoadError(f"Could not load model from {str(path)!r}: {e}") from e
-    chosen, quant = _set_weights(model, config, dtype, quantized, path, kv_dtype)
+    # The weights are read as they are used: a float table that the kernels' exact groups
+    # replace (native/layers.py) is never read at all.
+    try:
+        chosen, quant = _set_weights(model, config, dtype, quantized, path, kv_dtype)
+        mx.eval(model.parameters())
+    except ModelLoadError:
+        raise
+    except (ValueError, OSError) as e:  # a weights file that cannot be read whole
+        raise ModelLoadError(f"Could not load model from {str(path)!r}: {e}") from e
     eos = eos_token_ids(path, config, tokenizer)  # configs, tokenizer, template's turn end
     kv = pick_kv_dtype(kv_dtype, model, quant, chosen)
     arenas.trim()  # what parsing the tokenizer and weights freed, back to the system

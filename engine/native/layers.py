@@ -18,7 +18,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 __all__ = ["NativeGroupsEmbedding", "NativeQuantizedEmbedding", "NativeQuantizedLinear",
-           "kernel_keys", "unsupported", "use_kernel_groups", "use_native"]
+           "kernel_keys", "lookup_rows", "unsupported", "use_kernel_groups", "use_native"]
 
 _BITS = (4, 5, 6, 8)
 _GROUPS = (32, 64, 128)
@@ -65,14 +65,58 @@ class NativeQuantizedEmbedding(nn.QuantizedEmbedding):
 
 class NativeGroupsEmbedding(nn.Embedding):
     """A float `Embedding` whose `as_linear` (a tied output head) runs on the kernels from the
-    exact groups its float weight was dequantized from (a GGUF's Q6_K token_embd): lookups
-    stay mlx's float rows, the head reads ~1/5 of the bytes."""
+    exact groups its float weight was dequantized from (a GGUF's Q6_K token_embd): the head
+    reads ~1/5 of the bytes. Where the groups are symmetric and the float table was stored in
+    float32, the table itself is dropped and a lookup dequantizes the rows it gathers from the
+    groups (`lookup_rows`): each value is `scale * (q - 2^(bits-1))`, a product exact in
+    float32 and the very product gguf-py's dequantize made the table with, so a looked-up row
+    has the table's bits (zeros' signs included). A 1B model's 49K x 2,048 table is 403 MB in
+    float32; the groups hold it in ~80. `lookup_dtype` as NativeQuantizedEmbedding's."""
 
     _lib = None
+    lookup_dtype = mx.float32
+
+    def __call__(self, x):
+        if "weight" in self:
+            return super().__call__(x)
+        rows = lookup_rows(self["kernel_weight"], self["kernel_scales"], x, self.bits,
+                           self.group_size)
+        return rows if self.lookup_dtype == mx.float32 else rows.astype(self.lookup_dtype)
+
+    def _extra_repr(self):
+        return f"groups of {self.group_size} at {self.bits} bits"
 
     def as_linear(self, x):
         return self._lib.quantized_matmul(x, self["kernel_weight"], self["kernel_scales"],
                                           self.get("kernel_biases"), self.bits, self.group_size)
+
+
+def lookup_rows(weight, scales, ids, bits: int, group_size: int):
+    """Rows `ids` of symmetric groups in the kernels' layout (`weight` [N, row bytes] uint8 for
+    5/6 bits, mlx's uint32 packing for 4/8; `scales` [N, K/group_size] float16 or float32),
+    dequantized to float32: `scale * (q - 2^(bits-1))` for each value. Only the gathered rows
+    are unpacked."""
+    rows = weight[ids]
+    if rows.dtype != mx.uint8:
+        rows = rows.view(mx.uint8)
+    lead = rows.shape[:-1]
+    if bits == 8:
+        q = rows
+    else:  # per chunk of 64: 32 bytes of nibbles (elements 2b, 2b + 1), then the bit planes
+        chunk = 32 + 8 * (bits - 4)
+        rows = rows.reshape(*lead, -1, chunk)
+        nib = rows[..., :32]
+        q = mx.stack([nib & 15, nib >> 4], axis=-1).reshape(*lead, -1, 64)
+        shifts = mx.arange(8, dtype=mx.uint8)
+        for plane in range(bits - 4):
+            planes = rows[..., 32 + 8 * plane:40 + 8 * plane]
+            at = ((planes[..., None] >> shifts) & 1).reshape(*lead, -1, 64)  # by position
+            # position i < 32 holds element 2i, i >= 32 element 2(i - 32) + 1
+            q = q | (mx.stack([at[..., :32], at[..., 32:]], axis=-1)
+                     .reshape(*lead, -1, 64) << (4 + plane))
+        q = q.reshape(*lead, -1)
+    s = mx.repeat(scales[ids].astype(mx.float32), group_size, axis=-1)
+    return s * (q.astype(mx.float32) - float(1 << (bits - 1)))
 
 
 def _is_candidate(m) -> bool:
@@ -164,14 +208,15 @@ def use_native(model, lib) -> int:
             m.__class__ = NativeQuantizedEmbedding
         m._lib = lib
         count += 1
-    mx.eval(model.parameters())
+        mx.eval(m.parameters())  # (not the whole model's: use_kernel_groups may drop some)
     return count
 
 
 def use_kernel_groups(model, lib, groups: dict) -> int:
     """Replace each float `Linear` at a path of `groups` ({path: (weight, scales, biases,
     bits, group_size)}, mlx packing) by a kernel layer computing those exact groups, and give
-    a float `Embedding` there that is also the output head (no `lm_head`) a kernel head;
+    a float `Embedding` there that is also the output head (no `lm_head`) a kernel head, and
+    one whose table the groups give exactly lookups from the groups (NativeGroupsEmbedding);
     returns how many. Other paths, and shapes that do not match, are left alone."""
     from mlx.utils import tree_unflatten
 
@@ -186,11 +231,14 @@ def use_kernel_groups(model, lib, groups: dict) -> int:
                 or bits not in (4, 5, 6) or in_dims % 64):
             continue
         if type(m) is nn.Embedding:
-            if tied:
+            arrays = _kernel_arrays(lib, weight, scales, biases, bits, group_size)
+            exact_rows = arrays[2] is None and m.weight.dtype == mx.float32
+            if tied or exact_rows:
                 _set_kernel_arrays(m, ("kernel_weight", "kernel_scales", "kernel_biases"),
-                                   _kernel_arrays(lib, weight, scales, biases, bits,
-                                                  group_size))
+                                   arrays)
                 m.group_size, m.bits = group_size, bits
+                if exact_rows:  # (never read: the loader evaluates the weights after this)
+                    del m["weight"]
                 m.__class__ = NativeGroupsEmbedding
                 m._lib = lib
                 replaced.append(None)
