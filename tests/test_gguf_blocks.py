@@ -17,7 +17,7 @@ from forkv.engine.models.gguf import convert_gguf, read_gguf_header
 from forkv.engine.models.gguf.archs import unpermute
 from forkv.engine.models.gguf.blocks import AFFINE_BITS, KERNEL_ONLY, pack, to_affine
 from forkv.engine.models.gguf.header import GGML_TYPES, TensorInfo
-from forkv.engine.models.loader import read_kernel_groups
+from forkv.engine.models.loader import read_kernel_groups, read_kernel_params
 from gguf.quants import dequantize as gguf_dequantize
 from gguf_files import (
     CONFIGS,
@@ -246,6 +246,37 @@ def test_quantized_conversion_loads_quantized_and_matches_the_float_one(
     # applies scale and bias after (s * sum(x q) + b * sum(x)), the float matmul sums
     # x * (s q + b); the roundings differ at float32's ~1e-7 relative per layer.
     np.testing.assert_allclose(ours, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])  # q/k rows permuted; gemma
+def test_k_quants_keep_their_super_block_params_for_the_kernels(tmp_path, wide_configs, arch):
+    # Q4_K (attn_k), Q5_K (ffn_gate), Q6_K (ffn_down): the file's d, dmin, sc and m beside the
+    # float32 scales and biases, which they give bit for bit (what the kernels read instead).
+    from forkv.engine.native.layers import expand_kparams
+
+    src = tmp_path / f"{arch}.gguf"
+    write_mixed_gguf(src, arch)
+    qnt = convert_gguf(src, tmp_path / "quant", quantized=True)
+    params = read_kernel_params(qnt)
+    layers = CONFIGS[arch]["num_hidden_layers"]
+    names = {"attn_k": "self_attn.k_proj", "ffn_gate": "mlp.gate_proj",
+             "ffn_down": "mlp.down_proj"}
+    assert set(params) == {f"model.layers.{i}.{m}" for i in range(layers)
+                           for m in names.values()}
+    weights, groups = mx.load(str(qnt / "model.safetensors")), read_kernel_groups(qnt)
+    for module, kp in params.items():
+        assert kp.dtype == mx.uint8
+        if module.endswith("down_proj"):  # Q6_K: groups of 16, symmetric
+            _, s, b, bits, group = groups[module]
+            assert (bits, group) == (6, 16)
+            got_s, got_b = expand_kparams(kp, 16)
+            assert got_b is None and mx.array_equal(b, s * -32.0).item()
+        else:
+            s, b = weights[f"{module}.scales"], weights[f"{module}.biases"]
+            got_s, got_b = expand_kparams(kp, 32)
+            assert mx.array_equal(got_b.view(mx.uint32), b.view(mx.uint32)).item(), module
+        assert mx.array_equal(got_s.view(mx.uint32), s.view(mx.uint32)).item(), module
+    assert json.loads((qnt / "forkv_gguf.json").read_text())["converter_version"] == 4
 
 
 def test_float_conversion_is_unchanged_by_the_mode(tmp_path, wide_configs):

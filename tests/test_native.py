@@ -126,6 +126,67 @@ def test_a_tied_embeddings_exact_groups_make_a_kernel_head(lib):
     assert use_kernel_groups(untied, lib, groups) == 0 and type(untied.embed) is nn.Embedding
 
 
+def _kparams(rng, N: int, K: int, group_size: int):
+    """Random K-quant params (uint8 [N, K/256 * 20 or 18], qgemm.h) and the float32 scales and
+    biases (None for groups of 16) they stand for, computed here in numpy as the converter
+    does: d * sc and -(dmin * m). Some d are subnormal, zero or negative."""
+    S = K // 256
+    d = rng.uniform(-2e-2, 2e-2, (N, S)).astype(np.float16)
+    d[0, 0], d[-1, -1] = np.float16(6e-8), np.float16(0.0)  # a subnormal, a zero
+    d_bytes = d.view(np.uint8).reshape(N, S, 2)
+    if group_size == 16:
+        sc = rng.integers(-128, 128, (N, S, 16)).astype(np.int8)
+        kp = np.concatenate([d_bytes, sc.view(np.uint8)], axis=-1)
+        scales = d.astype(np.float32)[..., None] * sc.astype(np.float32)
+        return mx.array(kp.reshape(N, -1)), mx.array(scales.reshape(N, -1)), None
+    dmin = rng.uniform(0, 2e-2, (N, S)).astype(np.float16)
+    sc, m = rng.integers(0, 64, (N, S, 8)).astype(np.uint8), rng.integers(0, 64, (N, S, 8))
+    m[0, 0, 0] = 0  # a zero bias: -0.0
+    kp = np.concatenate([d_bytes, dmin.view(np.uint8).reshape(N, S, 2), sc,
+                         m.astype(np.uint8)], axis=-1)
+    scales = d.astype(np.float32)[..., None] * sc.astype(np.float32)
+    biases = -(dmin.astype(np.float32)[..., None] * m.astype(np.float32))
+    return (mx.array(kp.reshape(N, -1)), mx.array(scales.reshape(N, -1)),
+            mx.array(biases.reshape(N, -1)))
+
+
+@pytest.mark.parametrize("bits, group_size", [(4, 32), (5, 32), (6, 16)])
+def test_k_quant_params_give_the_bits_of_their_float32_scales_on_every_isa(lib, bits,
+                                                                           group_size):
+    # A GGUF's own super-block params, read by the kernels in place of float32 scales and
+    # biases: every output the same bits, whatever the rows, tiles, tails and ISA.
+    from forkv.engine.native.layers import expand_kparams
+
+    rng = np.random.default_rng(bits)
+    for N, K in ((37, 256), (9, 768)):  # 768: groups of 32 end on a half super-block pair
+        kp, s, b = _kparams(rng, N, K, group_size)
+        got_s, got_b = expand_kparams(kp, group_size)
+        assert mx.array_equal(got_s.view(mx.uint32), s.view(mx.uint32)).item()
+        assert (got_b is None) == (b is None)
+        if b is not None:
+            assert mx.array_equal(got_b.view(mx.uint32), b.view(mx.uint32)).item()
+        w = mx.random.randint(0, 2**31, (N, K * bits // 32), key=mx.random.key(K)).astype(
+            mx.uint32)
+        wk = _kernel_weight(lib, w, K, bits)
+        for isa in _isas(lib):
+            lib.set_isa(isa)
+            for tiles in (True, False) if isa == "avx512vnni" else (True,):  # (AVX-512 only)
+                lib.set_matvec_tiles(tiles)
+                for M in (1, 5):
+                    x = mx.random.normal((M, K), key=mx.random.key(M))
+                    want = lib.quantized_matmul(x, wk, s, b, bits, group_size)
+                    got = lib.quantized_matmul(x, wk, kp, None, bits, group_size)
+                    assert mx.array_equal(got.view(mx.uint32), want.view(mx.uint32)).item(), (
+                        isa, tiles, M, N, K)
+    lib.set_isa(lib.best_isa())
+    lib.set_matvec_tiles(True)
+    with pytest.raises(ValueError, match="K-quant params"):  # no biases beside them
+        lib.quantized_matmul(mx.zeros((1, K)), wk, kp, kp, bits, group_size)
+    with pytest.raises(ValueError, match="K-quant params"):  # 8 bits have none
+        lib.quantized_matmul(mx.zeros((1, 256)), mx.zeros((9, 64), mx.uint32),
+                             mx.zeros((9, 20), mx.uint8), None, 8, 32)
+
+
 @pytest.mark.parametrize("bits", [4, 5, 8])
 def test_a_rows_result_does_not_depend_on_the_rows_beside_it(lib, bits):
     # The exactness contract under the kernels: prefill chunked differently, or batched with
@@ -512,11 +573,36 @@ def test_a_ggufs_q6_k_layers_run_on_the_kernels_in_their_exact_groups(lib, tmp_p
     assert isinstance(down, NativeQuantizedLinear) and (down.bits, down.group_size) == (6, 16)
     assert "layers 6-bit/16" in on.quantization, on.quantization
     assert "biases" not in down  # symmetric groups: the kernels derive each bias
-    x = mx.random.normal((3, down["scales"].shape[-1] * 16), key=mx.random.key(0))
+    x = mx.random.normal((3, off.model.model.layers[0].mlp.down_proj.weight.shape[1]),
+                         key=mx.random.key(0))
     got, want = down(x), off.model.model.layers[0].mlp.down_proj(x)  # the file's exact values
     # int8 activations (32-blocks) against float: ~0.5% off, not equal
     assert (mx.linalg.norm(got - want) / mx.linalg.norm(want)).item() < 0.02
     assert on.model(mx.array([[1, 5, 17, 200, 42, 7, 99, 3]])).shape[-1] == WIDE["vocab_size"]
+
+
+def test_k_quant_layers_read_their_super_block_params_with_the_same_logits(
+        lib, tmp_path, monkeypatch):
+    from gguf_files import CONFIGS
+    from test_gguf_blocks import WIDE, write_mixed_gguf
+
+    import forkv.engine.native.layers as layers
+    from forkv.engine import load_model
+    from forkv.engine.models.gguf import convert_gguf
+
+    monkeypatch.setitem(CONFIGS, "llama", dict(CONFIGS["llama"], **WIDE))
+    write_mixed_gguf(tmp_path / "m.gguf", "llama")
+    qnt = convert_gguf(tmp_path / "m.gguf", tmp_path / "q", quantized=True)
+    on = load_model(str(qnt))
+    layer = on.model.model.layers[0]
+    for m in (layer.self_attn.k_proj, layer.mlp.down_proj):  # Q4_K; Q6_K's groups of 16
+        assert m["scales"].dtype == mx.uint8 and "biases" not in m
+    monkeypatch.setattr(layers, "take_kernel_params", lambda m, kp: False)
+    off = load_model(str(qnt))
+    assert off.model.model.layers[0].self_attn.k_proj["scales"].dtype == mx.float32
+    ids = mx.array([[1, 5, 17, 200, 42, 7, 99, 3]])
+    a, b = on.model(ids), off.model(ids)
+    assert mx.array_equal(a.view(mx.uint32), b.view(mx.uint32)).item()
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])  # tied head; gemma scales lookups
@@ -539,6 +625,7 @@ def test_a_q6_k_token_embd_looks_up_from_its_groups_without_its_float_table(
     emb = on.model.model.embed_tokens
     assert type(emb) is NativeGroupsEmbedding and (emb.bits, emb.group_size) == (6, 16)
     assert "weight" not in emb  # the float table is gone; the groups hold it in ~1/5
+    assert emb["kernel_scales"].dtype == mx.uint8  # its super-block params (Q6_K's d, sc)
     assert emb["kernel_weight"].nbytes * 4 < table.nbytes
     ids = mx.arange(WIDE["vocab_size"])
     # every row, bit for bit (uint32 views: zeros' signs too) the float conversion's table

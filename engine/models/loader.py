@@ -248,7 +248,8 @@ def _set_weights(model, config: dict, dtype: str, quantized: str, path: Path,
     native = _native_dtype(model)
     chosen = pick_dtype(dtype, native)
     quant = apply_quantized(model, config, quantized, chosen,
-                            lambda: read_kernel_groups(path), kv_dtype)
+                            lambda: read_kernel_groups(path), kv_dtype,
+                            lambda: read_kernel_params(path))
     if chosen != native and not quant.dequantized:  # dequantizing already cast them
         target = getattr(mx, chosen)
         if quant.native:
@@ -289,6 +290,20 @@ def read_kernel_groups(folder: Path) -> dict:
             out[module] = (arrays[f"{module}.weight"], arrays[f"{module}.scales"],
                            arrays[f"{module}.biases"], bits, group)
     return out
+
+
+def read_kernel_params(folder: Path) -> dict:
+    """A GGUF conversion's K-quant super-block params for forkv's kernels (gguf/convert.py), by
+    module path: {path: uint8 array}; {} when the folder has none."""
+    import mlx.core as mx
+
+    from .gguf import KERNEL_GROUPS_FILE
+
+    file = folder / KERNEL_GROUPS_FILE
+    if not file.is_file():
+        return {}
+    return {key.removesuffix(".kparams"): a for key, a in mx.load(str(file)).items()
+            if key.endswith(".kparams")}
 
 
 def wants_quantized_gguf(quantized: str) -> bool:

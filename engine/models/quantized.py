@@ -45,10 +45,12 @@ def describe_quantization(config: dict) -> str | None:
 
 
 def apply_quantized(model, config: dict, mode: str, dtype: str,
-                    kernel_groups=None, kv_dtype: str = "float32") -> QuantChoice:
+                    kernel_groups=None, kv_dtype: str = "float32",
+                    kernel_params=None) -> QuantChoice:
     """Keep or dequantize `model`'s quantized layers in place; `dtype` is the compute dtype
-    the float weights will be cast to (itemsize for the memory estimate). `kernel_groups`, a
-    function returning `use_kernel_groups`' dict, is called only when the kernels are used;
+    the float weights will be cast to (itemsize for the memory estimate). `kernel_groups` and
+    `kernel_params`, functions returning `use_kernel_groups`' dict and the K-quant params by path,
+    are called only when the kernels are used;
     `kv_dtype` (the cached K/V format asked for, which the loader applies to float32 models) is
     named in the kernels' label."""
     import mlx.core as mx
@@ -62,7 +64,7 @@ def apply_quantized(model, config: dict, mode: str, dtype: str,
                                                  False), dtype)
     need = dequantized_bytes(model, getattr(mx, dtype).size)
     if mode != "dequantize" and mx.default_device() == mx.cpu:
-        choice, why_not = _try_native(model, what, kernel_groups, kv_dtype)
+        choice, why_not = _try_native(model, what, kernel_groups, kv_dtype, kernel_params)
         if choice is not None:
             return choice
     else:
@@ -122,8 +124,8 @@ def _float_kernels(model, choice: QuantChoice, dtype: str) -> QuantChoice:
                        native=True)
 
 
-def _try_native(model, what: str, kernel_groups=None,
-                kv_dtype: str = "float32") -> tuple[QuantChoice | None, str]:
+def _try_native(model, what: str, kernel_groups=None, kv_dtype: str = "float32",
+                kernel_params=None) -> tuple[QuantChoice | None, str]:
     """Move the quantized layers onto forkv's kernels: (the choice, "") or (None, why not)."""
     from .. import native
 
@@ -141,8 +143,10 @@ def _try_native(model, what: str, kernel_groups=None,
     if missing:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         return None, f"the kernels do not run {', '.join(missing[:3])}{more}"
-    count = use_native(model, lib)
-    groups = use_kernel_groups(model, lib, kernel_groups()) if kernel_groups else 0
+    # the K-quants' own super-block scales: the same values in fewer bytes (not in the label)
+    params = kernel_params() if kernel_params else None
+    count = use_native(model, lib, params)
+    groups = use_kernel_groups(model, lib, kernel_groups(), params) if kernel_groups else 0
     if groups:  # float in the folder for mlx, exact groups on the kernels: a new computation
         what = f"{what} + {groups} layers 6-bit/16"
         count += groups

@@ -18,7 +18,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 __all__ = ["NativeGroupsEmbedding", "NativeQuantizedEmbedding", "NativeQuantizedLinear",
-           "kernel_keys", "lookup_rows", "unsupported", "use_kernel_groups", "use_native"]
+           "expand_kparams", "kernel_keys", "lookup_rows", "take_kernel_params", "unsupported",
+           "use_kernel_groups", "use_native"]
 
 _BITS = (4, 5, 6, 8)
 _GROUPS = (32, 64, 128)
@@ -91,9 +92,56 @@ class NativeGroupsEmbedding(nn.Embedding):
                                           self.get("kernel_biases"), self.bits, self.group_size)
 
 
+def expand_kparams(kp, group_size: int):
+    """(scales, biases or None), float32, of K-quant params (uint8 [..., K/256 * 20 or 18];
+    qgemm.h's `kparams_bytes`): d * sc and -(dmin * m) per group, what the kernels widen them
+    to."""
+    *lead, P = kp.shape
+    bb = 18 if group_size == 16 else 20
+    blocks = kp.reshape(*lead, P // bb, bb)
+    d = blocks[..., 0:2].view(mx.float16).astype(mx.float32)
+    if group_size == 16:
+        sc = blocks[..., 2:18].view(mx.int8).astype(mx.float32)
+        return (d * sc).reshape(*lead, -1), None
+    dmin = blocks[..., 2:4].view(mx.float16).astype(mx.float32)
+    scales = d * blocks[..., 4:12].astype(mx.float32)
+    biases = -(dmin * blocks[..., 12:20].astype(mx.float32))
+    return scales.reshape(*lead, -1), biases.reshape(*lead, -1)
+
+
+def take_kernel_params(m, kp) -> bool:
+    """Give kernel layer `m` (a NativeQuantizedLinear, or a NativeGroupsEmbedding's head) the
+    K-quant params `kp` (uint8, a GGUF's own super-block scales) in place of its float32 scales
+    and biases, if they widen to exactly those, bit for bit (checked here): the kernels read
+    ~1/3 of the bytes for them (Q4_K: 4.6 bits a weight instead of 6) and compute the same.
+    Whether it took them."""
+    if type(m) is NativeQuantizedLinear:
+        names = ("scales", "biases")
+    elif type(m) is NativeGroupsEmbedding:
+        names = ("kernel_scales", "kernel_biases")
+    else:
+        return False
+    if m.group_size not in (16, 32) or (m.bits == 6) != (m.group_size == 16) or m.bits > 6:
+        return False
+    scales, biases = expand_kparams(kp, m.group_size)
+    have_scales, have_biases = m[names[0]], m.get(names[1])
+    if scales.shape != have_scales.shape or (biases is None) != (have_biases is None):
+        return False
+    same = mx.array_equal(scales.view(mx.uint32), have_scales.astype(mx.float32).view(mx.uint32))
+    if biases is not None:
+        same = same & mx.array_equal(biases.view(mx.uint32), have_biases.view(mx.uint32))
+    if not same.item():
+        return False
+    m[names[0]] = kp
+    if names[1] in m:
+        del m[names[1]]
+    return True
+
+
 def lookup_rows(weight, scales, ids, bits: int, group_size: int):
     """Rows `ids` of symmetric groups in the kernels' layout (`weight` [N, row bytes] uint8 for
-    5/6 bits, mlx's uint32 packing for 4/8; `scales` [N, K/group_size] float16 or float32),
+    5/6 bits, mlx's uint32 packing for 4/8; `scales` [N, K/group_size] float16 or float32, or
+    K-quant params),
     dequantized to float32: `scale * (q - 2^(bits-1))` for each value. Only the gathered rows
     are unpacked."""
     rows = weight[ids]
@@ -115,7 +163,10 @@ def lookup_rows(weight, scales, ids, bits: int, group_size: int):
             q = q | (mx.stack([at[..., :32], at[..., 32:]], axis=-1)
                      .reshape(*lead, -1, 64) << (4 + plane))
         q = q.reshape(*lead, -1)
-    s = mx.repeat(scales[ids].astype(mx.float32), group_size, axis=-1)
+    scales = scales[ids]
+    if scales.dtype == mx.uint8:  # K-quant params (symmetric: the biases are derived)
+        scales = expand_kparams(scales, group_size)[0]
+    s = mx.repeat(scales.astype(mx.float32), group_size, axis=-1)
     return s * (q.astype(mx.float32) - float(1 << (bits - 1)))
 
 
@@ -189,10 +240,13 @@ def _set_kernel_arrays(m, names: tuple[str, str, str], arrays) -> None:
             del m[name]
 
 
-def use_native(model, lib) -> int:
-    """Convert every supported quantized layer of `model` in place; returns how many."""
+def use_native(model, lib, params: dict | None = None) -> int:
+    """Convert every supported quantized layer of `model` in place; returns how many. A layer
+    at a path of `params` ({path: K-quant params}) takes those (`take_kernel_params`) before
+    the next layer's weights are read: the float32 scales they replace are never all in memory
+    at once."""
     count = 0
-    for _, m in model.named_modules():
+    for path, m in model.named_modules():
         if not _is_candidate(m) or _problem(m):
             continue
         weight, scales, biases = _kernel_arrays(lib, m["weight"], m["scales"], m["biases"],
@@ -207,17 +261,20 @@ def use_native(model, lib) -> int:
                 del m["scales"], m["biases"]
             m.__class__ = NativeQuantizedEmbedding
         m._lib = lib
+        if params and path in params:
+            take_kernel_params(m, params[path])
         count += 1
         mx.eval(m.parameters())  # (not the whole model's: use_kernel_groups may drop some)
     return count
 
 
-def use_kernel_groups(model, lib, groups: dict) -> int:
+def use_kernel_groups(model, lib, groups: dict, params: dict | None = None) -> int:
     """Replace each float `Linear` at a path of `groups` ({path: (weight, scales, biases,
     bits, group_size)}, mlx packing) by a kernel layer computing those exact groups, and give
     a float `Embedding` there that is also the output head (no `lm_head`) a kernel head, and
     one whose table the groups give exactly lookups from the groups (NativeGroupsEmbedding);
-    returns how many. Other paths, and shapes that do not match, are left alone."""
+    returns how many. Other paths, and shapes that do not match, are left alone. `params`: as
+    use_native's."""
     from mlx.utils import tree_unflatten
 
     modules = dict(model.named_modules())
@@ -241,6 +298,9 @@ def use_kernel_groups(model, lib, groups: dict) -> int:
                     del m["weight"]
                 m.__class__ = NativeGroupsEmbedding
                 m._lib = lib
+                if params and path in params:
+                    take_kernel_params(m, params[path])
+                mx.eval(m.parameters())
                 replaced.append(None)
             continue
         q = NativeQuantizedLinear.__new__(NativeQuantizedLinear)
@@ -251,6 +311,9 @@ def use_kernel_groups(model, lib, groups: dict) -> int:
         if "bias" in m:
             q["bias"] = m["bias"]
         q._lib = lib
+        if params and path in params:
+            take_kernel_params(q, params[path])
+        mx.eval(q.parameters())
         q.freeze()
         replaced.append((path, q))
     if replaced:

@@ -36,8 +36,8 @@ import numpy as np
 
 from .header import GGML_TYPES, TensorInfo
 
-__all__ = ["AFFINE_BITS", "GROUP_SIZE", "KERNEL_ONLY", "affine_bits", "group_size", "pack",
-           "to_affine"]
+__all__ = ["AFFINE_BITS", "GROUP_SIZE", "KERNEL_ONLY", "affine_bits", "group_size", "k_params",
+           "pack", "to_affine"]
 
 GROUP_SIZE = 32
 AFFINE_BITS = {"Q8_0": 8, "Q4_0": 4, "Q4_1": 4, "Q5_0": 5, "Q5_1": 5, "Q4_K": 4, "Q5_K": 5,
@@ -184,6 +184,29 @@ def _q6_k(b):  # ql (128) qh (64) scales (16 x int8) d (2); 16 groups of 16
     high = np.concatenate([(qh >> s) & 3 for s in (0, 2, 4, 6)], axis=-1)
     scale = _f16(b, 208) * b[:, 192:208].view(np.int8).astype(_F32)
     return (low | (high << 4)).reshape(n, 256), scale, scale * _F32(-32)
+
+
+def k_params(info: TensorInfo, raw_bytes) -> np.ndarray | None:
+    """A Q4_K, Q5_K or Q6_K tensor's super-block params as forkv's kernels read them (uint8
+    (rows, cols / 256 * 20 or 18); qgemm.h's `kparams_bytes`): Q4_K / Q5_K's f16 d and dmin and
+    their 8 six-bit (sc, m) pairs unpacked to bytes, Q6_K's f16 d and 16 int8 sc; each group's
+    `to_affine` scale is d * sc and bias -(dmin * m) (Q6_K: -32 d sc), exact products. None
+    for other types."""
+    kind = info.type_name
+    if kind not in ("Q4_K", "Q5_K", "Q6_K") or len(info.shape) != 2:
+        return None
+    _, block, block_bytes = GGML_TYPES[info.ggml_type]
+    b = np.frombuffer(raw_bytes, np.uint8).reshape(-1, block_bytes)
+    n = len(b)
+    if kind == "Q6_K":  # d is the block's last two bytes, the 16 int8 sc before it
+        out = np.concatenate([b[:, 208:210], b[:, 192:208]], axis=1)
+    else:
+        lo, mid, top = (b[:, 4:16].reshape(n, 3, 4)[:, i] for i in range(3))
+        sc = np.concatenate([lo & 0x3F, (top & 0x0F) | ((lo >> 2) & 0x30)], axis=-1)
+        m = np.concatenate([mid & 0x3F, (top >> 4) | ((mid >> 2) & 0x30)], axis=-1)
+        out = np.concatenate([b[:, 0:4], sc, m], axis=1)
+    rows, cols = info.shape
+    return np.ascontiguousarray(out).reshape(rows, cols // block * out.shape[1])
 
 
 _DECODERS = {"Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q5_1": _q5_1,

@@ -21,7 +21,7 @@ import numpy as np
 
 from ...paths import staged_folder
 from .archs import SKIPPED, arch_for, permute_rows
-from .blocks import GROUP_SIZE, KERNEL_ONLY, affine_bits, to_affine
+from .blocks import GROUP_SIZE, KERNEL_ONLY, affine_bits, k_params, to_affine
 from .config import make_config, make_generation_config
 from .header import GGUFError, read_gguf_header, read_tensor_bytes
 from .tensors import STORAGE_DTYPES, SUPPORTED_TYPES, dequantize, to_storage
@@ -32,9 +32,11 @@ __all__ = ["CONVERTER_VERSION", "DEFAULT_DTYPE", "KERNEL_GROUPS_FILE", "convert_
 
 # Bump when the output of a conversion changes, so caches keyed on it are rebuilt.
 # 3: Q6_K's exact 16-wide groups in KERNEL_GROUPS_FILE (2 was never released).
-CONVERTER_VERSION = 3
+# 4: the K-quants' super-block params (`<module>.kparams`) in KERNEL_GROUPS_FILE.
+CONVERTER_VERSION = 4
 # Quantized mode: `<module>.weight/.scales/.biases/.bits_group` (int32 [bits, group size])
 # for the modules whose groups only forkv's kernels take; model.safetensors holds them float.
+# Also `<module>.kparams` for every Q4_K, Q5_K and Q6_K module (blocks.py `k_params`).
 KERNEL_GROUPS_FILE = "forkv_kernel_groups.safetensors"
 # Measured on the real Gemma 3 270M Q4_K_M with float32 compute: bfloat16 storage of the
 # dequantized Q4/Q5/Q8 weights moved perplexity 9.7871 -> 9.7905, 1 of 166 top-1 tokens and the
@@ -101,15 +103,20 @@ def convert_gguf(src: Path, out: Path, *, dtype: str | None = None,
             with open(src, "rb") as f:
                 for info in header.tensors.values():
                     if info.name in bits:
-                        _write_quantized(writer, names[info.name], info, arch.row_order(
-                            info.name, info.shape[0], heads, kv_heads),
-                            read_tensor_bytes(header, info, f))
+                        order = arch.row_order(info.name, info.shape[0], heads, kv_heads)
+                        raw = read_tensor_bytes(header, info, f)
+                        kernel_groups.update(_kernel_params(names[info.name], info, order, raw))
+                        _write_quantized(writer, names[info.name], info, order, raw)
+                        del raw
                     elif info.name in names:
                         if info.name in kernel_only:
-                            kernel_groups.update(_kernel_groups(
-                                names[info.name], info, arch.row_order(
-                                    info.name, info.shape[0], heads, kv_heads),
-                                read_tensor_bytes(header, info, f)))
+                            order = arch.row_order(info.name, info.shape[0], heads, kv_heads)
+                            raw = read_tensor_bytes(header, info, f)
+                            kernel_groups.update(_kernel_groups(names[info.name], info, order,
+                                                                raw))
+                            kernel_groups.update(_kernel_params(names[info.name], info, order,
+                                                                raw))
+                            del raw
                         w = arch.restore(info.name, dequantize(header, info, f), heads, kv_heads)
                         tag = "float32" if info.type_name == "F32" else storage
                         writer.write(names[info.name], to_storage(w, tag))
@@ -163,6 +170,16 @@ def _kernel_groups(name: str, info, order, raw) -> dict:
            for k, a in arrays.items()}
     out[f"{module}.bits_group"] = np.array([b, group], np.int32)
     return out
+
+
+def _kernel_params(name: str, info, order, raw) -> dict:
+    """A K-quant tensor's super-block params for the kernels (blocks.py `k_params`), by module
+    name ({} for other types): what they read instead of float32 scales and biases."""
+    params = k_params(info, raw)
+    if params is None:
+        return {}
+    return {f"{name.removesuffix('.weight')}.kparams": np.ascontiguousarray(
+        params if order is None else permute_rows(params, order))}
 
 
 def _quantization_config(modules: dict[str, int]) -> dict:

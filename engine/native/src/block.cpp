@@ -182,7 +182,7 @@ std::vector<BlockLinear> plan_linears(const std::vector<mx::array>& arrays,
     l.bits = sp[3]; l.group_size = sp[4];
     const auto& s = arrays.at(sp[1]);
     l.N = s.shape(0);
-    l.K = s.shape(1) * l.group_size;
+    l.K = k_of(s.shape(1), l.group_size, s.dtype() == mx::uint8);
     l.ends = {0};
     for (size_t i = 5; i < sp.size(); ++i) l.ends.push_back(l.ends.back() + sp[i]);
     if (l.ends.back() != l.N) throw std::invalid_argument("forkv block: widths != rows");

@@ -68,8 +68,40 @@ inline float f16_to_f32(uint16_t h) {
 
 }  // namespace
 
+// Rows [n0, n1) of K-quant params (qgemm.h) widened: scales into buf, biases after them.
+static RowParams kparams_rows(const QuantW& w, int n0, int n1, float* buf, float shift) {
+  const int groups = w.K / w.group_size, supers = w.K / kSuperBlock;
+  const int per = kSuperBlock / w.group_size, bb = kparams_bytes(w.group_size);
+  const bool affine = w.group_size != 16;
+  float* scales = buf;
+  float* biases = buf + size_t(n1 - n0) * groups;
+  for (int n = n0; n < n1; ++n) {
+    const uint8_t* row = w.kparams + size_t(n) * supers * bb;
+    float* sr = scales + size_t(n - n0) * groups;
+    float* br = biases + size_t(n - n0) * groups;
+    for (int b = 0; b < supers; ++b) {
+      const uint8_t* p = row + size_t(b) * bb;
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      const float d = f16_to_f32(h);
+      if (affine) {
+        std::memcpy(&h, p + 2, 2);
+        const float dmin = f16_to_f32(h);
+        for (int g = 0; g < per; ++g) {
+          sr[b * per + g] = d * float(p[4 + g]);
+          br[b * per + g] = -(dmin * float(p[4 + per + g]));
+        }
+      } else {
+        for (int g = 0; g < per; ++g) sr[b * per + g] = d * float(int8_t(p[2 + g]));
+      }
+    }
+  }
+  return {scales, affine ? biases : nullptr, shift, n0};
+}
+
 RowParams row_params(const QuantW& w, int n0, int n1, float* buf) {
   const float shift = -float(1 << (w.bits - 1));  // a power of two: every bias is exact
+  if (w.kparams) return kparams_rows(w, n0, n1, buf, shift);
   if (!w.scales16) return {w.scales, w.biases, shift, 0};
   const size_t num_groups = size_t(w.K / w.group_size), count = size_t(n1 - n0) * num_groups;
   const uint16_t* src = w.scales16 + size_t(n0) * num_groups;
@@ -156,7 +188,7 @@ void qgemm_scalar(const QuantX& x, const QuantW& w, int n0, int n1, float* y, si
   const int num_chunks = w.K / 64, num_groups = w.K / w.group_size;
   const bool permuted = w.bits != 8;
   thread_local std::vector<float> buf;
-  buf.resize(size_t(num_groups));
+  buf.resize(2 * size_t(num_groups));
   for (int n = n0; n < n1; ++n) {
     const uint8_t* row = w.data + size_t(n) * w.row_bytes;
     const RowParams p = row_params(w, n, n + 1, buf.data());
@@ -196,6 +228,49 @@ void qgemm_scalar(const QuantX& x, const QuantW& w, int n0, int n1, float* y, si
 #define T256 __attribute__((target("avx2,fma")))
 
 namespace {
+
+// kparams_rows, 8 groups at a time: the same products (exact), the same negation, F16C's
+// widening of d and dmin (exact, as f16_to_f32).
+__attribute__((target("avx2,fma,f16c"))) RowParams kparams_rows256(const QuantW& w, int n0, int n1, float* buf) {
+  const int groups = w.K / w.group_size, supers = w.K / kSuperBlock;
+  const int bb = kparams_bytes(w.group_size);
+  const bool affine = w.group_size != 16;
+  float* scales = buf;
+  float* biases = buf + size_t(n1 - n0) * groups;
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int n = n0; n < n1; ++n) {
+    const uint8_t* row = w.kparams + size_t(n) * supers * bb;
+    float* sr = scales + size_t(n - n0) * groups;
+    float* br = biases + size_t(n - n0) * groups;
+    for (int b = 0; b < supers; ++b) {
+      const uint8_t* p = row + size_t(b) * bb;
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      const __m256 d = _mm256_set1_ps(_cvtsh_ss(h));
+      if (affine) {  // 8 groups: sc at p + 4, m at p + 12
+        std::memcpy(&h, p + 2, 2);
+        const __m256 dmin = _mm256_set1_ps(_cvtsh_ss(h));
+        const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 4))));
+        const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 12))));
+        _mm256_storeu_ps(sr + 8 * b, _mm256_mul_ps(d, sc));
+        _mm256_storeu_ps(br + 8 * b, _mm256_xor_ps(_mm256_mul_ps(dmin, m), sign));
+      } else {  // 16 groups of int8 sc at p + 2
+        const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2));
+        _mm256_storeu_ps(sr + 16 * b,
+                         _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))));
+        _mm256_storeu_ps(sr + 16 * b + 8, _mm256_mul_ps(
+            d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)))));
+      }
+    }
+  }
+  return {scales, affine ? biases : nullptr, -float(1 << (w.bits - 1)), n0};
+}
+
+T256 RowParams row_params256(const QuantW& w, int n0, int n1, float* buf) {
+  return w.kparams ? kparams_rows256(w, n0, n1, buf) : row_params(w, n0, n1, buf);
+}
 
 // The 64 weights of chunk c as bytes, in register order.
 template <int BITS>
@@ -291,18 +366,75 @@ T512 inline __m512 reduce16(const __m512 v[16]) {
 // scattered for the hardware prefetcher, so without it a multi-row call waited on memory most
 // of its time (63% of Gemma 3's 8-bit head's samples; 4 rows took 3.3x one row's time, 2.4x
 // with the prefetch). Prefetching changes no bits.
-template <int BITS, int MR, int NR, bool SYM>
-T512 void tile512(const QuantX& x, const QuantW& w, const float* scales, const float* biases,
-                  __m512 shift, int m0, int n0, float* y, size_t ldy, size_t ahead = 0) {
+// K-quant params (qgemm.h) read in the tiles as they go, no float32 copy of them made: one
+// super-block's scales (lanes 0-7 for groups of 32, 0-15 for groups of 16), d * sc, exact.
+#define T512H __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")))
+T512H inline __m512 kp_scales512(const uint8_t* p, int group_size) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  const __m512 d = _mm512_set1_ps(_cvtsh_ss(h));
+  if (group_size == 16)
+    return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2)))));
+  return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 4)))));
+}
+
+// The lane scales of chunk q (0-3) of a super-block from its kp_scales512: scale_vec512's
+// lanes (groups of 32, 4/5 bits: lanes 4-7 and 12-15 in the chunk's second group; groups of
+// 16: lane l in group (l % 8) / 2).
+T512 inline __m512 kp_lanes512(__m512 ks, int q, int group_size) {
+  const __m512i base = group_size == 16
+      ? _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 0, 0, 1, 1, 2, 2, 3, 3)
+      : _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
+  const int first = group_size == 16 ? 4 * q : 2 * q;
+  return _mm512_permutexvar_ps(_mm512_add_epi32(base, _mm512_set1_epi32(first)), ks);
+}
+
+// Biases of groups [g, g + 16) of a K-quant row (lanes past `k` zero, as masked loads give):
+// -(dmin * m) for groups of 32; for 16 (symmetric) each scale times `shift`, as the float32
+// path derives them.
+template <bool FULL>
+T512H inline __m512 kp_bias512(const uint8_t* row, int g, int num_groups, int group_size,
+                               __m512 shift, __mmask16 k) {
+  if (group_size == 16) {
+    const __m512 b = _mm512_mul_ps(kp_scales512(row + size_t(g / 16) * 18, 16), shift);
+    return FULL ? b : _mm512_maskz_mov_ps(k, b);
+  }
+  const uint8_t* p0 = row + size_t(g / 8) * 20;
+  const bool two = FULL || g + 8 < num_groups;
+  uint16_t h[2] = {0, 0};
+  std::memcpy(&h[0], p0 + 2, 2);
+  if (two) std::memcpy(&h[1], p0 + 22, 2);
+  const __m128i lo = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p0 + 12));
+  const __m128i hi = two ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p0 + 32))
+                         : _mm_setzero_si128();
+  const __m512 m = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi64(lo, hi)));
+  // dmin of the first super-block in lanes 0-7, of the second in 8-15 (F16C, exact)
+  const __m512 dmin = _mm512_cvtph_ps(_mm256_set_m128i(_mm_set1_epi16(short(h[1])),
+                                                       _mm_set1_epi16(short(h[0]))));
+  const __m512 b = _mm512_xor_ps(_mm512_mul_ps(dmin, m), _mm512_set1_ps(-0.0f));
+  return FULL ? b : _mm512_maskz_mov_ps(k, b);
+}
+
+// tile512's weight params: float32 (or widened float16) scales and biases, or (KP) a row's
+// K-quant params read as the chunks go.
+template <int BITS, int MR, int NR, bool SYM, bool KP = false>
+T512H void tile512(const QuantX& x, const QuantW& w, const float* scales, const float* biases,
+                   __m512 shift, int m0, int n0, float* y, size_t ldy, size_t ahead = 0) {
   const int num_chunks = w.K / 64, num_groups = w.K / w.group_size;
   __m512 acc[MR][NR];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
   const uint8_t* rows[NR];
   const float* sc[NR];
+  const uint8_t* kp[NR];
+  __m512 ks[NR];
+  const size_t kp_row = size_t(w.K / kSuperBlock) * kparams_bytes(w.group_size);
   for (int j = 0; j < NR; ++j) {
     rows[j] = w.data + size_t(n0 + j) * w.row_bytes;
-    sc[j] = scales + size_t(j) * num_groups;
+    sc[j] = KP ? nullptr : scales + size_t(j) * num_groups;
+    kp[j] = KP ? w.kparams + size_t(n0 + j) * kp_row : nullptr;
   }
   const __m512i zero = _mm512_setzero_si512();
   constexpr size_t kChunkBytes = BITS == 8 ? 64 : 32 + 8 * (BITS - 4);
@@ -315,7 +447,13 @@ T512 void tile512(const QuantX& x, const QuantW& w, const float* scales, const f
                      _MM_HINT_T0);
     for (int j = 0; j < NR; ++j) {
       wv[j] = load_chunk512<BITS>(rows[j], c);
-      sv[j] = scale_vec512<BITS>(sc[j], c, w.group_size);
+      if constexpr (KP) {  // a super-block is 4 chunks
+        if (c % 4 == 0) ks[j] = kp_scales512(kp[j] + size_t(c / 4) * kparams_bytes(w.group_size),
+                                             w.group_size);
+        sv[j] = kp_lanes512(ks[j], c % 4, w.group_size);
+      } else {
+        sv[j] = scale_vec512<BITS>(sc[j], c, w.group_size);
+      }
     }
     for (int i = 0; i < MR; ++i) {
       const size_t m = size_t(m0 + i);
@@ -331,9 +469,26 @@ T512 void tile512(const QuantX& x, const QuantW& w, const float* scales, const f
     for (int i = 0; i < MR; ++i) {
       const float* xs = x.xsum + size_t(m0 + i) * num_groups;
       for (int j = 0; j < NR; ++j) {
-        const float* bi = SYM ? nullptr : biases + size_t(j) * num_groups;
-        y[size_t(m0 + i) * ldy + n0 + j] =
-            _mm512_reduce_add_ps(acc[i][j]) + bias_dot512<SYM>(bi, sc[j], shift, xs, num_groups);
+        float bias;
+        if constexpr (KP) {  // bias_dot512's operations on the K-quant biases
+          __m512 bacc = _mm512_setzero_ps();
+          int g = 0;
+          for (; g + 16 <= num_groups; g += 16)
+            bacc = _mm512_fmadd_ps(kp_bias512<true>(kp[j], g, num_groups, w.group_size, shift,
+                                                    __mmask16(0xFFFF)),
+                                   _mm512_loadu_ps(xs + g), bacc);
+          if (g < num_groups) {
+            const __mmask16 k = __mmask16((1u << (num_groups - g)) - 1);
+            bacc = _mm512_fmadd_ps(
+                kp_bias512<false>(kp[j], g, num_groups, w.group_size, shift, k),
+                                   _mm512_maskz_loadu_ps(k, xs + g), bacc);
+          }
+          bias = _mm512_reduce_add_ps(bacc);
+        } else {
+          const float* bi = SYM ? nullptr : biases + size_t(j) * num_groups;
+          bias = bias_dot512<SYM>(bi, sc[j], shift, xs, num_groups);
+        }
+        y[size_t(m0 + i) * ldy + n0 + j] = _mm512_reduce_add_ps(acc[i][j]) + bias;
       }
     }
   } else {
@@ -349,8 +504,10 @@ T512 void tile512(const QuantX& x, const QuantW& w, const float* scales, const f
     int g = 0;
     for (; g + 16 <= num_groups; g += 16)
       for (int j = 0; j < NR; ++j) {
-        const __m512 b = SYM ? _mm512_mul_ps(_mm512_loadu_ps(sc[j] + g), shift)
-                             : _mm512_loadu_ps(biases + size_t(j) * num_groups + g);
+        const __m512 b =
+            KP    ? kp_bias512<true>(kp[j], g, num_groups, w.group_size, shift, 0xFFFF)
+            : SYM ? _mm512_mul_ps(_mm512_loadu_ps(sc[j] + g), shift)
+                  : _mm512_loadu_ps(biases + size_t(j) * num_groups + g);
         for (int i = 0; i < MR; ++i)
           v[4 * j + i] = _mm512_fmadd_ps(
               b, _mm512_loadu_ps(x.xsum + size_t(m0 + i) * num_groups + g), v[4 * j + i]);
@@ -358,8 +515,9 @@ T512 void tile512(const QuantX& x, const QuantW& w, const float* scales, const f
     if (g < num_groups) {
       const __mmask16 k = __mmask16((1u << (num_groups - g)) - 1);
       for (int j = 0; j < NR; ++j) {
-        const float* bi = SYM ? nullptr : biases + size_t(j) * num_groups;
-        const __m512 b = bias_vec512<SYM>(bi, sc[j], shift, k, g);
+        const float* bi = SYM || KP ? nullptr : biases + size_t(j) * num_groups;
+        const __m512 b = KP ? kp_bias512<false>(kp[j], g, num_groups, w.group_size, shift, k)
+                            : bias_vec512<SYM>(bi, sc[j], shift, k, g);
         for (int i = 0; i < MR; ++i)
           v[4 * j + i] = _mm512_fmadd_ps(
               b, _mm512_maskz_loadu_ps(k, x.xsum + size_t(m0 + i) * num_groups + g),
@@ -376,7 +534,7 @@ T512 void tile512(const QuantX& x, const QuantW& w, const float* scales, const f
 // Weight rows in blocks that stay in L1 while every activation row passes over them.
 constexpr int kRowBlock = 16;
 
-template <int BITS, int MR, bool SYM>
+template <int BITS, int MR, bool SYM, bool KP = false>
 T512 void rows512(const QuantX& x, const QuantW& w, const RowParams& p, int m0, int n0, int n1,
                   float* y, size_t ldy) {
   const size_t num_groups = size_t(w.K / w.group_size);
@@ -384,21 +542,21 @@ T512 void rows512(const QuantX& x, const QuantW& w, const RowParams& p, int m0, 
   const float* biases = p.biases;
   const __m512 shift = _mm512_set1_ps(p.shift);
   const int first = p.n0;
-  auto at = [&](const float* a, int n) {
-    return SYM ? nullptr : a + size_t(n - first) * num_groups;
+  auto at = [&](const float* a, int n) {  // (K-quant params: the tiles read w.kparams)
+    return SYM || KP ? nullptr : a + size_t(n - first) * num_groups;
   };
+  auto scales_at = [&](int n) { return KP ? nullptr : scales + size_t(n - first) * num_groups; };
   int n = n0;
   // The first pass over these rows fetches them: prefetch the next block's as it goes (later
   // passes, for more activation rows, find them in L1). One activation row takes these tiles
   // too where `matvec_tiles()` (set_matvec_tiles: the faster read on this CPU).
   if (MR > 1 || g_matvec_tiles.load(std::memory_order_relaxed))
     for (; n + 4 <= n1; n += 4)
-      tile512<BITS, MR, 4, SYM>(x, w, scales + size_t(n - first) * num_groups, at(biases, n),
-                                shift, m0, n, y, ldy,
-                                m0 == 0 && n + 4 + kRowBlock <= w.N ? kRowBlock * w.row_bytes : 0);
+      tile512<BITS, MR, 4, SYM, KP>(x, w, scales_at(n), at(biases, n), shift, m0, n, y, ldy,
+                                    m0 == 0 && n + 4 + kRowBlock <= w.N ? kRowBlock * w.row_bytes
+                                                                        : 0);
   for (; n < n1; ++n)
-    tile512<BITS, MR, 1, SYM>(x, w, scales + size_t(n - first) * num_groups, at(biases, n),
-                              shift, m0, n, y, ldy);
+    tile512<BITS, MR, 1, SYM, KP>(x, w, scales_at(n), at(biases, n), shift, m0, n, y, ldy);
 }
 
 // row_params with F16C: the same values, widened 16 at a time.
@@ -420,8 +578,21 @@ T512 void qgemm512(const QuantX& x, const QuantW& w, int n0, int n1, float* y, s
   buf.resize(size_t(NB) * (w.K / w.group_size));
   for (int nb = n0; nb < n1; nb += NB) {
     const int ne = std::min(n1, nb + NB);
-    const RowParams p = row_params512(w, nb, ne, buf.data());
     int m = 0;
+    if constexpr (BITS != 8) {
+      if (w.kparams) {  // the tiles read them as they go (groups of 16: symmetric)
+        const RowParams p{nullptr, nullptr, -float(1 << (BITS - 1)), nb};
+        if (w.group_size == 16) {
+          for (; m + 4 <= x.M; m += 4) rows512<BITS, 4, true, true>(x, w, p, m, nb, ne, y, ldy);
+          for (; m < x.M; ++m) rows512<BITS, 1, true, true>(x, w, p, m, nb, ne, y, ldy);
+        } else {
+          for (; m + 4 <= x.M; m += 4) rows512<BITS, 4, false, true>(x, w, p, m, nb, ne, y, ldy);
+          for (; m < x.M; ++m) rows512<BITS, 1, false, true>(x, w, p, m, nb, ne, y, ldy);
+        }
+        continue;
+      }
+    }
+    const RowParams p = row_params512(w, nb, ne, buf.data());
     if (p.biases) {
       for (; m + 4 <= x.M; m += 4) rows512<BITS, 4, false>(x, w, p, m, nb, ne, y, ldy);
       for (; m < x.M; ++m) rows512<BITS, 1, false>(x, w, p, m, nb, ne, y, ldy);
@@ -476,10 +647,10 @@ T256 void qgemm256(const QuantX& x, const QuantW& w, int n0, int n1, float* y, s
   const int num_chunks = w.K / 64, num_groups = w.K / w.group_size;
   const __m256i ones = _mm256_set1_epi16(1);
   thread_local std::vector<float> buf;
-  buf.resize(size_t(num_groups));
+  buf.resize(2 * size_t(num_groups));
   for (int n = n0; n < n1; ++n) {
     const uint8_t* row = w.data + size_t(n) * w.row_bytes;
-    const RowParams p = row_params(w, n, n + 1, buf.data());
+    const RowParams p = row_params256(w, n, n + 1, buf.data());
     const float* sc = p.scales + size_t(n - p.n0) * num_groups;
     const float* bi = p.biases ? p.biases + size_t(n - p.n0) * num_groups : nullptr;
     const __m256 shift = _mm256_set1_ps(p.shift);

@@ -45,7 +45,23 @@ struct QuantW {
   const float* scales = nullptr;
   const uint16_t* scales16 = nullptr;  // instead of `scales`
   const float* biases = nullptr;
+  // Instead of scales and biases: a GGUF K-quant's own super-block params (see kparams_bytes).
+  const uint8_t* kparams = nullptr;
 };
+
+// A K-quant's params, per row K/256 super-blocks of kparams_bytes(group_size) bytes, as the
+// GGUF file holds them: groups of 32 (Q4_K, Q5_K): float16 d and dmin, then 8 uint8 sc and 8
+// uint8 m, a group's scale d * sc and bias -(dmin * m); groups of 16 (Q6_K): float16 d, then
+// 16 int8 sc, scale d * sc, symmetric. Every product is exact in float32 (11 + 8 significant
+// bits at most), so the kernels widen them to the very float32 scales and biases a converter
+// stores, at ~1/3 of their bytes (Q4_K: 4.6 bits a weight instead of 6).
+constexpr int kSuperBlock = 256;
+inline int kparams_bytes(int group_size) { return group_size == 16 ? 18 : 20; }
+
+// K of a call from its scales' columns: groups, or K-quant params (uint8) super-blocks.
+inline int k_of(int scale_cols, int group_size, bool kparams) {
+  return kparams ? scale_cols / kparams_bytes(group_size) * kSuperBlock : scale_cols * group_size;
+}
 
 // Scales and biases of weight rows from n0 on, float32, row stride K/group_size.
 struct RowParams {
@@ -55,8 +71,8 @@ struct RowParams {
   int n0;
 };
 
-// Rows [n0, n1)'s params: float32 scales as they are, float16 ones widened into `buf`
-// ((n1 - n0) * K/group_size floats).
+// Rows [n0, n1)'s params: float32 scales as they are, float16 ones widened into `buf`, K-quant
+// params widened into `buf` (scales, then biases: 2 * (n1 - n0) * K/group_size floats).
 RowParams row_params(const QuantW& w, int n0, int n1, float* buf);
 
 Isa best_isa();

@@ -81,7 +81,9 @@ QuantW quant_w(const mx::array& w, const mx::array& scales, const mx::array* bia
   qw.N = N; qw.K = K; qw.bits = bits; qw.group_size = group_size;
   qw.data = w.data<uint8_t>();
   qw.row_bytes = row_bytes(K, bits);
-  if (scales.dtype() == mx::float16)
+  if (scales.dtype() == mx::uint8)
+    qw.kparams = scales.data<uint8_t>();
+  else if (scales.dtype() == mx::float16)
     qw.scales16 = scales.data<uint16_t>();
   else
     qw.scales = scales.data<float>();
@@ -242,15 +244,21 @@ std::vector<mx::array> matmul_inputs(const std::string& fn, const mx::array& x,
     throw std::invalid_argument("forkv " + fn + ": group_size 16 takes 4, 5 or 6 bits");
   if (scales.ndim() != 2 || (biases && biases->shape() != scales.shape()))
     throw std::invalid_argument("forkv " + fn + ": scales and biases must be [N, K/group]");
+  const bool kparams = scales.dtype() == mx::uint8;
+  if (kparams && (biases || !(group_size == 16 ? bits == 6 : group_size == 32 && bits <= 5) ||
+                  scales.shape(1) % kparams_bytes(group_size) != 0))
+    throw std::invalid_argument("forkv " + fn + ": uint8 scales are K-quant params: [N, K/256 * "
+                                "20] for 4/5 bits in groups of 32, [N, K/256 * 18] for 6 bits "
+                                "in groups of 16, without biases");
   N = scales.shape(0);
-  K = scales.shape(1) * group_size;
+  K = k_of(scales.shape(1), group_size, kparams);
   if (K % 64 != 0) throw std::invalid_argument("forkv " + fn + ": K must be a multiple of 64");
   if (x.ndim() < 1 || x.shape().back() != K)
     throw std::invalid_argument("forkv " + fn + ": x's last axis must be " + std::to_string(K));
   if (w.ndim() != 2 || w.shape(0) != N || size_t(w.shape(1)) * w.itemsize() != row_bytes(K, bits))
     throw std::invalid_argument("forkv " + fn + ": w does not hold [N, K] at this bit width");
   if (biases ? scales.dtype() != mx::float32 || biases->dtype() != mx::float32
-             : scales.dtype() != mx::float32 && scales.dtype() != mx::float16)
+             : scales.dtype() != mx::float32 && scales.dtype() != mx::float16 && !kparams)
     throw std::invalid_argument("forkv " + fn + ": scales and biases must be float32 "
                                 "(without biases, scales may be float16)");
   auto s = mx::to_stream(mx::Device::cpu);
