@@ -2,7 +2,8 @@
 
 A `QuantizedLinear` becomes a `NativeQuantizedLinear` (same module, same parameter names; the
 weight repacked for 5/6 bits, scales and biases float32; symmetric groups, a GGUF's Q8_0, Q4_0,
-Q5_0 and Q6_K, keep no biases and f16 scales as float16: see `_kernel_arrays`) and a
+Q5_0 and Q6_K, keep no biases and f16 scales as float16: see `_kernel_arrays`; a GGUF's K-quants
+keep their own super-block params as uint8 `scales` instead: `take_kernel_params`) and a
 `QuantizedEmbedding` a
 `NativeQuantizedEmbedding`, whose lookups stay mlx's and whose `as_linear` (a tied head) runs
 on the kernels. Only affine groups of 32, 64 or 128 at 4, 5, 6 or 8 bits with an input size
@@ -141,9 +142,8 @@ def take_kernel_params(m, kp) -> bool:
 def lookup_rows(weight, scales, ids, bits: int, group_size: int):
     """Rows `ids` of symmetric groups in the kernels' layout (`weight` [N, row bytes] uint8 for
     5/6 bits, mlx's uint32 packing for 4/8; `scales` [N, K/group_size] float16 or float32, or
-    K-quant params),
-    dequantized to float32: `scale * (q - 2^(bits-1))` for each value. Only the gathered rows
-    are unpacked."""
+    K-quant params) dequantized to float32: `scale * (q - 2^(bits-1))` for each value. Only
+    the gathered rows are unpacked."""
     rows = weight[ids]
     if rows.dtype != mx.uint8:
         rows = rows.view(mx.uint8)
