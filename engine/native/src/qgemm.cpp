@@ -231,7 +231,8 @@ namespace {
 
 // kparams_rows, 8 groups at a time: the same products (exact), the same negation, F16C's
 // widening of d and dmin (exact, as f16_to_f32).
-__attribute__((target("avx2,fma,f16c"))) RowParams kparams_rows256(const QuantW& w, int n0, int n1, float* buf) {
+#define T256H __attribute__((target("avx2,fma,f16c")))
+T256H RowParams kparams_rows256(const QuantW& w, int n0, int n1, float* buf) {
   const int groups = w.K / w.group_size, supers = w.K / kSuperBlock;
   const int bb = kparams_bytes(w.group_size);
   const bool affine = w.group_size != 16;
