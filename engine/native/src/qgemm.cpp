@@ -360,13 +360,6 @@ T512 inline __m512 reduce16(const __m512 v[16]) {
   return _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xDD));
 }
 
-// A tile of MR activation rows x NR weight rows (params from row n0 on, row stride K/group);
-// every (m, n) keeps its own accumulator and sees the same operations in the same order
-// whatever MR and NR are. `ahead` > 0: also prefetch the weight rows that many bytes on (the
-// next block's): a tile reads its NR rows a line each in turn, a pattern too short and
-// scattered for the hardware prefetcher, so without it a multi-row call waited on memory most
-// of its time (63% of Gemma 3's 8-bit head's samples; 4 rows took 3.3x one row's time, 2.4x
-// with the prefetch). Prefetching changes no bits.
 // K-quant params (qgemm.h) read in the tiles as they go, no float32 copy of them made: one
 // super-block's scales (lanes 0-7 for groups of 32, 0-15 for groups of 16), d * sc, exact.
 #define T512H __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")))
@@ -418,8 +411,15 @@ T512H inline __m512 kp_bias512(const uint8_t* row, int g, int num_groups, int gr
   return FULL ? b : _mm512_maskz_mov_ps(k, b);
 }
 
-// tile512's weight params: float32 (or widened float16) scales and biases, or (KP) a row's
-// K-quant params read as the chunks go.
+// A tile of MR activation rows x NR weight rows (params from row n0 on, row stride K/group);
+// every (m, n) keeps its own accumulator and sees the same operations in the same order
+// whatever MR and NR are. `ahead` > 0: also prefetch the weight rows that many bytes on (the
+// next block's): a tile reads its NR rows a line each in turn, a pattern too short and
+// scattered for the hardware prefetcher, so without it a multi-row call waited on memory most
+// of its time (63% of Gemma 3's 8-bit head's samples; 4 rows took 3.3x one row's time, 2.4x
+// with the prefetch). Prefetching changes no bits.
+// Its weight params: float32 (or widened float16) scales and biases, or (KP) a row's K-quant
+// params read as the chunks go.
 template <int BITS, int MR, int NR, bool SYM, bool KP = false>
 T512H void tile512(const QuantX& x, const QuantW& w, const float* scales, const float* biases,
                    __m512 shift, int m0, int n0, float* y, size_t ldy, size_t ahead = 0) {
@@ -482,7 +482,7 @@ T512H void tile512(const QuantX& x, const QuantW& w, const float* scales, const 
             const __mmask16 k = __mmask16((1u << (num_groups - g)) - 1);
             bacc = _mm512_fmadd_ps(
                 kp_bias512<false>(kp[j], g, num_groups, w.group_size, shift, k),
-                                   _mm512_maskz_loadu_ps(k, xs + g), bacc);
+                _mm512_maskz_loadu_ps(k, xs + g), bacc);
           }
           bias = _mm512_reduce_add_ps(bacc);
         } else {
