@@ -576,12 +576,15 @@ template <int BITS>
 T512 void qgemm512(const QuantX& x, const QuantW& w, int n0, int n1, float* y, size_t ldy) {
   constexpr int NB = kRowBlock;
   thread_local std::vector<float> buf;
-  buf.resize(size_t(NB) * (w.K / w.group_size));
+  buf.resize(2 * size_t(NB) * (w.K / w.group_size));  // (K-quant params: biases too)
   for (int nb = n0; nb < n1; nb += NB) {
     const int ne = std::min(n1, nb + NB);
     int m = 0;
     if constexpr (BITS != 8) {
-      if (w.kparams) {  // the tiles read them as they go (groups of 16: symmetric)
+      // K-quant params: a call of a few rows (decode, a short verify) reads them as its tiles
+      // go; more rows pass over each block of weight rows more times, so they are widened
+      // once per block (kparams_rows256: the same float32 values, the same bits)
+      if (w.kparams && x.M < 4) {  // (groups of 16: symmetric)
         const RowParams p{nullptr, nullptr, -float(1 << (BITS - 1)), nb};
         if (w.group_size == 16) {
           for (; m + 4 <= x.M; m += 4) rows512<BITS, 4, true, true>(x, w, p, m, nb, ne, y, ldy);
@@ -593,7 +596,8 @@ T512 void qgemm512(const QuantX& x, const QuantW& w, int n0, int n1, float* y, s
         continue;
       }
     }
-    const RowParams p = row_params512(w, nb, ne, buf.data());
+    const RowParams p = w.kparams ? kparams_rows256(w, nb, ne, buf.data())
+                                  : row_params512(w, nb, ne, buf.data());
     if (p.biases) {
       for (; m + 4 <= x.M; m += 4) rows512<BITS, 4, false>(x, w, p, m, nb, ne, y, ldy);
       for (; m < x.M; ++m) rows512<BITS, 1, false>(x, w, p, m, nb, ne, y, ldy);
