@@ -143,14 +143,20 @@ def _q5_1(b):  # d (2) m (2) qh (4) qs (16)
     return _nibbles(b[:, 8:24]) | _high_bits(b[:, 4:8]), _f16(b, 0), _f16(b, 2)
 
 
-def _k_scales(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """d * sc and -(dmin * m) per 32-value sub-block (n, 8): Q4_K / Q5_K's super-block header,
-    d (2) dmin (2) then 8 six-bit (sc, m) pairs in 12 bytes, unpacked as gguf-py's
-    `Q4_K.get_scale_min` does and multiplied in the same float32 order."""
+def _k_sc_m(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K / Q5_K's 8 six-bit (sc, m) pairs per super-block (uint8 (n, 8) each), from the 12
+    bytes after d (2) and dmin (2), unpacked as gguf-py's `Q4_K.get_scale_min` does."""
     n = len(b)
     lo, mid, top = (b[:, 4:16].reshape(n, 3, 4)[:, i] for i in range(3))
     sc = np.concatenate([lo & 0x3F, (top & 0x0F) | ((lo >> 2) & 0x30)], axis=-1)
     m = np.concatenate([mid & 0x3F, (top >> 4) | ((mid >> 2) & 0x30)], axis=-1)
+    return sc, m
+
+
+def _k_scales(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """d * sc and -(dmin * m) per 32-value sub-block (n, 8): Q4_K / Q5_K's super-block header
+    (`_k_sc_m`), multiplied in gguf-py's float32 order."""
+    sc, m = _k_sc_m(b)
     return _f16(b, 0) * sc.astype(_F32), -(_f16(b, 2) * m.astype(_F32))
 
 
@@ -197,14 +203,10 @@ def k_params(info: TensorInfo, raw_bytes) -> np.ndarray | None:
         return None
     _, block, block_bytes = GGML_TYPES[info.ggml_type]
     b = np.frombuffer(raw_bytes, np.uint8).reshape(-1, block_bytes)
-    n = len(b)
     if kind == "Q6_K":  # d is the block's last two bytes, the 16 int8 sc before it
         out = np.concatenate([b[:, 208:210], b[:, 192:208]], axis=1)
     else:
-        lo, mid, top = (b[:, 4:16].reshape(n, 3, 4)[:, i] for i in range(3))
-        sc = np.concatenate([lo & 0x3F, (top & 0x0F) | ((lo >> 2) & 0x30)], axis=-1)
-        m = np.concatenate([mid & 0x3F, (top >> 4) | ((mid >> 2) & 0x30)], axis=-1)
-        out = np.concatenate([b[:, 0:4], sc, m], axis=1)
+        out = np.concatenate([b[:, 0:4], *_k_sc_m(b)], axis=1)
     rows, cols = info.shape
     return np.ascontiguousarray(out).reshape(rows, cols // block * out.shape[1])
 
