@@ -33,8 +33,9 @@ __all__ = ["DEFAULT_KV_DTYPE", "NativeInfo", "blocks_off", "fuse_off", "kernel_l
 # Bump when a kernel's arithmetic changes (its results, not its speed).
 # 2: decode attention, RMS norm and RoPE; 3: activations, prefill attention, groups of 16;
 # 4: only a marked class's own code gets the kernels' activations (a model module's compiled
-# helpers, e.g. Gemma 4's geglu, keep mlx's).
-KERNEL_VERSION = 4
+# helpers, e.g. Gemma 4's geglu, keep mlx's); 5: AVX-512's 4/5/6-bit matmuls add the evens'
+# and the odds' int32 dot products of an 8-element block before converting them.
+KERNEL_VERSION = 5
 # What cached K/V are stored in where the kernels run attention, unless asked otherwise:
 # half float32's bytes, within 0.5% of its perplexity on Gemma 3 and SmolLM2 (docs/memory.md).
 DEFAULT_KV_DTYPE = "float16"

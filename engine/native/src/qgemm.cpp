@@ -139,7 +139,7 @@ Isa best_isa() {
 // ---------------------------------------------------------------- activations
 
 void quantize_rows(const float* x, size_t ldx, int m0, int m1, int K, int group_size,
-                   bool permuted, int8_t* q, float* dxv, float* dx, float* xsum,
+                   bool permuted, bool paired, int8_t* q, float* dxv, float* dx, float* xsum,
                    Isa /*isa*/) {
   constexpr int kPerChunk = 64 / kXBlock;
   const int num_blocks = K / kXBlock, num_chunks = K / 64, num_groups = K / group_size;
@@ -158,6 +158,11 @@ void quantize_rows(const float* x, size_t ldx, int m0, int m1, int K, int group_
         const int v = int(std::nearbyint(xr[k] * inv));
         const int c = k / 64, e = k % 64;
         // Where element e of chunk c sits in the register layout the weights use.
+        if (paired && c / 2 * 2 + 1 < num_chunks) {
+          const int at = (e & 1) ? 64 + 32 * (c & 1) + (e >> 1) : 32 * (c & 1) + (e >> 1);
+          qr[128 * (c / 2) + at] = int8_t(v);
+          continue;
+        }
         const int pos = permuted ? ((e & 1) ? 32 + (e >> 1) : (e >> 1)) : e;
         qr[64 * c + pos] = int8_t(v);
       }
@@ -315,6 +320,73 @@ T512 inline __m512 scale_vec512(const float* sc, int c, int group_size) {
   return _mm512_set1_ps(sc[(64 * c) / group_size]);
 }
 
+// Chunks c = 2p and 2p + 1 of a 4/5/6-bit row (QuantX::paired): `lo` the evens of both (bytes
+// 0-31 chunk 2p's, 32-63 chunk 2p+1's), `hi` their odds.
+template <int BITS>
+T512 inline void load_pair512(const uint8_t* row, int p, __m512i& lo, __m512i& hi) {
+  constexpr size_t chunk = 32 + 8 * (BITS - 4);
+  const uint8_t* a = row + chunk * size_t(2 * p);
+  const uint8_t* b = a + chunk;
+  __m512i v;
+  if constexpr (BITS == 4) {
+    v = _mm512_loadu_si512(a);
+  } else {
+    v = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a))),
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)), 1);
+  }
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  lo = _mm512_and_si512(v, low);
+  hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+  for (int plane = 0; plane < BITS - 4; ++plane) {
+    // plane bits: a chunk's evens are bits 0-31, its odds 32-63
+    uint64_t pa, pb;
+    std::memcpy(&pa, a + 32 + 8 * plane, 8);
+    std::memcpy(&pb, b + 32 + 8 * plane, 8);
+    const __mmask64 klo = (pa & 0xFFFFFFFFull) | (pb << 32);
+    const __mmask64 khi = (pa >> 32) | (pb & 0xFFFFFFFF00000000ull);
+    const __m512i bit = _mm512_set1_epi8(char(0x10 << plane));
+    lo = _mm512_mask_add_epi8(lo, klo, lo, bit);  // adds to a clear bit: an or
+    hi = _mm512_mask_add_epi8(hi, khi, hi, bit);
+  }
+}
+
+// A lone last chunk c in lanes 0-7 (evens in `lo`, odds in `hi`), lanes 8-15 zero.
+template <int BITS>
+T512 inline void load_last512(const uint8_t* row, int c, __m512i& lo, __m512i& hi) {
+  constexpr size_t chunk = 32 + 8 * (BITS - 4);
+  const uint8_t* a = row + chunk * size_t(c);
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  __m256i l = _mm256_and_si256(v, low), h = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+  for (int plane = 0; plane < BITS - 4; ++plane) {
+    uint64_t pa;
+    std::memcpy(&pa, a + 32 + 8 * plane, 8);
+    const __m256i bit = _mm256_set1_epi8(char(0x10 << plane));
+    l = _mm256_mask_add_epi8(l, __mmask32(pa & 0xFFFFFFFFull), l, bit);
+    h = _mm256_mask_add_epi8(h, __mmask32(pa >> 32), h, bit);
+  }
+  lo = _mm512_zextsi256_si512(l);
+  hi = _mm512_zextsi256_si512(h);
+}
+
+// Lane l of a pair (elements 8l..8l+7 of its 128) lies in group 8l / G of the pair's first
+// (G <= 128; larger groups hold a whole pair).
+T512 inline __m512i group_lanes512(int group_size) {
+  alignas(64) int idx[16];
+  for (int l = 0; l < 16; ++l) idx[l] = group_size <= 128 ? 8 * l / group_size : 0;
+  return _mm512_load_si512(idx);
+}
+
+// The lane scales of the 128 (or, lanes `k`, 64) elements from element e0 of a row.
+T512 inline __m512 pair_scales512(const float* sc, int e0, int group_size, __m512i sidx,
+                                  __mmask16 k) {
+  const int first = e0 / group_size, span = k == 0xFFFF ? 128 : 64;  // (no loads past the row)
+  const int count = group_size <= span ? span / group_size : 1;
+  const __mmask16 n = __mmask16((1u << count) - 1);
+  return _mm512_maskz_permutexvar_ps(k, sidx, _mm512_maskz_loadu_ps(n, sc + first));
+}
+
 // sum_g bias[g] * xs[g]; symmetric groups (SYM) take each bias as shift * scale.
 template <bool SYM>
 T512 inline __m512 bias_vec512(const float* bi, const float* sc, __m512 shift, __mmask16 k,
@@ -411,6 +483,23 @@ T512H inline __m512 kp_bias512(const uint8_t* row, int g, int num_groups, int gr
   return FULL ? b : _mm512_maskz_mov_ps(k, b);
 }
 
+// bias_dot512's operations on a K-quant row's biases (kp_bias512).
+T512H inline float kp_bias_dot512(const uint8_t* kp, const float* xs, int num_groups,
+                                  int group_size, __m512 shift) {
+  __m512 bacc = _mm512_setzero_ps();
+  int g = 0;
+  for (; g + 16 <= num_groups; g += 16)
+    bacc = _mm512_fmadd_ps(kp_bias512<true>(kp, g, num_groups, group_size, shift,
+                                            __mmask16(0xFFFF)),
+                           _mm512_loadu_ps(xs + g), bacc);
+  if (g < num_groups) {
+    const __mmask16 k = __mmask16((1u << (num_groups - g)) - 1);
+    bacc = _mm512_fmadd_ps(kp_bias512<false>(kp, g, num_groups, group_size, shift, k),
+                           _mm512_maskz_loadu_ps(k, xs + g), bacc);
+  }
+  return _mm512_reduce_add_ps(bacc);
+}
+
 // A tile of MR activation rows x NR weight rows (params from row n0 on, row stride K/group);
 // every (m, n) keeps its own accumulator and sees the same operations in the same order
 // whatever MR and NR are. `ahead` > 0: also prefetch the weight rows that many bytes on (the
@@ -439,30 +528,92 @@ T512H void tile512(const QuantX& x, const QuantW& w, const float* scales, const 
   }
   const __m512i zero = _mm512_setzero_si512();
   constexpr size_t kChunkBytes = BITS == 8 ? 64 : 32 + 8 * (BITS - 4);
-  for (int c = 0; c < num_chunks; ++c) {
-    __m512i wv[NR];
-    __m512 sv[NR];
-    if (ahead)
-      for (int j = 0; j < NR; ++j)
-        _mm_prefetch(reinterpret_cast<const char*>(rows[j] + ahead + kChunkBytes * c),
-                     _MM_HINT_T0);
-    for (int j = 0; j < NR; ++j) {
-      wv[j] = load_chunk512<BITS>(rows[j], c);
-      if constexpr (KP) {  // a super-block is 4 chunks
-        if (c % 4 == 0) ks[j] = kp_scales512(kp[j] + size_t(c / 4) * kparams_bytes(w.group_size),
-                                             w.group_size);
-        sv[j] = kp_lanes512(ks[j], c % 4, w.group_size);
-      } else {
+  if constexpr (BITS == 8) {
+    for (int c = 0; c < num_chunks; ++c) {
+      __m512i wv[NR];
+      __m512 sv[NR];
+      if (ahead)
+        for (int j = 0; j < NR; ++j)
+          _mm_prefetch(reinterpret_cast<const char*>(rows[j] + ahead + kChunkBytes * c),
+                       _MM_HINT_T0);
+      for (int j = 0; j < NR; ++j) {
+        wv[j] = load_chunk512<BITS>(rows[j], c);
         sv[j] = scale_vec512<BITS>(sc[j], c, w.group_size);
       }
+      for (int i = 0; i < MR; ++i) {
+        const size_t m = size_t(m0 + i);
+        const __m512i xv = _mm512_loadu_si512(x.q + m * w.K + 64 * c);
+        const __m512 dv = _mm512_loadu_ps(x.dxv + (m * num_chunks + c) * 16);
+        for (int j = 0; j < NR; ++j) {
+          const __m512i dot = _mm512_dpbusd_epi32(zero, wv[j], xv);
+          acc[i][j] =
+              _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(sv[j], dv), acc[i][j]);
+        }
+      }
     }
-    for (int i = 0; i < MR; ++i) {
-      const size_t m = size_t(m0 + i);
-      const __m512i xv = _mm512_loadu_si512(x.q + m * w.K + 64 * c);
-      const __m512 dv = _mm512_loadu_ps(x.dxv + (m * num_chunks + c) * 16);
+  } else {
+    // Chunks in pairs (QuantX::paired): the evens of both chunks in one register and their
+    // odds in another, so lane l of both covers the same 8-element activation block (16p + l)
+    // and their two dot products add in int32 before one conversion: per 128 weights one
+    // load, three ops of unpacking, two dpbusd, one conversion, one fma (a chunk at a time
+    // took twice the instructions, and a one-row call was bound by them).
+    const int num_blocks = w.K / kXBlock, num_pairs = num_chunks / 2;
+    const __m512i sidx = group_lanes512(w.group_size);
+    for (int p = 0; p < num_pairs; ++p) {
+      __m512i lo[NR], hi[NR];
+      __m512 sv[NR];
+      if (ahead)
+        for (int j = 0; j < NR; ++j) {
+          const char* at = reinterpret_cast<const char*>(rows[j] + ahead + 2 * kChunkBytes * p);
+          _mm_prefetch(at, _MM_HINT_T0);
+          if constexpr (BITS > 4) _mm_prefetch(at + 64, _MM_HINT_T0);
+        }
       for (int j = 0; j < NR; ++j) {
-        const __m512i dot = _mm512_dpbusd_epi32(zero, wv[j], xv);
-        acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(sv[j], dv), acc[i][j]);
+        load_pair512<BITS>(rows[j], p, lo[j], hi[j]);
+        if constexpr (KP) {  // a super-block is 2 pairs
+          if (p % 2 == 0)
+            ks[j] = kp_scales512(kp[j] + size_t(p / 2) * kparams_bytes(w.group_size),
+                                 w.group_size);
+          sv[j] = _mm512_permutexvar_ps(
+              _mm512_add_epi32(sidx, _mm512_set1_epi32((p % 2) * (w.group_size == 16 ? 8 : 4))),
+              ks[j]);
+        } else {
+          sv[j] = pair_scales512(sc[j], 128 * p, w.group_size, sidx, __mmask16(0xFFFF));
+        }
+      }
+      for (int i = 0; i < MR; ++i) {
+        const size_t m = size_t(m0 + i);
+        const int8_t* xq = x.q + m * w.K + 128 * p;
+        const __m512i xlo = _mm512_loadu_si512(xq), xhi = _mm512_loadu_si512(xq + 64);
+        const __m512 dv = _mm512_loadu_ps(x.dx + m * num_blocks + 16 * p);
+        for (int j = 0; j < NR; ++j) {
+          const __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, lo[j], xlo), hi[j], xhi);
+          acc[i][j] =
+              _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(sv[j], dv), acc[i][j]);
+        }
+      }
+    }
+    if (num_chunks % 2) {  // a lone last chunk (never a K-quant's: 256 | K): lanes 0-7
+      const int c = num_chunks - 1;
+      __m512i lo[NR], hi[NR];
+      __m512 sv[NR];
+      for (int j = 0; j < NR; ++j) {
+        load_last512<BITS>(rows[j], c, lo[j], hi[j]);
+        sv[j] = pair_scales512(sc[j], 64 * c, w.group_size, sidx, __mmask16(0x00FF));
+      }
+      for (int i = 0; i < MR; ++i) {
+        const size_t m = size_t(m0 + i);
+        const int8_t* xq = x.q + m * w.K + 64 * c;
+        const __m512i xlo = _mm512_zextsi256_si512(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq)));
+        const __m512i xhi = _mm512_zextsi256_si512(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32)));
+        const __m512 dv = _mm512_maskz_loadu_ps(__mmask16(0x00FF), x.dx + m * num_blocks + 8 * c);
+        for (int j = 0; j < NR; ++j) {
+          const __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, lo[j], xlo), hi[j], xhi);
+          acc[i][j] =
+              _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(sv[j], dv), acc[i][j]);
+        }
       }
     }
   }
@@ -471,20 +622,8 @@ T512H void tile512(const QuantX& x, const QuantW& w, const float* scales, const 
       const float* xs = x.xsum + size_t(m0 + i) * num_groups;
       for (int j = 0; j < NR; ++j) {
         float bias;
-        if constexpr (KP) {  // bias_dot512's operations on the K-quant biases
-          __m512 bacc = _mm512_setzero_ps();
-          int g = 0;
-          for (; g + 16 <= num_groups; g += 16)
-            bacc = _mm512_fmadd_ps(kp_bias512<true>(kp[j], g, num_groups, w.group_size, shift,
-                                                    __mmask16(0xFFFF)),
-                                   _mm512_loadu_ps(xs + g), bacc);
-          if (g < num_groups) {
-            const __mmask16 k = __mmask16((1u << (num_groups - g)) - 1);
-            bacc = _mm512_fmadd_ps(
-                kp_bias512<false>(kp[j], g, num_groups, w.group_size, shift, k),
-                _mm512_maskz_loadu_ps(k, xs + g), bacc);
-          }
-          bias = _mm512_reduce_add_ps(bacc);
+        if constexpr (KP) {
+          bias = kp_bias_dot512(kp[j], xs, num_groups, w.group_size, shift);
         } else {
           const float* bi = SYM ? nullptr : biases + size_t(j) * num_groups;
           bias = bias_dot512<SYM>(bi, sc[j], shift, xs, num_groups);
@@ -529,6 +668,58 @@ T512H void tile512(const QuantX& x, const QuantW& w, const float* scales, const 
     _mm512_store_ps(out, _mm512_add_ps(sums, reduce16(v)));
     for (int i = 0; i < MR; ++i)
       for (int j = 0; j < NR; ++j) y[size_t(m0 + i) * ldy + n0 + j] = out[4 * i + j];
+  }
+}
+
+// One K-quant weight row against MR (< 4) activation rows: tile512<BITS, MR, 1, SYM, true>'s
+// operations, lane for lane (the same bits), with the group size a constant and a
+// super-block's two pairs unrolled: the general tile spent half of a decode matvec's
+// instructions on runtime group-size branches and index arithmetic.
+template <int BITS, int GS, int MR>
+T512H void kq_row512(const QuantX& x, const QuantW& w, int n, float* y, size_t ldy) {
+  constexpr int kBB = GS == 16 ? 18 : 20;
+  const int supers = w.K / kSuperBlock, num_blocks = w.K / kXBlock, num_groups = w.K / GS;
+  const uint8_t* row = w.data + size_t(n) * w.row_bytes;
+  const uint8_t* kp = w.kparams + size_t(n) * supers * kBB;
+  const __m512i i0 = GS == 16
+      ? _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7)
+      : _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  const __m512i i1 = _mm512_add_epi32(i0, _mm512_set1_epi32(GS == 16 ? 8 : 4));
+  const __m512i zero = _mm512_setzero_si512();
+  __m512 acc[MR];
+  for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
+  for (int b = 0; b < supers; ++b) {
+    const __m512 ks = kp_scales512(kp + size_t(b) * kBB, GS);
+    for (int h = 0; h < 2; ++h) {
+      const int p = 2 * b + h;
+      __m512i lo, hi;
+      load_pair512<BITS>(row, p, lo, hi);
+      const __m512 sv = _mm512_permutexvar_ps(h ? i1 : i0, ks);
+      for (int i = 0; i < MR; ++i) {
+        const int8_t* xq = x.q + size_t(i) * w.K + 128 * size_t(p);
+        const __m512i dot = _mm512_dpbusd_epi32(
+            _mm512_dpbusd_epi32(zero, lo, _mm512_loadu_si512(xq)), hi,
+            _mm512_loadu_si512(xq + 64));
+        const __m512 dv = _mm512_loadu_ps(x.dx + size_t(i) * num_blocks + 16 * p);
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(sv, dv), acc[i]);
+      }
+    }
+  }
+  const __m512 shift = _mm512_set1_ps(-float(1 << (BITS - 1)));
+  for (int i = 0; i < MR; ++i) {
+    const float bias = kp_bias_dot512(kp, x.xsum + size_t(i) * num_groups, num_groups, GS, shift);
+    y[size_t(i) * ldy + n] = _mm512_reduce_add_ps(acc[i]) + bias;
+  }
+}
+
+template <int BITS, int GS>
+T512 void kq_rows512(const QuantX& x, const QuantW& w, int n0, int n1, float* y, size_t ldy) {
+  for (int n = n0; n < n1; ++n) {
+    switch (x.M) {
+      case 1: kq_row512<BITS, GS, 1>(x, w, n, y, ldy); break;
+      case 2: kq_row512<BITS, GS, 2>(x, w, n, y, ldy); break;
+      default: kq_row512<BITS, GS, 3>(x, w, n, y, ldy); break;
+    }
   }
 }
 
@@ -585,6 +776,13 @@ T512 void qgemm512(const QuantX& x, const QuantW& w, int n0, int n1, float* y, s
       // go; more rows pass over each block of weight rows more times, so they are widened
       // once per block (kparams_rows256: the same float32 values, the same bits)
       if (w.kparams && x.M < 4) {  // (groups of 16: symmetric)
+        if (!g_matvec_tiles.load(std::memory_order_relaxed)) {  // rows in memory order
+          if (w.group_size == 16)
+            kq_rows512<BITS, 16>(x, w, nb, ne, y, ldy);
+          else
+            kq_rows512<BITS, 32>(x, w, nb, ne, y, ldy);
+          continue;
+        }
         const RowParams p{nullptr, nullptr, -float(1 << (BITS - 1)), nb};
         if (w.group_size == 16) {
           for (; m + 4 <= x.M; m += 4) rows512<BITS, 4, true, true>(x, w, p, m, nb, ne, y, ldy);

@@ -24,6 +24,10 @@ constexpr int kXBlock = 8;
 struct QuantX {
   int M = 0, K = 0, group_size = 32;
   bool permuted = false;   // chunk layout [even elements | odd elements] (4/5/6-bit weights)
+  // (permuted, AVX-512) chunks in pairs: [evens c | evens c+1 | odds c | odds c+1], a lone
+  // last chunk as above: one 64-byte load of two chunks' nibbles splits into the evens and
+  // the odds of the same 8-element blocks (see tile512)
+  bool paired = false;
   const int8_t* q = nullptr;        // [M, K]
   const float* dxv = nullptr;       // [M, K/64, 16]: the block scale of each int32 lane
   const float* dx = nullptr;        // [M, K/kXBlock]: block scales
@@ -89,7 +93,7 @@ bool matvec_tiles();
 
 // Quantize rows [m0, m1) of x (float32, row stride ldx) into the buffers of `qx`.
 void quantize_rows(const float* x, size_t ldx, int m0, int m1, int K, int group_size,
-                   bool permuted, int8_t* q, float* dxv, float* dx, float* xsum, Isa isa);
+                   bool permuted, bool paired, int8_t* q, float* dxv, float* dx, float* xsum, Isa isa);
 
 // y[m, n] for m in [0, M), n in [n0, n1); y has row stride ldy.
 void qgemm_rows(const QuantX& x, const QuantW& w, int n0, int n1, float* y, size_t ldy,

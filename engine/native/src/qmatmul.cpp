@@ -38,17 +38,19 @@ void run_qgemm(const float* x, int M, int K, const QuantW& w, const std::vector<
   s.dx.resize(size_t(M) * (K / kXBlock));
   s.xsum.resize(size_t(M) * num_groups);
   const bool permuted = w.bits != 8;
+  const bool paired = permuted && isa == Isa::avx512vnni;
   Pool& p = pool();
   const int threads = std::max(1, std::min(current_threads(), p.num_threads()));
   // Activations: rows split across threads once there are enough of them.
   const int qthreads = M >= 16 ? threads : 1;
   p.run(qthreads, [&](int t) {
     const int m0 = int(int64_t(M) * t / qthreads), m1 = int(int64_t(M) * (t + 1) / qthreads);
-    quantize_rows(x, K, m0, m1, K, w.group_size, permuted, s.q.data(), s.dxv.data(),
+    quantize_rows(x, K, m0, m1, K, w.group_size, permuted, paired, s.q.data(), s.dxv.data(),
                   s.dx.data(), s.xsum.data(), isa);
   });
   QuantX qx;
   qx.M = M; qx.K = K; qx.group_size = w.group_size; qx.permuted = permuted;
+  qx.paired = paired;
   qx.q = s.q.data(); qx.dxv = s.dxv.data(); qx.dx = s.dx.data();
   qx.xsum = s.xsum.data();
   // Output rows in blocks handed out by a counter: a thread slowed by other work takes
