@@ -891,3 +891,20 @@ def test_norms_and_ropes_move_onto_the_kernels_per_model(lib):
     assert type(load_model("demo:gemma3:tiny").model.layers[0].input_layernorm) is \
         type(moved.layers[0].input_layernorm)  # forkv's float32 load: on the kernels
 
+
+def test_large_weights_go_on_huge_pages_with_their_values(lib, monkeypatch):
+    from forkv.engine.native.layers import advise_huge_pages
+
+    model = nn.Linear(2048, 2048)  # 16 MiB of float32 weights, a small bias
+    mx.eval(model.parameters())
+    before = np.array(model.weight)
+    monkeypatch.setenv("FORKV_HUGE_PAGES", "off")
+    assert advise_huge_pages(model, lib) == 0
+    monkeypatch.delenv("FORKV_HUGE_PAGES")
+    covered = advise_huge_pages(model, lib)
+    # the 2 MiB-aligned interior of the weight, or nothing where Linux does not allow it
+    assert covered % (2 << 20) == 0 and covered <= model.weight.nbytes
+    if covered:  # (0 where THP is off, on Linux before 6.1, or no huge page was free)
+        huge = [line for line in open("/proc/self/smaps_rollup") if line.startswith("AnonHuge")]
+        assert int(huge[0].split()[1]) * 1024 >= covered
+    assert np.array_equal(np.array(model.weight), before)

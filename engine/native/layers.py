@@ -15,6 +15,8 @@ nothing about files, devices or fingerprints.
 
 from __future__ import annotations
 
+import os
+
 import mlx.core as mx
 import mlx.nn as nn
 
@@ -320,3 +322,16 @@ def use_kernel_groups(model, lib, groups: dict, params: dict | None = None) -> i
         model.update_modules(tree_unflatten([r for r in replaced if r is not None]))
         mx.eval(model.parameters())
     return len(replaced)
+
+
+def advise_huge_pages(model, lib, min_bytes: int = 4 << 20) -> int:
+    """Back every parameter of `model` of `min_bytes` or more with 2 MiB pages where Linux
+    allows it (lib.advise_huge_pages); returns the bytes now on them. A decode step reads
+    every weight once: on 4 KiB pages the 1B GGUF's matmuls took 6-12% longer (TLB misses).
+    FORKV_HUGE_PAGES=off leaves them as they are."""
+    from mlx.utils import tree_flatten
+
+    if os.environ.get("FORKV_HUGE_PAGES", "").strip().lower() in ("off", "0", "false", "no"):
+        return 0
+    arrays = {id(v): v for _, v in tree_flatten(model.parameters()) if v.nbytes >= min_bytes}
+    return sum(lib.advise_huge_pages(v) for v in arrays.values())

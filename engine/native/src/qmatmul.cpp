@@ -7,6 +7,10 @@
 #include <string>
 #include <vector>
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "pool.h"
@@ -91,6 +95,25 @@ QuantW quant_w(const mx::array& w, const mx::array& scales, const mx::array* bia
     qw.scales = scales.data<float>();
   qw.biases = biases ? biases->data<float>() : nullptr;
   return qw;
+}
+
+size_t advise_huge_pages(const mx::array& a) {
+#if defined(__linux__)
+  constexpr uintptr_t kHuge = uintptr_t(2) << 20;
+  const auto at = reinterpret_cast<uintptr_t>(a.data<uint8_t>());
+  const uintptr_t start = (at + kHuge - 1) & ~(kHuge - 1), end = (at + a.nbytes()) & ~(kHuge - 1);
+  if (end <= start) return 0;
+  void* p = reinterpret_cast<void*>(start);
+  const size_t len = end - start;
+  if (madvise(p, len, MADV_HUGEPAGE) != 0) return 0;
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE 25  // Linux 6.1 (older headers lack it; older kernels answer EINVAL)
+#endif
+  return madvise(p, len, MADV_COLLAPSE) == 0 ? len : 0;
+#else
+  (void)a;
+  return 0;
+#endif
 }
 
 Isa current_isa() {

@@ -36,6 +36,13 @@ QuantW quant_w(const mlx::core::array& w, const mlx::core::array& scales,
 // mlx-packed 5/6-bit weights [N, K*bits/32] as the kernels read them [N, row_bytes].
 mlx::core::array repack(const mlx::core::array& w, int K, int bits);
 
+// Back the 2 MiB-aligned interior of an evaluated array (weights) with huge pages now
+// (madvise MADV_HUGEPAGE, then MADV_COLLAPSE): a decode step streams every weight once, and
+// with 4 KiB pages its matmuls waited on TLB misses. Returns the bytes collapsed; 0 where the
+// kernel or its settings do not allow it (THP "never", Linux before 6.1, not Linux). The
+// array's contents do not change.
+size_t advise_huge_pages(const mlx::core::array& a);
+
 Isa current_isa();
 void set_isa(Isa isa);  // tests and benchmarks: a lower ISA than the best
 int current_threads();
