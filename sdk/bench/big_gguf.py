@@ -20,12 +20,14 @@ Llama 3.2 1B's weights shapes exactly except the vocabulary (49,152 rows, SmolLM
 128,256: about 1.07B parameters, not 1.24B) and without its llama3 rope scaling (forkv's
 converter skips `rope_freqs.weight`, so both sides would compute different models).
 
-`measure_side_by_side(path)` runs `forkv serve` and then llama-server on the file, one at a
-time, and measures both the same way through the openai client: prefill tok/s of a fresh
-~512-token prompt (prompt tokens computed / time to first token) and greedy decode tok/s
-(end-of-sequence suppressed; (tokens - 1) / (last token - first token)).
-`python -m forkv.bench.big_gguf [--measure]` prints the path (building it if missing) and,
-with --measure, the figures as JSON.
+`measure_side_by_side(path)` runs `forkv serve` and llama-server on the file, both up at once,
+and measures both the same way through the openai client in alternating rounds (the side
+that goes first alternates; figures are medians): prefill tok/s of a fresh ~512-token prompt
+(prompt tokens computed / time to first token) and greedy decode tok/s (end-of-sequence
+suppressed; (tokens - 1) / (last token - first token)). One run of each side after the other
+read 0.62 one minute and 0.93 the next on a shared 2-core machine; rounds in the same minutes
+do not. `python -m forkv.bench.big_gguf [--measure] [--rounds N]` prints the path (building it
+if missing) and, with --measure, the figures as JSON.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import hashlib
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -409,36 +412,34 @@ def _texts(gguf_path: str):
     return Texts(load_tokenizer(folder), seed=512)
 
 
-def _measure_server(server, prompt: str, write: str, decode_tokens: int, no_eos: dict,
-                    timeout_s: float) -> dict:
-    import openai
-
+def _round(client, model: str, prompt: str, write: str, decode_tokens: int,
+           no_eos: dict) -> dict:
+    """One round on one server: a fresh prompt read (prefill tok/s = tokens computed / time
+    to first token), then `decode_tokens` greedy tokens with end-of-sequence suppressed
+    (decode tok/s on the client's clock)."""
     from .serve_procs import timed_chat
 
-    try:
-        t0 = time.perf_counter()
-        server.wait_ready(timeout=timeout_s)
-        ready_s = time.perf_counter() - t0
-        client = openai.OpenAI(base_url=server.base_url, api_key="bench", max_retries=0,
-                               timeout=timeout_s)
-        timed_chat(client, server.model, [{"role": "user", "content": "warm up"}], 4)
-        read = timed_chat(client, server.model, [{"role": "user", "content": prompt}], 1)
-        gen = timed_chat(client, server.model, [{"role": "user", "content": write}],
-                         decode_tokens, extra={"logit_bias": no_eos})
-        rss = server.peak_rss_mib()
-    finally:
-        server.stop()
+    read = timed_chat(client, model, [{"role": "user", "content": prompt}], 1)
+    gen = timed_chat(client, model, [{"role": "user", "content": write}], decode_tokens,
+                     extra={"logit_bias": no_eos})
     computed = read.computed_tokens or 0
-    return {"prefill_tokens_per_s": round(computed / read.ttft_s, 2) if read.ttft_s else None,
+    return {"prefill_tokens_per_s": computed / read.ttft_s if read.ttft_s else None,
             "prefill_tokens": computed, "prompt_tokens": read.prompt_tokens,
-            "decode_tokens_per_s": round(gen.decode_tps, 2) if gen.decode_tps else None,
-            "decode_tokens": gen.completion_tokens,
-            "server_prefill_tokens_per_s": read.server_prompt_tps and round(
-                read.server_prompt_tps, 2),
-            "server_decode_tokens_per_s": gen.server_decode_tps and round(
-                gen.server_decode_tps, 2),
-            "ready_s": round(ready_s, 1), "peak_rss_mib": rss,
-            "text_head": gen.text[:80]}
+            "decode_tokens_per_s": gen.decode_tps or None, "decode_tokens": gen.completion_tokens,
+            "server_prefill_tokens_per_s": read.server_prompt_tps,
+            "server_decode_tokens_per_s": gen.server_decode_tps, "text_head": gen.text[:80]}
+
+
+def _medians(rounds: list[dict]) -> dict:
+    """A side's figures: the median of its rounds (each round's beside it)."""
+    out = dict(rounds[-1])
+    for key in ("prefill_tokens_per_s", "decode_tokens_per_s", "server_prefill_tokens_per_s",
+                "server_decode_tokens_per_s"):
+        values = [r[key] for r in rounds if r[key]]
+        out[key] = round(statistics.median(values), 2) if values else None
+        if key in ("prefill_tokens_per_s", "decode_tokens_per_s"):
+            out[f"{key}_rounds"] = [round(v, 2) if v else None for v in (r[key] for r in rounds)]
+    return out
 
 
 def _ready(server, timeout_s: float):
@@ -453,50 +454,74 @@ def _ready(server, timeout_s: float):
 
 def measure_side_by_side(path: str | None = None, prompt_tokens: int = 512,
                          decode_tokens: int = 128, llama_ctx: int = 8192,
-                         timeout_s: float = 1800) -> dict:
-    """forkv serve, then llama-server, on the same GGUF (default: `big_model_name()`), one at a
-    time, measured alike through the openai client: warm-up, a fresh ~`prompt_tokens`-token
-    prompt (prefill tok/s = tokens computed / time to first token), then `decode_tokens`
-    greedy tokens with end-of-sequence suppressed (decode tok/s on the client's clock).
+                         timeout_s: float = 1800, rounds: int = 3) -> dict:
+    """forkv serve and llama-server on the same GGUF (default: `big_model_name()`), both up
+    at once and measured alike through the openai client in `rounds` rounds, the side that
+    goes first alternating (a shared machine's speed drifts by tens of percent from minute to
+    minute: alternating rounds put both sides in the same minutes). A round: a fresh
+    ~`prompt_tokens`-token prompt, then `decode_tokens` greedy tokens (`_round`); each
+    figure is the median of its rounds. Peak RSS: each server's own process, over the run.
     llama-server's own timings come along as server_*; it runs with -c `llama_ctx`."""
+    import openai
+
     from .llamacpp import llama_server_path, repack_crashes, start_llama_server
-    from .serve_procs import start_forkv
+    from .serve_procs import start_forkv, timed_chat
 
     path = path or big_model_name()
     no_eos = _no_eos_bias(path)
-    rows, notes = {}, []
+    notes = []
     t0 = time.perf_counter()
     _ready(start_forkv(path), timeout_s).stop()  # converts the file into forkv's cache
     first_start_s = time.perf_counter() - t0
-    # Measured: a second start, which finds the conversion cached (the first one's peak RSS
-    # is the converter's, once per file, not the server's).
-    forkv = _ready(start_forkv(path), timeout_s)
     texts = _texts(path)  # the conversion is there now
-    prompt = "Read this. " + texts(prompt_tokens - 30)  # the chat template's ~30 tokens
-    write = "Write on. " + texts(16)
-    rows["forkv"] = _measure_server(forkv, prompt, write, decode_tokens, no_eos, timeout_s)
-    rows["forkv"]["first_start_s"] = round(first_start_s, 1)
+    # Each round's texts, the same for both sides (the chat template adds ~30 tokens)
+    plan = [("Read this. " + texts(prompt_tokens - 30), "Write on. " + texts(16))
+            for _ in range(rounds)]
     binary = llama_server_path()
+    no_repack = repack_crashes(binary, path)
+    if no_repack:
+        notes.append("llama-server segfaults at start with weight repacking on this CPU: it "
+                     "ran with --no-repack.")
+    servers, ready = {}, {}
     old = os.environ.get("LLAMA_ARG_CTX_SIZE")
     os.environ["LLAMA_ARG_CTX_SIZE"] = str(llama_ctx)  # llama-server's -c, read at its start
     try:
-        no_repack = repack_crashes(binary, path)
-        rows["llama_server"] = _measure_server(start_llama_server(binary, path), prompt, write,
-                                               decode_tokens, no_eos, timeout_s)
+        # Measured: forkv's second start, which finds the conversion cached (the first one's
+        # peak RSS is the converter's, once per file, not the server's).
+        for side, start in (("forkv", lambda: start_forkv(path)),
+                            ("llama_server", lambda: start_llama_server(binary, path))):
+            t = time.perf_counter()
+            servers[side] = _ready(start(), timeout_s)
+            ready[side] = round(time.perf_counter() - t, 1)
+        clients = {side: openai.OpenAI(base_url=s.base_url, api_key="bench", max_retries=0,
+                                       timeout=timeout_s) for side, s in servers.items()}
+        for side, s in servers.items():
+            timed_chat(clients[side], s.model, [{"role": "user", "content": "warm up"}], 4)
+        results = {side: [] for side in servers}
+        for r, (prompt, write) in enumerate(plan):
+            for side in (("forkv", "llama_server") if r % 2 == 0
+                         else ("llama_server", "forkv")):
+                results[side].append(_round(clients[side], servers[side].model, prompt, write,
+                                            decode_tokens, no_eos))
+        rows = {}
+        for side, s in servers.items():
+            rows[side] = _medians(results[side])
+            rows[side].update(ready_s=ready[side], peak_rss_mib=s.peak_rss_mib(),
+                              huge_pages_mib=s.huge_pages_mib())
     finally:
+        for s in servers.values():
+            s.stop()
         if old is None:
             os.environ.pop("LLAMA_ARG_CTX_SIZE", None)
         else:
             os.environ["LLAMA_ARG_CTX_SIZE"] = old
-    if no_repack:
-        notes.append("llama-server segfaults at start with weight repacking on this CPU: it "
-                     "ran with --no-repack.")
+    rows["forkv"]["first_start_s"] = round(first_start_s, 1)
 
     def ratio(key):
         a, b = rows["forkv"].get(key), rows["llama_server"].get(key)
         return round(a / b, 3) if a and b else None
     return {"model": path, "size_gb": round(Path(path).stat().st_size / 1e9, 3),
-            "cpus": os.cpu_count(), "sides": rows,
+            "cpus": os.cpu_count(), "rounds": rounds, "sides": rows,
             "prefill_ratio": ratio("prefill_tokens_per_s"),
             "decode_ratio": ratio("decode_tokens_per_s"), "notes": notes}
 
@@ -511,12 +536,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--measure", action="store_true", help="prefill and decode, both sides")
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--decode-tokens", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=3,
+                   help="alternating rounds, both servers up at once (default 3)")
     args = p.parse_args(argv)
     path = make_llama_1b_gguf(quant=args.quant, quantizer=args.quantizer)
     print(path)
     if args.measure:
         print(json.dumps(measure_side_by_side(str(path), args.prompt_tokens,
-                                              args.decode_tokens), indent=2))
+                                              args.decode_tokens, rounds=args.rounds),
+                         indent=2))
     return 0
 
 

@@ -95,6 +95,18 @@ class ServerProcess:
             total += _status(pid).get("VmHWM", 0)
         return round(total / 1024, 1) if total else None
 
+    def huge_pages_mib(self) -> float | None:
+        """The server process's memory on transparent huge pages now (Linux AnonHugePages),
+        MiB; None where unreadable."""
+        try:
+            with open(f"/proc/{self.proc.pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("AnonHugePages:"):
+                        return round(int(line.split()[1]) / 1024, 1)
+        except OSError:
+            pass
+        return None
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
