@@ -41,6 +41,7 @@ def _arenas(setup: str, env=None) -> int:
     return out.stdout.count("<heap nr=")
 
 
+@pytest.mark.slow  # (2-5 s: out of the fast suite, which must stay under 5 minutes)
 def test_the_cli_process_bounds_the_arenas_and_others_keep_theirs():
     cli = "sys.orig_argv = sys.argv = ['forkv', 'doctor']\nimport forkv"  # as the CLI starts
     assert _arenas(cli) <= arenas.ARENAS
@@ -99,6 +100,7 @@ print(before - rss())
 """
 
 
+@pytest.mark.slow  # (2-5 s: out of the fast suite, which must stay under 5 minutes)
 def test_the_cli_process_maps_large_blocks_so_freeing_them_hands_them_back():
     def freed_kib(setup: str, env=None) -> int:
         out = subprocess.run([sys.executable, "-c", _HELD.format(setup=setup)], text=True,

@@ -140,6 +140,7 @@ def test_shim_source_shapes():
     assert "long long m" in ilp64 and "long long" not in lp64
 
 
+@pytest.mark.slow  # (2-5 s: out of the fast suite, which must stay under 5 minutes)
 @pytest.mark.parametrize("what", ["folder", "file"])
 def test_a_shim_another_user_could_plant_is_never_loaded(tmp_path, what):
     """The shim folder (or a shim in it) owned by someone else, or writable by others: forkv

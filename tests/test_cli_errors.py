@@ -169,6 +169,7 @@ def test_verbose_and_forkv_log_switch_logging(monkeypatch):
     setup_logging(0)
 
 
+@pytest.mark.slow  # (2-5 s: out of the fast suite, which must stay under 5 minutes)
 def test_help_lists_commands_and_generate_documents_its_options():
     r = subprocess.run([sys.executable, "-m", "forkv.cli", "--help"], capture_output=True,
                        text=True, timeout=60, env=dict(os.environ, COLUMNS="100"), check=False)

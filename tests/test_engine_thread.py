@@ -52,6 +52,7 @@ def _assert_clean(results):
     assert not bad, f"{len(bad)} of {len(results)} runs did not exit cleanly: {bad[:2]}"
 
 
+@pytest.mark.slow  # (2-5 s: out of the fast suite, which must stay under 5 minutes)
 def test_async_forks_exit_cleanly():
     _assert_clean(_exits(2))
 

@@ -34,6 +34,7 @@ print("last line")
 """
 
 
+@pytest.mark.slow  # (2-5 s: out of the fast suite, which must stay under 5 minutes)
 @pytest.mark.parametrize("where", ["main", "thread"])
 def test_a_forward_beside_the_engine_exits_cleanly(where):
     # The model's compiled helpers ran on this thread and then on the engine thread: mlx
