@@ -110,6 +110,9 @@ def _fuse(parent, names: tuple[str, ...]) -> bool:
     setattr(parent, names[0], owner)
     for i, name in enumerate(names[1:], 1):
         setattr(parent, name, FusedMember(owner, i))
+    # now, not with the whole model's: each group's separate weights are freed before the next
+    # group is concatenated (all at once, a 1B's load peaked 220 MiB above the model)
+    mx.eval(owner.parameters())
     return True
 
 
