@@ -105,7 +105,8 @@ def load_model(name: str, dtype: str = "auto", quantized: str = "auto", *,
     blas.activate()  # must precede the first mlx import to take effect
     import mlx.core as mx
     from mlx_lm.utils import load_model as mlx_lm_load_model
-    from mlx_lm.utils import load_tokenizer
+
+    from .tokenizer_load import load_tokenizer
 
     pick_dtype(dtype, "float32")  # a bad dtype fails before any folder is built or converted
     if kv_dtype not in KV_CHOICES:
@@ -121,8 +122,9 @@ def load_model(name: str, dtype: str = "auto", quantized: str = "auto", *,
         return _load_vision_model(name, path, dtype, quantized, source.description)
     try:
         # mlx-lm's `load`, in the other order: the tokenizer first, its parse's freed heap
-        # handed back, then the weights read. Parsing a 262K-word tokenizer.json needs ~700 MiB
-        # for a moment; beside the weights that set the load's peak (Gemma 3 270M: 1,146 MiB).
+        # handed back, then the weights read. Parsing a 262K-word tokenizer.json needs ~560 MiB
+        # for a moment (tokenizer_load.py: 730 before); beside the weights that set the load's
+        # peak (Gemma 3 270M: 1,146 MiB).
         model, config = mlx_lm_load_model(path, lazy=True)
         tokenizer = keep_tokenizer(load_tokenizer(path, eos_token_ids=config.get("eos_token_id")))
         arenas.trim()

@@ -65,9 +65,10 @@ def _import_mlx_vlm():
 
 def load_vision_parts(path: Path) -> VisionParts:
     """Load `path` (a local VLM folder) with mlx-vlm."""
-    from mlx_lm.tokenizer_utils import load as load_tokenizer
+    from mlx_lm.tokenizer_utils import load as mlx_lm_load
 
     from ..models.loader import keep_tokenizer
+    from ..models.tokenizer_load import load_tokenizer
 
     vlm = _import_mlx_vlm()
     config = json.loads((path / "config.json").read_text())
@@ -84,7 +85,8 @@ def load_vision_parts(path: Path) -> VisionParts:
     eos = config.get("eos_token_id", config.get("text_config", {}).get("eos_token_id"))
     eos = [eos] if isinstance(eos, int) else list(eos or [])
     # mlx-lm's tokenizer wrapper gives the engine the same streaming detokenizer as for text.
-    tokenizer = keep_tokenizer(load_tokenizer(path, eos_token_ids=eos or None))
+    tokenizer = keep_tokenizer(load_tokenizer(path, eos_token_ids=eos or None,
+                                              loader=mlx_lm_load))
     _share_tokenizer(processor, tokenizer)
     image_token = config.get("image_token_id", config.get("image_token_index"))
     return VisionParts(
