@@ -153,24 +153,31 @@ void quantize_rows(const float* x, size_t ldx, int m0, int m1, int K, int group_
       const float d = amax / 127.f;
       const float inv = d > 0.f ? 127.f / amax : 0.f;
       dr[b] = d;
-      for (int i = 0; i < kXBlock; ++i) {
-        const int k = kXBlock * b + i;
-        const int v = int(std::nearbyint(xr[k] * inv));
-        const int c = k / 64, e = k % 64;
-        // Where element e of chunk c sits in the register layout the weights use.
-        if (paired && c / 2 * 2 + 1 < num_chunks) {
-          const int at = (e & 1) ? 64 + 32 * (c & 1) + (e >> 1) : 32 * (c & 1) + (e >> 1);
-          qr[128 * (c / 2) + at] = int8_t(v);
-          continue;
-        }
-        const int pos = permuted ? ((e & 1) ? 32 + (e >> 1) : (e >> 1)) : e;
-        qr[64 * c + pos] = int8_t(v);
+      // Where the block's elements sit in the register layout the weights use (a block lies
+      // in one chunk): in order; evens then odds; or, paired, a pair's evens then its odds.
+      const int c = kXBlock * b / 64, e0 = kXBlock * b % 64;
+      const float* xb = xr + kXBlock * b;
+      if (!permuted) {
+        for (int i = 0; i < kXBlock; ++i) qr[64 * c + e0 + i] = int8_t(std::nearbyint(xb[i] * inv));
+        continue;
+      }
+      int8_t* even = qr + 64 * c;
+      int8_t* odd = even + 32;
+      if (paired && c / 2 * 2 + 1 < num_chunks) {
+        even = qr + 128 * (c / 2) + 32 * (c & 1);
+        odd = even + 64;
+      }
+      for (int i = 0; i < kXBlock; i += 2) {
+        even[(e0 + i) >> 1] = int8_t(std::nearbyint(xb[i] * inv));
+        odd[(e0 + i) >> 1] = int8_t(std::nearbyint(xb[i + 1] * inv));
       }
     }
-    float* vr = dxv + size_t(m) * num_chunks * 16;
-    for (int c = 0; c < num_chunks; ++c)
-      for (int lane = 0; lane < 16; ++lane)
-        vr[16 * c + lane] = dr[kPerChunk * c + lane_block(lane, permuted)];
+    if (!paired) {  // (the paired kernels read `dx` itself)
+      float* vr = dxv + size_t(m) * num_chunks * 16;
+      for (int c = 0; c < num_chunks; ++c)
+        for (int lane = 0; lane < 16; ++lane)
+          vr[16 * c + lane] = dr[kPerChunk * c + lane_block(lane, permuted)];
+    }
     float* gr = xsum + size_t(m) * num_groups;
     for (int g = 0; g < num_groups; ++g) {
       float s = 0.f;
@@ -278,57 +285,31 @@ T256 RowParams row_params256(const QuantW& w, int n0, int n1, float* buf) {
   return w.kparams ? kparams_rows256(w, n0, n1, buf) : row_params(w, n0, n1, buf);
 }
 
-// The 64 weights of chunk c as bytes, in register order.
-template <int BITS>
+// An 8-bit row's chunk c (64 weights, one byte each) and its lane scales for group size G
+// (lane l holds elements 4l..4l+3: with groups of 32, lanes 8-15 take the second group's).
 T512 inline __m512i load_chunk512(const uint8_t* row, int c) {
-  if constexpr (BITS == 8) {
-    return _mm512_loadu_si512(row + 64 * c);
-  } else {
-    constexpr size_t chunk = 32 + 8 * (BITS - 4);
-    const uint8_t* p = row + chunk * c;
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    const __m256i low = _mm256_set1_epi8(0x0F);
-    const __m256i lo = _mm256_and_si256(v, low);
-    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-    __m512i out = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-    if constexpr (BITS >= 5) {
-      uint64_t m0;
-      std::memcpy(&m0, p + 32, 8);
-      out = _mm512_or_si512(out, _mm512_maskz_set1_epi8(m0, 0x10));
-    }
-    if constexpr (BITS >= 6) {
-      uint64_t m1;
-      std::memcpy(&m1, p + 40, 8);
-      out = _mm512_or_si512(out, _mm512_maskz_set1_epi8(m1, 0x20));
-    }
-    return out;
-  }
+  return _mm512_loadu_si512(row + 64 * c);
 }
 
-// Lane scales of chunk c for group size G: lanes of block 1 take the second group's scale.
-template <int BITS>
 T512 inline __m512 scale_vec512(const float* sc, int c, int group_size) {
-  if (group_size == 16) {  // 4/5/6-bit only: lane l holds elements of group (l % 8) / 2
-    const __m512i idx = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 0, 0, 1, 1, 2, 2, 3, 3);
-    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_loadu_ps(sc + 4 * c)));
-  }
-  if (group_size == 32) {
-    // Lanes whose 4 positions lie in the chunk's second 32-block.
-    constexpr __mmask16 second = BITS == 8 ? 0xFF00 : 0xF0F0;
-    return _mm512_mask_blend_ps(second, _mm512_set1_ps(sc[2 * c]), _mm512_set1_ps(sc[2 * c + 1]));
-  }
+  if (group_size == 32)
+    return _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(sc[2 * c]), _mm512_set1_ps(sc[2 * c + 1]));
   return _mm512_set1_ps(sc[(64 * c) / group_size]);
 }
 
 // Chunks c = 2p and 2p + 1 of a 4/5/6-bit row (QuantX::paired): `lo` the evens of both (bytes
 // 0-31 chunk 2p's, 32-63 chunk 2p+1's), `hi` their odds.
+// (`whole`: 4-bit rows that start on a cache line read a pair in one load; others in two
+// halves, since a 64-byte load across two lines, every other row of SmolLM2's 288-byte rows,
+// costs more than the insert.)
 template <int BITS>
-T512 inline void load_pair512(const uint8_t* row, int p, __m512i& lo, __m512i& hi) {
+T512 inline void load_pair512(const uint8_t* row, int p, __m512i& lo, __m512i& hi,
+                              bool whole = false) {
   constexpr size_t chunk = 32 + 8 * (BITS - 4);
   const uint8_t* a = row + chunk * size_t(2 * p);
   const uint8_t* b = a + chunk;
   __m512i v;
-  if constexpr (BITS == 4) {
+  if (BITS == 4 && whole) {
     v = _mm512_loadu_si512(a);
   } else {
     v = _mm512_inserti64x4(
@@ -371,21 +352,42 @@ T512 inline void load_last512(const uint8_t* row, int c, __m512i& lo, __m512i& h
 }
 
 // Lane l of a pair (elements 8l..8l+7 of its 128) lies in group 8l / G of the pair's first
-// (G <= 128; larger groups hold a whole pair).
+// (0 for G > 128: a group holds the whole pair). A shift for a power of two: this runs once a
+// row, and 16 divisions there cost a one-row call on SmolLM2's 576-wide rows half its time.
 T512 inline __m512i group_lanes512(int group_size) {
+  const __m512i at = _mm512_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104,
+                                       112, 120);
+  if ((group_size & (group_size - 1)) == 0)
+    return _mm512_srlv_epi32(at, _mm512_set1_epi32(__builtin_ctz(unsigned(group_size))));
   alignas(64) int idx[16];
   for (int l = 0; l < 16; ++l) idx[l] = group_size <= 128 ? 8 * l / group_size : 0;
   return _mm512_load_si512(idx);
 }
 
-// The lane scales of the 128 (or, lanes `k`, 64) elements from element e0 of a row.
-T512 inline __m512 pair_scales512(const float* sc, int e0, int group_size, __m512i sidx,
-                                  __mmask16 k) {
-  const int first = e0 / group_size, span = k == 0xFFFF ? 128 : 64;  // (no loads past the row)
-  const int count = group_size <= span ? span / group_size : 1;
-  const __mmask16 n = __mmask16((1u << count) - 1);
-  return _mm512_maskz_permutexvar_ps(k, sidx, _mm512_maskz_loadu_ps(n, sc + first));
-}
+// Which of a row's scales the lanes of 128 (or 64) elements take: loads of `count` of them
+// from the group of the first element, spread by group_lanes512's index (no loads past the
+// row). Worked out once a call: a division per pair slowed small rows.
+struct PairScales {
+  __m512i index;
+  int shift, group_size;  // shift >= 0: groups are a power of two
+  __mmask16 pair = 0, last = 0;  // scales a pair loads; a lone last chunk's
+  T512 explicit PairScales(int g)
+      : index(group_lanes512(g)),
+        shift((g & (g - 1)) == 0 ? __builtin_ctz(unsigned(g)) : -1), group_size(g) {
+    pair = count(128);
+    last = count(64);
+  }
+  __mmask16 count(int span) const {
+    const int n = group_size > span ? 1 : shift >= 0 ? span >> shift : span / group_size;
+    return __mmask16((1u << n) - 1);
+  }
+  // lanes `k` (all for a pair, 0-7 for a lone chunk) of the elements from e0
+  T512 __m512 at(const float* sc, int e0, __mmask16 k) const {
+    const int first = shift >= 0 ? e0 >> shift : e0 / group_size;
+    return _mm512_maskz_permutexvar_ps(
+        k, index, _mm512_maskz_loadu_ps(k == 0xFFFF ? pair : last, sc + first));
+  }
+};
 
 // sum_g bias[g] * xs[g]; symmetric groups (SYM) take each bias as shift * scale.
 template <bool SYM>
@@ -446,17 +448,6 @@ T512H inline __m512 kp_scales512(const uint8_t* p, int group_size) {
                               _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 4)))));
 }
 
-// The lane scales of chunk q (0-3) of a super-block from its kp_scales512: scale_vec512's
-// lanes (groups of 32, 4/5 bits: lanes 4-7 and 12-15 in the chunk's second group; groups of
-// 16: lane l in group (l % 8) / 2).
-T512 inline __m512 kp_lanes512(__m512 ks, int q, int group_size) {
-  const __m512i base = group_size == 16
-      ? _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 0, 0, 1, 1, 2, 2, 3, 3)
-      : _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
-  const int first = group_size == 16 ? 4 * q : 2 * q;
-  return _mm512_permutexvar_ps(_mm512_add_epi32(base, _mm512_set1_epi32(first)), ks);
-}
-
 // Biases of groups [g, g + 16) of a K-quant row (lanes past `k` zero, as masked loads give):
 // -(dmin * m) for groups of 32; for 16 (symmetric) each scale times `shift`, as the float32
 // path derives them.
@@ -510,8 +501,9 @@ T512H inline float kp_bias_dot512(const uint8_t* kp, const float* xs, int num_gr
 // Its weight params: float32 (or widened float16) scales and biases, or (KP) a row's K-quant
 // params read as the chunks go.
 template <int BITS, int MR, int NR, bool SYM, bool KP = false>
-T512H void tile512(const QuantX& x, const QuantW& w, const float* scales, const float* biases,
-                   __m512 shift, int m0, int n0, float* y, size_t ldy, size_t ahead = 0) {
+T512H void tile512(const QuantX& x, const QuantW& w, const PairScales& ps, const float* scales,
+                   const float* biases, __m512 shift, int m0, int n0, float* y, size_t ldy,
+                   size_t ahead = 0) {
   const int num_chunks = w.K / 64, num_groups = w.K / w.group_size;
   __m512 acc[MR][NR];
   for (int i = 0; i < MR; ++i)
@@ -537,8 +529,8 @@ T512H void tile512(const QuantX& x, const QuantW& w, const float* scales, const 
           _mm_prefetch(reinterpret_cast<const char*>(rows[j] + ahead + kChunkBytes * c),
                        _MM_HINT_T0);
       for (int j = 0; j < NR; ++j) {
-        wv[j] = load_chunk512<BITS>(rows[j], c);
-        sv[j] = scale_vec512<BITS>(sc[j], c, w.group_size);
+        wv[j] = load_chunk512(rows[j], c);
+        sv[j] = scale_vec512(sc[j], c, w.group_size);
       }
       for (int i = 0; i < MR; ++i) {
         const size_t m = size_t(m0 + i);
@@ -558,7 +550,9 @@ T512H void tile512(const QuantX& x, const QuantW& w, const float* scales, const 
     // load, three ops of unpacking, two dpbusd, one conversion, one fma (a chunk at a time
     // took twice the instructions, and a one-row call was bound by them).
     const int num_blocks = w.K / kXBlock, num_pairs = num_chunks / 2;
-    const __m512i sidx = group_lanes512(w.group_size);
+    const __m512i sidx = ps.index;
+    bool whole = true;  // every row of the tile on a cache line
+    for (int j = 0; j < NR; ++j) whole &= (reinterpret_cast<uintptr_t>(rows[j]) & 63) == 0;
     for (int p = 0; p < num_pairs; ++p) {
       __m512i lo[NR], hi[NR];
       __m512 sv[NR];
@@ -569,7 +563,7 @@ T512H void tile512(const QuantX& x, const QuantW& w, const float* scales, const 
           if constexpr (BITS > 4) _mm_prefetch(at + 64, _MM_HINT_T0);
         }
       for (int j = 0; j < NR; ++j) {
-        load_pair512<BITS>(rows[j], p, lo[j], hi[j]);
+        load_pair512<BITS>(rows[j], p, lo[j], hi[j], whole);
         if constexpr (KP) {  // a super-block is 2 pairs
           if (p % 2 == 0)
             ks[j] = kp_scales512(kp[j] + size_t(p / 2) * kparams_bytes(w.group_size),
@@ -578,7 +572,7 @@ T512H void tile512(const QuantX& x, const QuantW& w, const float* scales, const 
               _mm512_add_epi32(sidx, _mm512_set1_epi32((p % 2) * (w.group_size == 16 ? 8 : 4))),
               ks[j]);
         } else {
-          sv[j] = pair_scales512(sc[j], 128 * p, w.group_size, sidx, __mmask16(0xFFFF));
+          sv[j] = ps.at(sc[j], 128 * p, __mmask16(0xFFFF));
         }
       }
       for (int i = 0; i < MR; ++i) {
@@ -599,7 +593,7 @@ T512H void tile512(const QuantX& x, const QuantW& w, const float* scales, const 
       __m512 sv[NR];
       for (int j = 0; j < NR; ++j) {
         load_last512<BITS>(rows[j], c, lo[j], hi[j]);
-        sv[j] = pair_scales512(sc[j], 64 * c, w.group_size, sidx, __mmask16(0x00FF));
+        sv[j] = ps.at(sc[j], 64 * c, __mmask16(0x00FF));
       }
       for (int i = 0; i < MR; ++i) {
         const size_t m = size_t(m0 + i);
@@ -688,12 +682,13 @@ T512H void kq_row512(const QuantX& x, const QuantW& w, int n, float* y, size_t l
   const __m512i zero = _mm512_setzero_si512();
   __m512 acc[MR];
   for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
+  const bool whole = (reinterpret_cast<uintptr_t>(row) & 63) == 0;
   for (int b = 0; b < supers; ++b) {
     const __m512 ks = kp_scales512(kp + size_t(b) * kBB, GS);
     for (int h = 0; h < 2; ++h) {
       const int p = 2 * b + h;
       __m512i lo, hi;
-      load_pair512<BITS>(row, p, lo, hi);
+      load_pair512<BITS>(row, p, lo, hi, whole);
       const __m512 sv = _mm512_permutexvar_ps(h ? i1 : i0, ks);
       for (int i = 0; i < MR; ++i) {
         const int8_t* xq = x.q + size_t(i) * w.K + 128 * size_t(p);
@@ -733,6 +728,7 @@ T512 void rows512(const QuantX& x, const QuantW& w, const RowParams& p, int m0, 
   const float* scales = p.scales;
   const float* biases = p.biases;
   const __m512 shift = _mm512_set1_ps(p.shift);
+  const PairScales ps(w.group_size);  // (once a call: its divisions cost small rows)
   const int first = p.n0;
   auto at = [&](const float* a, int n) {  // (K-quant params: the tiles read w.kparams)
     return SYM || KP ? nullptr : a + size_t(n - first) * num_groups;
@@ -744,11 +740,11 @@ T512 void rows512(const QuantX& x, const QuantW& w, const RowParams& p, int m0, 
   // too where `matvec_tiles()` (set_matvec_tiles: the faster read on this CPU).
   if (MR > 1 || g_matvec_tiles.load(std::memory_order_relaxed))
     for (; n + 4 <= n1; n += 4)
-      tile512<BITS, MR, 4, SYM, KP>(x, w, scales_at(n), at(biases, n), shift, m0, n, y, ldy,
+      tile512<BITS, MR, 4, SYM, KP>(x, w, ps, scales_at(n), at(biases, n), shift, m0, n, y, ldy,
                                     m0 == 0 && n + 4 + kRowBlock <= w.N ? kRowBlock * w.row_bytes
                                                                         : 0);
   for (; n < n1; ++n)
-    tile512<BITS, MR, 1, SYM, KP>(x, w, scales_at(n), at(biases, n), shift, m0, n, y, ldy);
+    tile512<BITS, MR, 1, SYM, KP>(x, w, ps, scales_at(n), at(biases, n), shift, m0, n, y, ldy);
 }
 
 // row_params with F16C: the same values, widened 16 at a time.
