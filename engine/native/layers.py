@@ -331,7 +331,7 @@ def use_kernel_groups(model, lib, groups: dict, params: dict | None = None) -> i
 def advise_huge_pages(model, lib, min_bytes: int = 4 << 20) -> int:
     """Back every parameter of `model` of `min_bytes` or more with 2 MiB pages where Linux
     allows it (lib.advise_huge_pages); returns the bytes now on them. A decode step reads
-    every weight once: on 4 KiB pages the 1B GGUF's matmuls took 6-12% longer (TLB misses).
+    every weight once: on 4 KiB pages the 1B GGUF's matmuls took 11-19% longer (TLB misses).
     FORKV_HUGE_PAGES=off leaves them as they are."""
     from mlx.utils import tree_flatten
 
