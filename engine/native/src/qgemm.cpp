@@ -351,43 +351,36 @@ T512 inline void load_last512(const uint8_t* row, int c, __m512i& lo, __m512i& h
   hi = _mm512_zextsi256_si512(h);
 }
 
-// Lane l of a pair (elements 8l..8l+7 of its 128) lies in group 8l / G of the pair's first
-// (0 for G > 128: a group holds the whole pair). A shift for a power of two: this runs once a
-// row, and 16 divisions there cost a one-row call on SmolLM2's 576-wide rows half its time.
-T512 inline __m512i group_lanes512(int group_size) {
-  const __m512i at = _mm512_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104,
-                                       112, 120);
-  if ((group_size & (group_size - 1)) == 0)
-    return _mm512_srlv_epi32(at, _mm512_set1_epi32(__builtin_ctz(unsigned(group_size))));
-  alignas(64) int idx[16];
-  for (int l = 0; l < 16; ++l) idx[l] = group_size <= 128 ? 8 * l / group_size : 0;
-  return _mm512_load_si512(idx);
-}
-
-// Which of a row's scales the lanes of 128 (or 64) elements take: loads of `count` of them
-// from the group of the first element, spread by group_lanes512's index (no loads past the
-// row). Worked out once a call: a division per pair slowed small rows.
+// Which of a row's scales the lanes of 128 (or 64) elements take: lane l (elements 8l..8l+7)
+// lies in group 8l / G from the first element's, G a power of two from 16 to 128
+// (matmul_inputs checks). Worked out once a call: divisions per row or pair slowed small rows.
 struct PairScales {
-  __m512i index;
-  int shift, group_size;  // shift >= 0: groups are a power of two
-  __mmask16 pair = 0, last = 0;  // scales a pair loads; a lone last chunk's
+  int shift;             // log2 G
+  __m512i index;         // lane l: 8l >> shift
+  __mmask16 pair, last;  // the scales a pair loads; a lone last chunk's (no loads past the row)
   T512 explicit PairScales(int g)
-      : index(group_lanes512(g)),
-        shift((g & (g - 1)) == 0 ? __builtin_ctz(unsigned(g)) : -1), group_size(g) {
-    pair = count(128);
-    last = count(64);
-  }
-  __mmask16 count(int span) const {
-    const int n = group_size > span ? 1 : shift >= 0 ? span >> shift : span / group_size;
-    return __mmask16((1u << n) - 1);
-  }
+      : shift(__builtin_ctz(unsigned(g))),
+        index(_mm512_srlv_epi32(_mm512_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88,
+                                                  96, 104, 112, 120),
+                                _mm512_set1_epi32(shift))),
+        pair(mask(128 >> shift)), last(mask(std::max(1, 64 >> shift))) {}
+  static __mmask16 mask(int n) { return __mmask16((1u << n) - 1); }
   // lanes `k` (all for a pair, 0-7 for a lone chunk) of the elements from e0
   T512 __m512 at(const float* sc, int e0, __mmask16 k) const {
-    const int first = shift >= 0 ? e0 >> shift : e0 / group_size;
     return _mm512_maskz_permutexvar_ps(
-        k, index, _mm512_maskz_loadu_ps(k == 0xFFFF ? pair : last, sc + first));
+        k, index, _mm512_maskz_loadu_ps(k == 0xFFFF ? pair : last, sc + (e0 >> shift)));
   }
 };
+
+// One pair's contribution to a (row, weight row) accumulator: the two dot products of the
+// evens and odds add in int32, then one conversion and one FMA with the lane scales (weight
+// scale times activation block scale). tile512 and kq_row512 both use it: their bits agree.
+T512 inline __m512 pair_fma512(__m512 acc, __m512i lo, __m512i hi, __m512i xlo, __m512i xhi,
+                               __m512 sv, __m512 dv) {
+  const __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xlo),
+                                          hi, xhi);
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(sv, dv), acc);
+}
 
 // sum_g bias[g] * xs[g]; symmetric groups (SYM) take each bias as shift * scale.
 template <bool SYM>
@@ -550,7 +543,8 @@ T512H void tile512(const QuantX& x, const QuantW& w, const PairScales& ps, const
     // load, three ops of unpacking, two dpbusd, one conversion, one fma (a chunk at a time
     // took twice the instructions, and a one-row call was bound by them).
     const int num_blocks = w.K / kXBlock, num_pairs = num_chunks / 2;
-    const __m512i sidx = ps.index;
+    // K-quant lanes: a super-block's scales (kp_scales512) spread over its first or second pair
+    const __m512i kidx[2] = {ps.index, _mm512_add_epi32(ps.index, _mm512_set1_epi32(128 >> ps.shift))};
     bool whole = true;  // every row of the tile on a cache line
     for (int j = 0; j < NR; ++j) whole &= (reinterpret_cast<uintptr_t>(rows[j]) & 63) == 0;
     for (int p = 0; p < num_pairs; ++p) {
@@ -568,9 +562,7 @@ T512H void tile512(const QuantX& x, const QuantW& w, const PairScales& ps, const
           if (p % 2 == 0)
             ks[j] = kp_scales512(kp[j] + size_t(p / 2) * kparams_bytes(w.group_size),
                                  w.group_size);
-          sv[j] = _mm512_permutexvar_ps(
-              _mm512_add_epi32(sidx, _mm512_set1_epi32((p % 2) * (w.group_size == 16 ? 8 : 4))),
-              ks[j]);
+          sv[j] = _mm512_permutexvar_ps(kidx[p % 2], ks[j]);
         } else {
           sv[j] = ps.at(sc[j], 128 * p, __mmask16(0xFFFF));
         }
@@ -580,11 +572,8 @@ T512H void tile512(const QuantX& x, const QuantW& w, const PairScales& ps, const
         const int8_t* xq = x.q + m * w.K + 128 * p;
         const __m512i xlo = _mm512_loadu_si512(xq), xhi = _mm512_loadu_si512(xq + 64);
         const __m512 dv = _mm512_loadu_ps(x.dx + m * num_blocks + 16 * p);
-        for (int j = 0; j < NR; ++j) {
-          const __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, lo[j], xlo), hi[j], xhi);
-          acc[i][j] =
-              _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(sv[j], dv), acc[i][j]);
-        }
+        for (int j = 0; j < NR; ++j)
+          acc[i][j] = pair_fma512(acc[i][j], lo[j], hi[j], xlo, xhi, sv[j], dv);
       }
     }
     if (num_chunks % 2) {  // a lone last chunk (never a K-quant's: 256 | K): lanes 0-7
@@ -603,11 +592,8 @@ T512H void tile512(const QuantX& x, const QuantW& w, const PairScales& ps, const
         const __m512i xhi = _mm512_zextsi256_si512(
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32)));
         const __m512 dv = _mm512_maskz_loadu_ps(__mmask16(0x00FF), x.dx + m * num_blocks + 8 * c);
-        for (int j = 0; j < NR; ++j) {
-          const __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, lo[j], xlo), hi[j], xhi);
-          acc[i][j] =
-              _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(sv[j], dv), acc[i][j]);
-        }
+        for (int j = 0; j < NR; ++j)
+          acc[i][j] = pair_fma512(acc[i][j], lo[j], hi[j], xlo, xhi, sv[j], dv);
       }
     }
   }
@@ -679,7 +665,6 @@ T512H void kq_row512(const QuantX& x, const QuantW& w, int n, float* y, size_t l
       ? _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7)
       : _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
   const __m512i i1 = _mm512_add_epi32(i0, _mm512_set1_epi32(GS == 16 ? 8 : 4));
-  const __m512i zero = _mm512_setzero_si512();
   __m512 acc[MR];
   for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
   const bool whole = (reinterpret_cast<uintptr_t>(row) & 63) == 0;
@@ -692,11 +677,8 @@ T512H void kq_row512(const QuantX& x, const QuantW& w, int n, float* y, size_t l
       const __m512 sv = _mm512_permutexvar_ps(h ? i1 : i0, ks);
       for (int i = 0; i < MR; ++i) {
         const int8_t* xq = x.q + size_t(i) * w.K + 128 * size_t(p);
-        const __m512i dot = _mm512_dpbusd_epi32(
-            _mm512_dpbusd_epi32(zero, lo, _mm512_loadu_si512(xq)), hi,
-            _mm512_loadu_si512(xq + 64));
-        const __m512 dv = _mm512_loadu_ps(x.dx + size_t(i) * num_blocks + 16 * p);
-        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(sv, dv), acc[i]);
+        acc[i] = pair_fma512(acc[i], lo, hi, _mm512_loadu_si512(xq), _mm512_loadu_si512(xq + 64),
+                             sv, _mm512_loadu_ps(x.dx + size_t(i) * num_blocks + 16 * p));
       }
     }
   }
