@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import mlx_lm_model
+from mlx.utils import tree_flatten
 from forkv.engine import native
 
 ISAS = ("avx512vnni", "avx2", "scalar")
@@ -892,19 +893,48 @@ def test_norms_and_ropes_move_onto_the_kernels_per_model(lib):
         type(moved.layers[0].input_layernorm)  # forkv's float32 load: on the kernels
 
 
-def test_large_weights_go_on_huge_pages_with_their_values(lib, monkeypatch):
-    from forkv.engine.native.layers import advise_huge_pages
+def _address(a) -> int:
+    return np.asarray(memoryview(a)).ctypes.data
 
-    model = nn.Linear(2048, 2048)  # 16 MiB of float32 weights, a small bias
+
+def test_packed_weights_keep_their_values_on_cache_lines_and_huge_pages(lib, monkeypatch):
+    from forkv.engine.native.layers import pack_weights
+
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.big = nn.Linear(2048, 2048)  # 16 MiB of float32 weights, a small bias
+            self.small = nn.Linear(24, 40)    # sizes that leave the next array off a line
+            self.norm = nn.RMSNorm(40)
+            self.head = self.small             # one module reached twice
+
+    model = Tied()
     mx.eval(model.parameters())
-    before = np.array(model.weight)
+    before = {k: np.array(v) for k, v in tree_flatten(model.parameters())}
+    x = mx.random.normal((3, 2048))
+    want = model.big(x)
     monkeypatch.setenv("FORKV_HUGE_PAGES", "off")
-    assert advise_huge_pages(model, lib) == 0
+    assert pack_weights(model, lib, chunk_bytes=1 << 20) == 0  # aligned only, in chunks
     monkeypatch.delenv("FORKV_HUGE_PAGES")
-    covered = advise_huge_pages(model, lib)
-    # the 2 MiB-aligned interior of the weight, or nothing where Linux does not allow it
-    assert covered % (2 << 20) == 0 and covered <= model.weight.nbytes
+    covered = pack_weights(model, lib)
+    after = dict(tree_flatten(model.parameters()))
+    assert after.keys() == before.keys()
+    for k, v in after.items():
+        assert v.dtype == mx.float32 and np.array_equal(np.array(v), before[k]), k
+        assert _address(v) % 64 == 0, k
+    assert model.head.weight is model.small.weight  # still one array
+    # the 2 MiB-aligned interior of the buffer, or nothing where Linux does not allow it
+    assert covered % (2 << 20) == 0 and covered <= sum(v.nbytes for v in after.values())
     if covered:  # (0 where THP is off, on Linux before 6.1, or no huge page was free)
         huge = [line for line in open("/proc/self/smaps_rollup") if line.startswith("AnonHuge")]
         assert int(huge[0].split()[1]) * 1024 >= covered
-    assert np.array_equal(np.array(model.weight), before)
+    assert mx.array_equal(model.big(x), want).item()
+
+
+def test_a_loaded_models_kernel_weights_start_on_cache_lines(lib, tmp_path):
+    from forkv.engine import load_model
+
+    lm = load_model(str(_quantized_demo("demo:qwen3:tiny", tmp_path / "q4", 32, 4)))
+    assert "forkv-native" in lm.quantization
+    arrays = tree_flatten(lm.model.parameters())
+    assert arrays and all(_address(v) % 64 == 0 for _, v in arrays)

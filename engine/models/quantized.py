@@ -136,7 +136,7 @@ def _try_native(model, what: str, kernel_groups=None, kv_dtype: str = "float32",
     from ..native.attention import use_native_attention
     from ..native.blocks import use_native_blocks
     from ..native.fused import fuse_projections
-    from ..native.layers import advise_huge_pages, unsupported, use_kernel_groups, use_native
+    from ..native.layers import pack_weights, unsupported, use_kernel_groups, use_native
     from ..native.rowwise import use_native_rowwise
 
     missing = unsupported(model)
@@ -157,7 +157,7 @@ def _try_native(model, what: str, kernel_groups=None, kv_dtype: str = "float32",
     mlps = use_native_activations(model, lib)
     # after the others: a layer is fused only where each of its pieces is on the kernels
     blocks = 0 if native.blocks_off() else use_native_blocks(model, lib)
-    huge = advise_huge_pages(model, lib)  # (the same bits, fewer TLB misses)
+    huge = pack_weights(model, lib)  # (the same bits; aligned, fewer TLB misses)
     info = native.status()
     if kv_dtype == "auto":
         kv_dtype = native.DEFAULT_KV_DTYPE

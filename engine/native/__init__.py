@@ -139,7 +139,7 @@ def status() -> NativeInfo:
     if _info is None:
         load(build=False)
     return _info or NativeInfo(False, reason="not built yet: it builds on the first load of a "
-                               "quantized model on the CPU (or run `forkv doctor --build`)")
+                               "quantized model on the CPU, or by `forkv doctor`")
 
 
 def fuse_off() -> bool:

@@ -1,5 +1,6 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -42,7 +43,7 @@ NB_MODULE(_forkv_native, m) {
         "offset"_a = 0, "offsets"_a = nb::none());
   m.def("repack", &forkv::repack, "w"_a, "K"_a, "bits"_a);
   m.def("row_bytes", &forkv::row_bytes, "K"_a, "bits"_a);
-  m.def("advise_huge_pages", &forkv::advise_huge_pages, "a"_a);
+  m.def("pack_arrays", &forkv::pack_arrays, "arrays"_a, "huge"_a);
   m.def("isa", [] { return std::string(forkv::isa_name(forkv::current_isa())); });
   m.def("best_isa", [] { return std::string(forkv::isa_name(forkv::best_isa())); });
   m.def("set_isa", [](const std::string& name) {

@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -13,6 +16,7 @@
 
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
+#include "mlx/transforms.h"
 #include "pool.h"
 #include "qgemm.h"
 #include "strided.h"
@@ -97,23 +101,61 @@ QuantW quant_w(const mx::array& w, const mx::array& scales, const mx::array* bia
   return qw;
 }
 
-size_t advise_huge_pages(const mx::array& a) {
+std::pair<std::vector<mx::array>, size_t> pack_arrays(const std::vector<mx::array>& arrays,
+                                                      bool huge) {
+  constexpr size_t kLine = 64, kHuge = size_t(2) << 20;
+#if !defined(__linux__)
+  huge = false;
+#endif
+  std::vector<mx::array> src;
+  for (const auto& a : arrays) src.push_back(mx::contiguous(a));
+  mx::eval(src);
+  std::vector<size_t> at;
+  size_t total = 0;
+  for (const auto& a : src) {
+    at.push_back(total);
+    total += (a.nbytes() + kLine - 1) & ~(kLine - 1);
+  }
+  // The buffer in 8-byte words (mlx's shapes are int32), from its first line (or 2 MiB) on.
+  const size_t slack = huge ? kHuge : kLine, words = (total + slack) / 8;
+  if (words > size_t(std::numeric_limits<int32_t>::max()))
+    throw std::invalid_argument("forkv pack_arrays: more than 16 GiB at once");
+  auto data = mx::allocator::malloc(words * 8);
+  auto* raw = static_cast<uint8_t*>(data.buffer().raw_ptr());
+  const size_t base = ((reinterpret_cast<uintptr_t>(raw) + slack - 1) & ~uintptr_t(slack - 1)) -
+                      reinterpret_cast<uintptr_t>(raw);  // (a multiple of 8: malloc's is)
+  uint8_t* dst = raw + base;
+  // Huge pages for the whole 2 MiB spans (the last partial one stays on 4 KiB pages: a huge
+  // page there would hold up to 2 MiB nothing uses).
+  const size_t span = huge ? total & ~(kHuge - 1) : 0;
+  size_t on_huge = 0;
 #if defined(__linux__)
-  constexpr uintptr_t kHuge = uintptr_t(2) << 20;
-  const auto at = reinterpret_cast<uintptr_t>(a.data<uint8_t>());
-  const uintptr_t start = (at + kHuge - 1) & ~(kHuge - 1), end = (at + a.nbytes()) & ~(kHuge - 1);
-  if (end <= start) return 0;
-  void* p = reinterpret_cast<void*>(start);
-  const size_t len = end - start;
-  if (madvise(p, len, MADV_HUGEPAGE) != 0) return 0;
 #ifndef MADV_COLLAPSE
 #define MADV_COLLAPSE 25  // Linux 6.1 (older headers lack it; older kernels answer EINVAL)
 #endif
-  return madvise(p, len, MADV_COLLAPSE) == 0 ? len : 0;
-#else
-  (void)a;
-  return 0;
+  const bool advised = span && madvise(dst, span, MADV_HUGEPAGE) == 0;
 #endif
+  Pool& p = pool();
+  p.run(p.num_threads(), [&](int t) {  // (the copy faults the pages in: huge ones if advised)
+    for (size_t i = size_t(t); i < src.size(); i += size_t(p.num_threads()))
+      std::memcpy(dst + at[i], src[i].data<uint8_t>(), src[i].nbytes());
+  });
+#if defined(__linux__)
+  // Where a fault found no huge page free, collapse now; where it did, this returns at once.
+  // (Before Linux 6.1 it fails: the count says 0 though faults may have had huge pages.)
+  if (advised) on_huge = madvise(dst, span, MADV_COLLAPSE) == 0 ? span : 0;
+#endif
+  src.clear();
+  mx::array buffer(std::move(data), {int(words)}, mx::uint64);
+  std::vector<mx::array> out;
+  for (size_t i = 0; i < arrays.size(); ++i) {
+    const auto& a = arrays[i];
+    const size_t first = (base + at[i]) / 8, n = a.nbytes();
+    auto bytes = mx::view(mx::slice(buffer, {int(first)}, {int(first + (n + 7) / 8)}), mx::uint8);
+    out.push_back(mx::reshape(mx::view(mx::slice(bytes, {0}, {int(n)}), a.dtype()), a.shape()));
+  }
+  mx::eval(out);
+  return {std::move(out), on_huge};
 }
 
 Isa current_isa() {

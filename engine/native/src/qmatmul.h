@@ -1,6 +1,7 @@
 #pragma once
 
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "mlx/ops.h"
@@ -36,12 +37,16 @@ QuantW quant_w(const mlx::core::array& w, const mlx::core::array& scales,
 // mlx-packed 5/6-bit weights [N, K*bits/32] as the kernels read them [N, row_bytes].
 mlx::core::array repack(const mlx::core::array& w, int K, int bits);
 
-// Back the 2 MiB-aligned interior of an evaluated array (weights) with huge pages now
-// (madvise MADV_HUGEPAGE, then MADV_COLLAPSE): a decode step streams every weight once, and
-// with 4 KiB pages its matmuls waited on TLB misses. Returns the bytes collapsed; 0 where the
-// kernel or its settings do not allow it (THP "never", Linux before 6.1, not Linux). The
-// array's contents do not change.
-size_t advise_huge_pages(const mlx::core::array& a);
+// Copies of evaluated arrays (weights) in one new buffer, each starting on a 64-byte
+// boundary, so the kernels' whole-line loads never straddle two cache lines; with `huge`, the
+// buffer's pages are advised MADV_HUGEPAGE before the copy faults them in (so they come as
+// 2 MiB pages, small arrays included: a decode step streams every weight once and on 4 KiB
+// pages its matmuls wait on TLB misses) and collapsed after it (MADV_COLLAPSE, Linux 6.1+,
+// where a fault found no huge page free). Returns the copies (views of the buffer, same
+// shapes, dtypes and values) and the bytes on huge pages: 0 where the kernel or its settings
+// do not allow them (THP "never", older Linux, not Linux).
+std::pair<std::vector<mlx::core::array>, size_t> pack_arrays(
+    const std::vector<mlx::core::array>& arrays, bool huge);
 
 Isa current_isa();
 void set_isa(Isa isa);  // tests and benchmarks: a lower ISA than the best
