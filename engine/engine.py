@@ -248,7 +248,8 @@ class Engine:
     def _add(self, handle: RequestHandle, seq, speculate: str = "off", extra=()) -> None:
         self._requests[seq.id] = (handle, seq)
         if seq.sampler.can_verify and self._spec_blocker(speculate) is None:
-            seq.drafter = self.drafts.drafter(seq.tokens, extra, seq.namespace)
+            seq.drafter = self.drafts.drafter(seq.tokens, extra, seq.namespace,
+                                              paced=speculate == "auto")
         self.scheduler.add(seq)
 
     def speculation(self, mode: str | None = None) -> str | None:

@@ -195,7 +195,10 @@ def test_a_drafter_is_quiet_while_it_cools_down_or_finds_nothing():
         d.feedback(4, 0)
     for _ in range(4):  # three misses: four steps without drafting, each known in advance
         assert d.quiet and d.draft(10) == []
-    assert not d.quiet and d.draft(10)
+    # then it stays quiet (a refused draft lets its row run ahead) until a long match wakes it
+    assert d.quiet and d.draft(10) == []
+    tokens += [4, 5, 6, 7, 8, 9]
+    assert d.draft(10) == [1, 2] and not d.quiet  # (the cap follows acceptance)
 
 
 def test_a_quiet_drafter_whose_drafts_were_refused_wakes_for_long_matches_only():
@@ -209,6 +212,64 @@ def test_a_quiet_drafter_whose_drafts_were_refused_wakes_for_long_matches_only()
     assert d.draft(10) == [] and d.quiet  # a short match does not wake it
     tokens += [4, 5, 6]
     assert d.draft(10) == [7, 8, 9] and not d.quiet  # a 6-token one does (cap: acceptance)
+
+
+def test_a_paced_drafter_rests_where_speculating_decodes_slower_than_plain_steps():
+    # chatty text: drafts from 6-token matches mostly refused, each verify ~3 plain steps
+    tokens = list(range(1, 41)) + list(range(1, 7))
+    d = Drafter(tokens)
+    assert d.draft(10)  # a 6-token match
+    d.spent(0.030, 1, plain_s=0.010)  # a refused draft: 2 plain steps lost
+    assert not d.quiet
+    d.spent(0.030, 1, plain_s=0.010)  # two: past the debt allowed
+    for _ in range(4):  # a rest, as for misses
+        assert d.quiet and d.draft(10) == []
+    assert d.draft(10) == []  # and a 6-token match drafts no more: it takes 12
+    tokens += list(range(7, 13))
+    assert d.draft(10)
+
+    # where speculating pays, or before any plain step was timed, it keeps drafting
+    fast = Drafter(list(range(1, 41)) + list(range(1, 7)))
+    for _ in range(4):
+        fast.spent(0.015, 8, plain_s=0.010)
+        fast.spent(0.050, 4, plain_s=None)
+    fast.spent(0.030, 1, plain_s=0.010)  # a refused draft spends banked credit
+    fast.spent(0.030, 1, plain_s=0.010)
+    assert not fast.quiet and fast.draft(10)
+    # and speculate="on" (unpaced) never rests for time
+    forced = Drafter(list(range(1, 41)) + list(range(1, 7)), paced=False)
+    for _ in range(4):
+        forced.spent(0.090, 6, plain_s=0.010)
+    assert forced.draft(10)
+
+
+def test_pace_times_plain_steps_and_hands_speculating_ones_to_the_drafter():
+    from forkv.engine.request.pace import Pace
+
+    spent = []
+
+    class Row:
+        class drafter:  # noqa: N801 (a stand-in for Drafter)
+            @staticmethod
+            def spent(seconds, tokens, plain_s):
+                spent.append((round(seconds, 3), tokens, plain_s))
+
+    row, other, pace = Row(), Row(), Pace()
+    pace.step_done(row, 1.000, 1, False, True)  # the first step starts the clock only
+    assert pace.plain_s is None
+    pace.step_done(row, 1.010, 1, False, True)
+    pace.step_done(row, 1.030, 2, False, True)
+    assert pace.plain_s == pytest.approx(0.010)
+    pace.step_done(row, 1.060, 3, True, True)  # a verify
+    pace.step_done(row, 1.075, 1, False, True)  # the step after it could not run ahead
+    assert spent == [(0.03, 3, pytest.approx(0.01)), (0.015, 1, pytest.approx(0.01))]
+    pace.step_done(row, 1.200, 1, False, False)  # a boundary record shared the step
+    pace.forget()  # a prefill came between
+    pace.step_done(row, 1.500, 1, False, True)
+    pace.step_done(other, 1.510, 1, False, True)  # another row: no interval
+    pace.step_done(None, 1.520, 2, False, True)  # a batch's step
+    pace.step_done(other, 1.530, 1, False, True)
+    assert len(spent) == 2 and pace.plain_s == pytest.approx(0.010)
 
 
 def test_namespaces_draft_from_their_own_outputs_only():

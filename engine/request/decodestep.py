@@ -33,6 +33,8 @@ class StepReport:
     decoded: int = 0  # tokens decoded: one per row, or what a verify step kept
     events: list[tuple[Sequence, GenerationEvent]] = field(default_factory=list)
     delivered: int = 0  # events already handed to `Scheduler.deliver` during the step
+    # a lone row's decode verified a draft, or its drafter kept the step from running ahead
+    speculated: bool = False
 
     @property
     def prefill_tokens(self) -> int:
@@ -47,7 +49,8 @@ class DecodeSteps:
 
         rows, B = self.rows, self.block_size
         step, self._ahead = self._ahead, None
-        if len(rows) == 1 and rows[0].drafter is not None:
+        drafter = rows[0].drafter if len(rows) == 1 else None
+        if drafter is not None:
             draft = self._draft(rows[0])
             if draft:
                 if step is not None:  # the drafter woke while this step ran ahead: undo it
@@ -55,7 +58,11 @@ class DecodeSteps:
                     take_back(self.batch.caches)
                     self.totals.taken_back += 1
                 self._speculate(report, draft)
+                report.speculated = True
                 return
+            # a drafter that may draft next step keeps this one from running ahead: a cost of
+            # speculating (pace.py)
+            report.speculated = not drafter.quiet
         if step is None:
             step = self._build(rows, mx.array([[seq.tokens[-1]] for seq in rows]))
         else:  # its draws were built without taking their keys: take them now

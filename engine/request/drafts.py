@@ -8,8 +8,9 @@ tenant's text would leak it through timing.
 
 Each source is indexed by its n-grams (ngrams.py), and a draft is what followed the longest
 match of the sequence's end. The draft's length follows the match length and
-the request's recent acceptance, and a request whose drafts keep failing stops drafting for
-a while (longer each time), so chatty text pays nothing. A finished request's own index is
+the request's recent acceptance, and a request whose drafts keep failing, or whose
+speculating steps decode slower than plain ones (timed: pace.py), stops drafting for a while
+(longer each time), so chatty text pays next to nothing. A finished request's own index is
 kept a while, frozen compact, for the next request of its namespace that starts with the same
 tokens (a chat's next turn), which reads it beneath an index of its new tokens only and freezes
 the two together when it finishes: a turn costs its own tokens, not the conversation's. Knows
@@ -46,6 +47,12 @@ _QUIET = 2
 # does not repeat seldom pays back (Gemma 3, sampled chat: 2 of 16 drafted tokens accepted,
 # speculation 0.95x off).
 _WAKE = 6
+# What speculating saved or lost, in plain steps' time (pace.py): a refused draft costs ~2-3
+# (the verify, the queued step it takes back, the next step held back; Gemma 3 270M, Zen 4),
+# so two or so refused drafts in text that does not repeat rest a drafter, while text that
+# does banks enough credit that a refused draft or a noisy step does not.
+_DEBT = 3
+_CREDIT = 8
 
 
 _MIN_PRUNE = 1024  # dropped tokens before a prune, however few are live
@@ -93,10 +100,11 @@ class Drafter:
 
     def __init__(self, tokens: list[int], extra: Sequence[Sequence[int]] = (),
                  recent: RecentOutputs | None = None, max_draft: int = MAX_DRAFT,
-                 kept: tuple[NgramLog, int] | None = None):
+                 kept: tuple[NgramLog, int] | None = None, paced: bool = True):
         """`kept` = (index, shared tokens): a finished request's own tokens, frozen, whose
         first `shared` are those of `tokens`, taken over (nothing else may hold it): it is read
-        beneath `own`, which indexes the tokens past `shared` only."""
+        beneath `own`, which indexes the tokens past `shared` only. `paced`: speculating steps
+        slower than plain ones rest it (speculate="auto"; "on" drafts wherever it finds)."""
         self.tokens = tokens  # the request's live token list, grown as it decodes
         self.own: NgramIndex | None = NgramIndex()
         self.base: NgramLog | None = None
@@ -119,6 +127,9 @@ class Drafter:
         self._backoff = 4
         self._dry = 0  # lookups in a row that found nothing to draft
         self._drafted = self._accepted = 0  # over the request
+        self._balance = 0.0  # plain steps speculating saved, net (`spent`)
+        self._need = 0  # the shortest match drafted from: raised while speculating does not pay
+        self.paced = paced
 
     @property
     def quiet(self) -> bool:
@@ -144,8 +155,8 @@ class Drafter:
             other = self.recent.index.best(tokens, keys)  # (it could not match longer)
             if other is not None and (found is None or other[0] > found[0]):
                 found = other
-        if found is None or (self._dry >= _QUIET and found[0] < _WAKE
-                             and 2 * self._accepted < self._drafted):
+        if found is None or found[0] < self._need or (
+                self._dry >= _QUIET and found[0] < _WAKE and 2 * self._accepted < self._drafted):
             self._dry += 1
             return []
         self._dry = 0
@@ -175,12 +186,37 @@ class Drafter:
             self.cap = max(2, min(self.cap, accepted + 2))
         if accepted == 0:
             self._misses += 1
+            # the next steps run ahead: another draft right after a refused one is rare, and
+            # a step held back for one costs more than taking a queued step back then
+            self._dry = _QUIET
             if self._misses >= 3:  # this text does not repeat: stop paying for verifies
-                self._cool, self._misses = self._backoff, 0
-                self._backoff = min(256, self._backoff * 2)
+                self._rest()
         else:
             self._misses = 0
+            if 2 * accepted >= drafted:  # (a draft mostly refused resets no backoff)
+                self._backoff = 4
+
+    def spent(self, seconds: float, tokens: int, plain_s: float | None) -> None:
+        """A step that speculated (verified, or was kept from running ahead to draft) took
+        `seconds` for `tokens`; plain steps take `plain_s` a token (None: not measured yet).
+        What speculating saved or lost is kept as a balance in plain steps, its credit
+        capped: a drafter in debt past `_DEBT` rests a while (longer each time) and then
+        drafts from longer matches only (pace.py)."""
+        if not self.paced or not plain_s:
+            return
+        self._balance = min(_CREDIT, self._balance + tokens - seconds / plain_s)
+        if self._balance < -_DEBT:
+            # what drafts there are come from longer matches, the likelier to hold
+            self._need = min(MAX_MATCH, max(2 * _WAKE, 2 * self._need))
+            self._rest()
+        elif self._balance >= _CREDIT:  # paying well: shorter matches may draft again
             self._backoff = 4
+            self._need //= 2
+
+    def _rest(self) -> None:
+        self._cool, self._misses = self._backoff, 0
+        self._backoff = min(256, self._backoff * 2)
+        self._balance = 0.0
 
 
 def _env_tokens(name: str, default: int) -> int:
@@ -244,9 +280,10 @@ class DraftSources:
     def _forget(self, namespace: str) -> None:
         self.total -= self._recent.pop(namespace).tokens
 
-    def drafter(self, tokens: list[int], extra: Sequence[Sequence[int]], namespace: str
-                ) -> Drafter:
-        return Drafter(tokens, extra, self._of(namespace), kept=self._take(namespace, tokens))
+    def drafter(self, tokens: list[int], extra: Sequence[Sequence[int]], namespace: str,
+                paced: bool = True) -> Drafter:
+        return Drafter(tokens, extra, self._of(namespace), kept=self._take(namespace, tokens),
+                       paced=paced)
 
     def _take(self, namespace: str, tokens: list[int]) -> tuple[NgramLog, int] | None:
         """The kept index of `namespace` that shares the longest prefix with `tokens`, taken

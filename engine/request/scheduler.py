@@ -47,6 +47,7 @@ from .ahead import Step, is_enabled
 from .batchcache import BatchCache
 from .buffers import StepBuffers
 from .decodestep import DecodeSteps, StepReport, top
+from .pace import Pace
 from .sampling import draw_rows
 from .sequence import Sequence
 
@@ -101,6 +102,7 @@ class Scheduler(DecodeSteps):
         self.budget = budget  # the RAM budget: whether running caches leave room for another
         self.runs_ahead = is_enabled()  # whether decode steps may run ahead (ahead.py)
         self._ahead: Step | None = None  # the rows' next decode step, queued
+        self.pace = Pace()  # what a lone row's step costs, plain and speculating (pace.py)
         self.buffers = StepBuffers()  # mlx's buffer cache sized for the step (buffers.py)
 
     @property
@@ -155,6 +157,8 @@ class Scheduler(DecodeSteps):
         totals.record_jobs_s += t0 - t
         self._admit()
         self._prefill(report)
+        if report.prefilled or recomputed:  # not a decode step's cost: time none across it
+            self.pace.forget()
         t1 = time.perf_counter()
         self._deliver_new(report)
         if self.rows and not early and not self._yields(report):
@@ -171,10 +175,14 @@ class Scheduler(DecodeSteps):
     def _timed_decode(self, report: StepReport, t1: float) -> None:
         totals = self.totals
         self.buffers.decode(len(self.rows))
+        lone = self.rows[0] if len(self.rows) == 1 else None
         self._decode(report)
+        now = time.perf_counter()
         totals.decode_steps += 1
         totals.decoded_tokens += report.decoded
-        totals.decode_s += time.perf_counter() - t1
+        totals.decode_s += now - t1
+        self.pace.step_done(lone, now, report.decoded, report.speculated,
+                            clean=not report.recomputed)
 
     # -- the phases ---------------------------------------------------------------------------
     def _admit(self) -> None:
