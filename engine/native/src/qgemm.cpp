@@ -357,12 +357,15 @@ T512 inline void load_last512(const uint8_t* row, int c, __m512i& lo, __m512i& h
 struct PairScales {
   int shift;             // log2 G
   __m512i index;         // lane l: 8l >> shift
+  // a K-quant super-block's second pair (its scales' elements 128 on): lane l, 8l + 128 >> shift
+  __m512i second;
   __mmask16 pair, last;  // the scales a pair loads; a lone last chunk's (no loads past the row)
   T512 explicit PairScales(int g)
       : shift(__builtin_ctz(unsigned(g))),
         index(_mm512_srlv_epi32(_mm512_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88,
                                                   96, 104, 112, 120),
                                 _mm512_set1_epi32(shift))),
+        second(_mm512_add_epi32(index, _mm512_set1_epi32(128 >> shift))),
         pair(mask(128 >> shift)), last(mask(std::max(1, 64 >> shift))) {}
   static __mmask16 mask(int n) { return __mmask16((1u << n) - 1); }
   // lanes `k` (all for a pair, 0-7 for a lone chunk) of the elements from e0
@@ -544,7 +547,7 @@ T512H void tile512(const QuantX& x, const QuantW& w, const PairScales& ps, const
     // took twice the instructions, and a one-row call was bound by them).
     const int num_blocks = w.K / kXBlock, num_pairs = num_chunks / 2;
     // K-quant lanes: a super-block's scales (kp_scales512) spread over its first or second pair
-    const __m512i kidx[2] = {ps.index, _mm512_add_epi32(ps.index, _mm512_set1_epi32(128 >> ps.shift))};
+    const __m512i kidx[2] = {ps.index, ps.second};
     bool whole = true;  // every row of the tile on a cache line
     for (int j = 0; j < NR; ++j) whole &= (reinterpret_cast<uintptr_t>(rows[j]) & 63) == 0;
     for (int p = 0; p < num_pairs; ++p) {
@@ -656,15 +659,13 @@ T512H void tile512(const QuantX& x, const QuantW& w, const PairScales& ps, const
 // super-block's two pairs unrolled: the general tile spent half of a decode matvec's
 // instructions on runtime group-size branches and index arithmetic.
 template <int BITS, int GS, int MR>
-T512H void kq_row512(const QuantX& x, const QuantW& w, int n, float* y, size_t ldy) {
+T512H void kq_row512(const QuantX& x, const QuantW& w, const PairScales& ps, int n, float* y,
+                     size_t ldy) {
   constexpr int kBB = GS == 16 ? 18 : 20;
   const int supers = w.K / kSuperBlock, num_blocks = w.K / kXBlock, num_groups = w.K / GS;
   const uint8_t* row = w.data + size_t(n) * w.row_bytes;
   const uint8_t* kp = w.kparams + size_t(n) * supers * kBB;
-  const __m512i i0 = GS == 16
-      ? _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7)
-      : _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-  const __m512i i1 = _mm512_add_epi32(i0, _mm512_set1_epi32(GS == 16 ? 8 : 4));
+  const __m512i i0 = ps.index, i1 = ps.second;  // tile512's lanes (the same bits)
   __m512 acc[MR];
   for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
   const bool whole = (reinterpret_cast<uintptr_t>(row) & 63) == 0;
@@ -691,11 +692,12 @@ T512H void kq_row512(const QuantX& x, const QuantW& w, int n, float* y, size_t l
 
 template <int BITS, int GS>
 T512 void kq_rows512(const QuantX& x, const QuantW& w, int n0, int n1, float* y, size_t ldy) {
+  const PairScales ps(GS);
   for (int n = n0; n < n1; ++n) {
     switch (x.M) {
-      case 1: kq_row512<BITS, GS, 1>(x, w, n, y, ldy); break;
-      case 2: kq_row512<BITS, GS, 2>(x, w, n, y, ldy); break;
-      default: kq_row512<BITS, GS, 3>(x, w, n, y, ldy); break;
+      case 1: kq_row512<BITS, GS, 1>(x, w, ps, n, y, ldy); break;
+      case 2: kq_row512<BITS, GS, 2>(x, w, ps, n, y, ldy); break;
+      default: kq_row512<BITS, GS, 3>(x, w, ps, n, y, ldy); break;
     }
   }
 }

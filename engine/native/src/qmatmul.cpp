@@ -41,12 +41,12 @@ void run_qgemm(const float* x, int M, int K, const QuantW& w, const std::vector<
   thread_local Scratch scratch;
   Scratch& s = scratch;  // the caller's buffers: a thread_local named in a lambda is the worker's
   const int num_groups = K / w.group_size;
-  s.q.resize(size_t(M) * K);
-  s.dxv.resize(size_t(M) * (K / 64) * 16);
-  s.dx.resize(size_t(M) * (K / kXBlock));
-  s.xsum.resize(size_t(M) * num_groups);
   const bool permuted = w.bits != 8;
   const bool paired = permuted && isa == Isa::avx512vnni;
+  s.q.resize(size_t(M) * K);
+  if (!paired) s.dxv.resize(size_t(M) * (K / 64) * 16);  // (paired kernels read `dx` only)
+  s.dx.resize(size_t(M) * (K / kXBlock));
+  s.xsum.resize(size_t(M) * num_groups);
   Pool& p = pool();
   const int threads = std::max(1, std::min(current_threads(), p.num_threads()));
   // Activations: rows split across threads once there are enough of them.
