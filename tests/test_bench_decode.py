@@ -273,7 +273,8 @@ def test_forkv_plan_sends_each_request_auto_then_off(monkeypatch):
     plan = [("auto", decode._SPECULATED, {"speculate": "auto"}),
             ("off", CASES, {"speculate": "off"})]
     server = _Server()
-    out = decode._run_server(server, plan, asks, True, {"7": -100.0}, 60)
+    out = decode._take_turns([("forkv", lambda: server, plan, True)], asks, 1, {"7": -100.0},
+                             60, [])
     assert server.stopped and set(out) == {"auto", "off"}
     assert set(out["auto"]) == set(decode._SPECULATED) and set(out["off"]) == set(CASES)
     modes = [c["extra"]["speculate"] for c in fake.calls]
@@ -290,8 +291,8 @@ def test_llama_plan_sends_tree_branches_as_seeded_requests(monkeypatch):
     fake = _Fake(llama=True, drafts=(4, 3))
     monkeypatch.setattr(openai, "OpenAI", lambda **kw: fake)
     asks = make_asks(quick=True, max_tokens=3)
-    out = decode._run_server(_Server(), [("ngram-mod", decode._SPECULATED, {})], asks,
-                             False, {}, 60)
+    out = decode._take_turns([("llama", _Server, [("ngram-mod", decode._SPECULATED, {})],
+                               False)], asks, 1, {}, 60, [])
     tree_calls = [c for c in fake.calls if c["temperature"] == 0.8]
     assert len(tree_calls) == 16 and all(c["n"] == 1 for c in fake.calls)
     assert sorted(c["seed"] for c in tree_calls[:8]) == list(range(1234, 1242))
@@ -341,6 +342,40 @@ def test_the_sides_take_turns_and_a_failing_peer_is_a_note(monkeypatch):
     assert order == ["forkv", "peer", "bad", "forkv", "peer"]
     assert set(out) == {"off", "none"} and len(out["none"]["chat"]["first"]) == 2
     assert notes == ["No bad side: RuntimeError: did not start"]
+
+
+def test_every_request_goes_to_each_side_in_turn_with_all_of_them_up(monkeypatch):
+    # sides run minutes apart would read the machine's drift as their ratio
+    import openai
+
+    sent, up = [], []
+
+    class Side(_Server):
+        def __init__(self, name):
+            super().__init__()
+            self.base_url = f"http://127.0.0.1:1/{name}"
+            up.append(self)
+
+    def client(base_url, **kw):
+        fake = _Fake()
+        real = fake.create
+
+        def create(**a):
+            assert not any(s.stopped for s in up[-2:])  # both sides are up for each request
+            sent.append((base_url.rsplit("/", 1)[1], a["messages"][0]["content"][:12]))
+            return real(**a)
+        fake.create = create
+        return fake
+
+    monkeypatch.setattr(openai, "OpenAI", client)
+    asks = {"chat": make_asks(quick=True, max_tokens=3)["chat"]}
+    decode._take_turns([("forkv", lambda: Side("f"), [("off", CASES, {})], True),
+                        ("peer", lambda: Side("p"), [("none", CASES, {})], False)],
+                       asks, 2, {}, 60, [])
+    first, second = (a.messages[0]["content"][:12] for a in asks["chat"])
+    assert sent == [("f", first), ("p", first), ("f", second), ("p", second),  # rep 1
+                    ("p", first), ("f", first), ("p", second), ("f", second)]  # rep 2: rotated
+    assert len(up) == 4 and all(s.stopped for s in up)  # fresh servers each rep, stopped
 
 
 def test_settings_are_checked():

@@ -288,55 +288,74 @@ def _send(client, model: str, ask: Ask, extra: dict, takes_n: bool) -> dict:
         return measure(merge_streams(list(pool.map(one, range(ask.n)))))
 
 
-def _run_server(server: ServerProcess, plan: list[tuple[str, tuple[str, ...], dict]],
-                asks: dict, takes_n: bool, no_eos: dict, timeout_s: float,
-                out: dict | None = None) -> dict:
-    """Append to `out` {mode: {case: {"first"|"second": [row, ...]}}} for `plan`'s (mode,
-    cases, body) on one server, then stop it; each request is sent once per mode, modes in
-    turn (speculation before off: a server may draft from its recent outputs)."""
-    import openai
-
-    out = {} if out is None else out
-    try:
-        server.wait_ready(timeout=timeout_s)
-        client = openai.OpenAI(base_url=server.base_url, api_key="bench", max_retries=0,
-                               timeout=timeout_s)
-        for case in CASES:
-            for which, ask in zip(("first", "second"), asks.get(case, ()), strict=False):
-                for mode, cases, body in plan:
-                    if case in cases:
-                        row = _send(client, server.model, ask, {**body, "logit_bias": no_eos},
-                                    takes_n)
-                        out.setdefault(mode, {}).setdefault(case, {}).setdefault(
-                            which, []).append(row)
-                        print(f"  {server.name} {mode}: {case} {which} "
-                              f"{row['tokens_per_s']} tok/s", file=sys.stderr, flush=True)
-    finally:
-        server.stop()
-    return out
+def _send_plan(client, server: ServerProcess, plan: list[tuple[str, tuple[str, ...], dict]],
+               case: str, which: str, ask: Ask, takes_n: bool, no_eos: dict, out: dict) -> None:
+    """Append to `out` {mode: {case: {which: [row, ...]}}} one request per mode of `plan`
+    (mode, cases, body) that covers `case`, modes in turn (speculation before off: a server
+    may draft from its recent outputs)."""
+    for mode, cases, body in plan:
+        if case in cases:
+            row = _send(client, server.model, ask, {**body, "logit_bias": no_eos}, takes_n)
+            out.setdefault(mode, {}).setdefault(case, {}).setdefault(which, []).append(row)
+            print(f"  {server.name} {mode}: {case} {which} {row['tokens_per_s']} tok/s",
+                  file=sys.stderr, flush=True)
 
 
 def _take_turns(sides: list, asks: dict, reps: int, no_eos: dict, timeout_s: float,
                 notes: list[str]) -> dict:
     """{mode: {case: {which: [row, ...]}}} over `reps` rounds of `sides` ((name, start, plan,
-    takes_n) each): every round starts each side's server afresh, one side after another, so
-    that a machine whose speed drifts over minutes favours no side, and a fresh server per rep
-    drafts nothing from its own earlier output. A peer that fails is a note and is dropped."""
+    takes_n) each). Every round starts each side's server afresh (a fresh server drafts
+    nothing from its own earlier output) and keeps them all up while each request goes to
+    every side in turn, the side that goes first rotating by round: this machine's speed moves
+    by 10-40% between minutes, and sides run minutes apart would read that drift as their
+    ratio. A peer that fails is a note and is dropped; forkv's failure is an error."""
+    import openai
+
     out: dict = {}
     failed: set[str] = set()
-    for _ in range(reps):
-        for name, start, plan, takes_n in sides:
-            if name in failed:
-                continue
-            try:
-                _run_server(start(), plan, asks, takes_n, no_eos, timeout_s, out)
-            except Exception as e:  # a peer's failure is a note, not an error
-                if name == "forkv":
-                    raise
-                failed.add(name)
-                for mode, _, _ in plan:
-                    out.pop(mode, None)
-                notes.append(f"No {name} side: {type(e).__name__}: {e}"[:2000])
+
+    def fail(name: str, plan, e: Exception) -> None:
+        if name == "forkv":
+            raise e
+        failed.add(name)
+        for mode, _, _ in plan:
+            out.pop(mode, None)
+        notes.append(f"No {name} side: {type(e).__name__}: {e}"[:2000])
+
+    for rep in range(reps):
+        up: list = []
+        try:
+            for name, start, plan, takes_n in sides:
+                if name in failed:
+                    continue
+                try:
+                    server = start()
+                except Exception as e:  # a peer's failure is a note, not an error
+                    fail(name, plan, e)
+                    continue
+                up.append((name, server, plan, takes_n))
+                try:
+                    server.wait_ready(timeout=timeout_s)
+                except Exception as e:
+                    fail(name, plan, e)
+            clients = {name: openai.OpenAI(base_url=server.base_url, api_key="bench",
+                                           max_retries=0, timeout=timeout_s)
+                       for name, server, _, _ in up if name not in failed}
+            turn = [side for side in up if side[0] in clients]
+            turn = turn[rep % len(turn):] + turn[:rep % len(turn)] if turn else turn
+            for case in CASES:
+                for which, ask in zip(("first", "second"), asks.get(case, ()), strict=False):
+                    for name, server, plan, takes_n in turn:
+                        if name in failed:
+                            continue
+                        try:
+                            _send_plan(clients[name], server, plan, case, which, ask, takes_n,
+                                       no_eos, out)
+                        except Exception as e:
+                            fail(name, plan, e)
+        finally:
+            for _, server, _, _ in up:
+                server.stop()
     return out
 
 
@@ -520,11 +539,13 @@ _NOTES = [
     "Every case sends a first request (the first case's on a fresh server) and a second, "
     "similar one; the headline reads the second. Greedy (tree: temperature 0.8, fixed seeds) "
     "at a fixed max_tokens, end-of-sequence suppressed (logit_bias) unless no_eos=false.",
-    "Each rep starts forkv serve and then each llama-server afresh, the sides taking turns. "
-    "forkv serve: one process per rep, speculation auto (request field speculate=auto), "
-    "every request sent again with speculate=off right after; identical_to_off compares the "
-    "two texts. llama-server: the same GGUF, tuned (one slot per tree branch, unified KV), one "
-    "process per --spec-type and rep; its texts are compared with the none server's. "
+    "Each rep starts forkv serve and each llama-server afresh and keeps them all up; every "
+    "request goes to each side in turn (the first side rotating by rep), so that the "
+    "machine's drift over minutes favours none. forkv serve: speculation auto (request field "
+    "speculate=auto), every request sent again with speculate=off right after; "
+    "identical_to_off compares the two texts. llama-server: the same GGUF, tuned (one slot "
+    "per tree branch, unified KV), one process per --spec-type and rep; its texts are "
+    "compared with the none server's. "
     "*_vs_llamacpp: forkv auto over llama-server's best spec type; chat_vs_llamacpp and "
     "decode_kernel_ratio (forkv off, kernels) against --spec-type none.",
     "mean_accepted_length = completion tokens / (completion tokens - accepted draft tokens): "
