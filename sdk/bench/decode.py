@@ -338,11 +338,12 @@ def _take_turns(sides: list, asks: dict, reps: int, no_eos: dict, timeout_s: flo
                     server.wait_ready(timeout=timeout_s)
                 except Exception as e:
                     fail(name, plan, e)
+            turn = [side for side in up if side[0] not in failed]
+            first = rep % len(turn) if turn else 0
+            turn = turn[first:] + turn[:first]
             clients = {name: openai.OpenAI(base_url=server.base_url, api_key="bench",
                                            max_retries=0, timeout=timeout_s)
-                       for name, server, _, _ in up if name not in failed}
-            turn = [side for side in up if side[0] in clients]
-            turn = turn[rep % len(turn):] + turn[:rep % len(turn)] if turn else turn
+                       for name, server, _, _ in turn}
             for case in CASES:
                 for which, ask in zip(("first", "second"), asks.get(case, ()), strict=False):
                     for name, server, plan, takes_n in turn:
