@@ -34,7 +34,7 @@ def _isas(lib):
 
 
 def _kernel_weight(lib, w, K, bits):
-    return lib.repack(w, K, bits) if bits in (5, 6) else w
+    return lib.repack(w, K, bits) if bits in (5, 6, 8) else w
 
 
 def _reference(x, w, s, b, bits, g):
@@ -289,15 +289,17 @@ def test_a_split_call_gives_each_range_the_bits_of_its_own_call(lib, bits):
 
 
 @pytest.mark.parametrize("bits,group_size", [(4, 32), (5, 32), (6, 16), (8, 32), (8, 128)])
-def test_symmetric_groups_without_biases_give_the_affine_bits(lib, bits, group_size):
+def test_symmetric_groups_without_biases_need_no_bias_term(lib, bits, group_size):
     # A GGUF's Q8_0, Q4_0, Q5_0 and Q6_K: each bias is -2^(bits-1) times its scale, so the
-    # kernels take no biases (and f16 scales as float16) and derive the same values.
+    # kernels take no biases (and f16 scales as float16). The portable and AVX2 paths derive
+    # the biases (the affine bits); AVX-512's tiles sum x * (q - 2^(bits-1)) in int32 instead,
+    # with no bias term: the same bits whatever the rows, and close to the affine values.
     from forkv.engine.models.gguf.blocks import pack
 
     N, K, M = 37, 640, 9
     rng = np.random.default_rng(bits)
-    w = mx.array(pack(rng.integers(0, 1 << bits, (N, K)).astype(np.uint8), bits))
-    wk = _kernel_weight(lib, w, K, bits)
+    q = rng.integers(0, 1 << bits, (N, K)).astype(np.uint8)
+    wk = _kernel_weight(lib, mx.array(pack(q, bits)), K, bits)
     half = mx.array((rng.random((N, K // group_size)) * 0.02 - 0.01).astype(np.float16))
     full = mx.array((rng.random((N, K // group_size)) * 0.02 - 0.01).astype(np.float32))
     x = mx.random.normal((M, K), key=mx.random.key(bits))
@@ -306,11 +308,20 @@ def test_symmetric_groups_without_biases_give_the_affine_bits(lib, bits, group_s
         lib.set_isa(isa)
         for scales, given in ((half.astype(mx.float32), half), (full, full)):
             affine = lib.quantized_matmul(x, wk, scales, scales * shift, bits, group_size)
-            assert mx.array_equal(affine, lib.quantized_matmul(x, wk, given, None, bits,
-                                                               group_size)).item(), isa
+            sym = lib.quantized_matmul(x, wk, given, None, bits, group_size)
+            assert mx.array_equal(sym, lib.quantized_matmul(x, wk, scales, None, bits,
+                                                            group_size)).item(), isa
+            if isa == "avx512vnni":  # closer to the exact product than the affine sums
+                exact = np.array(x, np.float64) @ (
+                    np.repeat(np.array(scales, np.float64), group_size, axis=1)
+                    * (q.astype(np.float64) + shift)).T
+                err_sym = np.abs(np.array(sym) - exact).max()
+                assert 0 < err_sym <= np.abs(np.array(affine) - exact).max(), isa
+            else:
+                assert mx.array_equal(affine, sym).item(), isa
             rows = mx.concatenate([lib.quantized_matmul(x[i:i + 1], wk, given, None, bits,
                                                         group_size) for i in range(M)])
-            assert mx.array_equal(affine, rows).item(), isa
+            assert mx.array_equal(sym, rows).item(), isa
 
 
 def test_use_native_keeps_symmetric_groups_compact(lib):
@@ -322,7 +333,8 @@ def test_use_native_keeps_symmetric_groups_compact(lib):
     sym["scales"] = sym["scales"].astype(mx.float16).astype(mx.float32)
     sym["biases"] = sym["scales"] * -128.0
     x = mx.random.normal((3, 128))
-    want = lib.quantized_matmul(x, sym["weight"], sym["scales"], sym["biases"], 8, 32)
+    want = lib.quantized_matmul(x, lib.repack(sym["weight"], 128, 8), sym["scales"], None, 8,
+                                32)
     assert use_native(model, lib) == 2
     assert "biases" not in sym and sym["scales"].dtype == mx.float16
     assert "biases" in affine and affine["scales"].dtype == mx.float32
@@ -528,7 +540,7 @@ def test_fused_projections_give_the_bits_of_separate_calls(lib, tmp_path, monkey
     _assert_fused_bits(fused, separate)
     # a member called with another input, or twice, computes again: never a stale result
     attn = fused.model.layers[0].self_attn
-    x = mx.ones((1, 2, attn.q_proj["weight"].shape[1] * 32 // bits))
+    x = mx.ones((1, 2, attn.q_proj["scales"].shape[1] * 32))
     y = mx.zeros_like(x)
     first = attn.k_proj(x)
     assert mx.array_equal(attn.k_proj(y), separate.model.layers[0].self_attn.k_proj(y)).item()

@@ -34,8 +34,9 @@ __all__ = ["DEFAULT_KV_DTYPE", "NativeInfo", "blocks_off", "fuse_off", "kernel_l
 # 2: decode attention, RMS norm and RoPE; 3: activations, prefill attention, groups of 16;
 # 4: only a marked class's own code gets the kernels' activations (a model module's compiled
 # helpers, e.g. Gemma 4's geglu, keep mlx's); 5: AVX-512's 4/5/6-bit matmuls add the evens'
-# and the odds' int32 dot products of an 8-element block before converting them.
-KERNEL_VERSION = 5
+# and the odds' int32 dot products of an 8-element block before converting them; 6: 8-bit
+# weights in the same paired layout (and AVX2's 8-bit path sums the two halves as well).
+KERNEL_VERSION = 6
 # What cached K/V are stored in where the kernels run attention, unless asked otherwise:
 # half float32's bytes, within 0.5% of its perplexity on Gemma 3 and SmolLM2 (docs/memory.md).
 DEFAULT_KV_DTYPE = "float16"
@@ -114,7 +115,8 @@ def choose_matvec(module) -> str:
     import mlx.core as mx
 
     N, K = 65536, 640
-    w = mx.full((N, K // 4), 0x5A3C96E1, mx.uint32)  # (the values change no timing)
+    w = mx.full((N, K), 0x5A, mx.uint8)  # (8-bit rows in the kernels' layout: values change
+    # no timing)
     s = mx.ones((N, K // 32), mx.float32)
     b = mx.zeros((N, K // 32), mx.float32)
     x = mx.full((1, K), 0.5)  # (not mx.random: the process's random state stays as it was)

@@ -1,7 +1,7 @@
 """mlx-lm's quantized layers on forkv's kernels: `use_native(model, lib)` converts them in place.
 
 A `QuantizedLinear` becomes a `NativeQuantizedLinear` (same module, same parameter names; the
-weight repacked for 5/6 bits, scales and biases float32; symmetric groups, a GGUF's Q8_0, Q4_0,
+weight repacked for 5/6/8 bits, scales and biases float32; symmetric groups, a GGUF's Q8_0, Q4_0,
 Q5_0 and Q6_K, keep no biases and f16 scales as float16: see `_kernel_arrays`; a GGUF's K-quants
 keep their own super-block params as uint8 `scales` instead: `take_kernel_params`) and a
 `QuantizedEmbedding` a
@@ -21,8 +21,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 __all__ = ["NativeGroupsEmbedding", "NativeQuantizedEmbedding", "NativeQuantizedLinear",
-           "expand_kparams", "kernel_keys", "lookup_rows", "take_kernel_params", "unsupported",
-           "use_kernel_groups", "use_native"]
+           "expand_kparams", "kernel_keys", "lookup_rows", "mlx_rows8", "take_kernel_params",
+           "unsupported", "use_kernel_groups", "use_native"]
 
 _BITS = (4, 5, 6, 8)
 _GROUPS = (32, 64, 128)
@@ -53,13 +53,21 @@ class NativeQuantizedEmbedding(nn.QuantizedEmbedding):
     lookup_dtype = mx.float32
 
     def __call__(self, x):
+        # 4-bit rows are mlx's packing, shared with the kernels (5/6-bit: mlx's copy kept);
+        # 8-bit ones exist only in the kernels' layout, and the rows looked up are put back in
+        # mlx's (the same bytes)
+        rows = (self["weight"][x] if "weight" in self
+                else mlx_rows8(self["kernel_weight"][x]))
         if "scales" in self:
-            return super().__call__(x)
+            biases = self.get("biases")
+            return mx.dequantize(rows, scales=self["scales"][x],
+                                 biases=biases[x] if biases is not None else None,
+                                 group_size=self.group_size, bits=self.bits, mode=self.mode)
         scales = self["kernel_scales"][x].astype(mx.float32)
         biases = scales * -float(1 << (self.bits - 1))
         if self.lookup_dtype != mx.float32:
             scales, biases = scales.astype(self.lookup_dtype), biases.astype(self.lookup_dtype)
-        return mx.dequantize(self["weight"][x], scales=scales, biases=biases,
+        return mx.dequantize(rows, scales=scales, biases=biases,
                              group_size=self.group_size, bits=self.bits, mode=self.mode)
 
     def as_linear(self, x):
@@ -141,9 +149,26 @@ def take_kernel_params(m, kp) -> bool:
     return True
 
 
+def mlx_rows8(rows):
+    """8-bit rows in the kernels' layout (uint8 [..., K]; qgemm.h: per 128 values the evens of
+    two chunks of 64, then their odds; a lone last chunk its evens, then its odds) in mlx's
+    packing (uint32 [..., K / 4]), byte for byte what `repack` was given."""
+    *lead, K = rows.shape
+    pairs = K // 128
+    parts = []
+    if pairs:  # [pair, parity, chunk, i] -> [pair, chunk, i, parity]
+        head = rows[..., :128 * pairs].reshape(*lead, pairs, 2, 2, 32)
+        parts.append(mx.moveaxis(head, -3, -1).reshape(*lead, 128 * pairs))
+    if K % 128:  # [parity, i] -> [i, parity]
+        tail = rows[..., 128 * pairs:].reshape(*lead, 2, 32)
+        parts.append(mx.swapaxes(tail, -1, -2).reshape(*lead, 64))
+    out = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)
+    return mx.contiguous(out).view(mx.uint32)
+
+
 def lookup_rows(weight, scales, ids, bits: int, group_size: int):
     """Rows `ids` of symmetric groups in the kernels' layout (`weight` [N, row bytes] uint8 for
-    5/6 bits, mlx's uint32 packing for 4/8; `scales` [N, K/group_size] float16 or float32, or
+    5/6/8 bits, mlx's uint32 packing for 4; `scales` [N, K/group_size] float16 or float32, or
     K-quant params) dequantized to float32: `scale * (q - 2^(bits-1))` for each value. Only
     the gathered rows are unpacked."""
     rows = weight[ids]
@@ -151,7 +176,7 @@ def lookup_rows(weight, scales, ids, bits: int, group_size: int):
         rows = rows.view(mx.uint8)
     lead = rows.shape[:-1]
     if bits == 8:
-        q = rows
+        q = mlx_rows8(rows).view(mx.uint8)
     else:  # per chunk of 64: 32 bytes of nibbles (elements 2b, 2b + 1), then the bit planes
         chunk = 32 + 8 * (bits - 4)
         rows = rows.reshape(*lead, -1, chunk)
@@ -212,9 +237,9 @@ def kernel_keys(module) -> tuple[str, ...]:
 
 
 def _kernel_arrays(lib, weight, scales, biases, bits: int, group_size: int):
-    """mlx-packed affine groups as the kernels read them: 5/6-bit rows repacked, float32
+    """mlx-packed affine groups as the kernels read them: 5/6/8-bit rows repacked, float32
     scales and biases (None for symmetric groups; see `_compact`)."""
-    if bits in (5, 6):
+    if bits in (5, 6, 8):
         weight = lib.repack(weight, scales.shape[-1] * group_size, bits)
     scales, biases = scales.astype(mx.float32), biases.astype(mx.float32)
     return (weight, *_compact(scales, biases, bits))
@@ -256,9 +281,12 @@ def use_native(model, lib, params: dict | None = None) -> int:
         if isinstance(m, nn.QuantizedLinear):
             _set_kernel_arrays(m, ("weight", "scales", "biases"), (weight, scales, biases))
             m.__class__ = NativeQuantizedLinear
-        else:  # lookups keep mlx's arrays; 4/8-bit weights are shared, not copied
+        else:  # lookups keep mlx's arrays; 4-bit weights are shared, not copied, and 8-bit
+            # ones, repacked, are looked up from the kernels' copy (mlx_rows8)
             _set_kernel_arrays(m, ("kernel_weight", "kernel_scales", "kernel_biases"),
                                (weight, scales, biases))
+            if m.bits == 8:
+                del m["weight"]
             if biases is None:  # lookups derive them from the kernel scales
                 del m["scales"], m["biases"]
             m.__class__ = NativeQuantizedEmbedding

@@ -30,9 +30,17 @@ inline int lane_block(int lane, bool permuted) {
   return element_at(4 * lane, permuted) / kXBlock;
 }
 
+// Byte of element k (0..63) of chunk c in an 8-bit kernel row (qgemm.h): chunks in pairs,
+// [evens c | evens c+1 | odds c | odds c+1] (32 bytes each), a lone last chunk [evens | odds].
+inline size_t byte8_at(int c, int k, int num_chunks) {
+  const size_t half = size_t(k & 1), i = size_t(k >> 1);
+  if (c / 2 * 2 + 1 < num_chunks) return 128 * size_t(c / 2) + 64 * half + 32 * (c & 1) + i;
+  return 64 * size_t(c) + 32 * half + i;
+}
+
 // Value of element k (0..63) of chunk c of a kernel-layout row, for the portable path.
-inline int weight_at(const uint8_t* row, int bits, int c, int k) {
-  if (bits == 8) return row[64 * c + k];
+inline int weight_at(const uint8_t* row, int bits, int c, int k, int num_chunks) {
+  if (bits == 8) return row[byte8_at(c, k, num_chunks)];
   const size_t chunk = 32 + 8 * (bits - 4);
   const uint8_t* p = row + chunk * c;
   int v = (p[k >> 1] >> ((k & 1) * 4)) & 15;
@@ -140,7 +148,7 @@ Isa best_isa() {
 
 void quantize_rows(const float* x, size_t ldx, int m0, int m1, int K, int group_size,
                    bool permuted, bool paired, int8_t* q, float* dxv, float* dx, float* xsum,
-                   Isa /*isa*/) {
+                   int32_t* xshift, int shift_mul, Isa /*isa*/) {
   constexpr int kPerChunk = 64 / kXBlock;
   const int num_blocks = K / kXBlock, num_chunks = K / 64, num_groups = K / group_size;
   for (int m = m0; m < m1; ++m) {
@@ -167,10 +175,13 @@ void quantize_rows(const float* x, size_t ldx, int m0, int m1, int K, int group_
         even = qr + 128 * (c / 2) + 32 * (c & 1);
         odd = even + 64;
       }
+      int32_t sum = 0;
       for (int i = 0; i < kXBlock; i += 2) {
         even[(e0 + i) >> 1] = int8_t(std::nearbyint(xb[i] * inv));
         odd[(e0 + i) >> 1] = int8_t(std::nearbyint(xb[i + 1] * inv));
+        sum += int32_t(even[(e0 + i) >> 1]) + int32_t(odd[(e0 + i) >> 1]);
       }
+      if (xshift) xshift[size_t(m) * num_blocks + b] = -shift_mul * sum;
     }
     if (!paired) {  // (the paired kernels read `dx` itself)
       float* vr = dxv + size_t(m) * num_chunks * 16;
@@ -198,7 +209,7 @@ namespace {
 
 void qgemm_scalar(const QuantX& x, const QuantW& w, int n0, int n1, float* y, size_t ldy) {
   const int num_chunks = w.K / 64, num_groups = w.K / w.group_size;
-  const bool permuted = w.bits != 8;
+  const bool permuted = x.permuted;
   thread_local std::vector<float> buf;
   buf.resize(2 * size_t(num_groups));
   for (int n = n0; n < n1; ++n) {
@@ -218,7 +229,7 @@ void qgemm_scalar(const QuantX& x, const QuantW& w, int n0, int n1, float* y, si
           for (int pos = 0; pos < 64; ++pos) {
             const int e = element_at(pos, permuted);
             if (e / span != part) continue;
-            dot += int32_t(qr[64 * c + pos]) * weight_at(row, w.bits, c, e);
+            dot += int32_t(qr[64 * c + pos]) * weight_at(row, w.bits, c, e, num_chunks);
           }
           acc += float(dot) * (sc[(64 * c + span * part) / w.group_size] * dr[b]);
         }
@@ -285,26 +296,19 @@ T256 RowParams row_params256(const QuantW& w, int n0, int n1, float* buf) {
   return w.kparams ? kparams_rows256(w, n0, n1, buf) : row_params(w, n0, n1, buf);
 }
 
-// An 8-bit row's chunk c (64 weights, one byte each) and its lane scales for group size G
-// (lane l holds elements 4l..4l+3: with groups of 32, lanes 8-15 take the second group's).
-T512 inline __m512i load_chunk512(const uint8_t* row, int c) {
-  return _mm512_loadu_si512(row + 64 * c);
-}
-
-T512 inline __m512 scale_vec512(const float* sc, int c, int group_size) {
-  if (group_size == 32)
-    return _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(sc[2 * c]), _mm512_set1_ps(sc[2 * c + 1]));
-  return _mm512_set1_ps(sc[(64 * c) / group_size]);
-}
-
-// Chunks c = 2p and 2p + 1 of a 4/5/6-bit row (QuantX::paired): `lo` the evens of both (bytes
-// 0-31 chunk 2p's, 32-63 chunk 2p+1's), `hi` their odds.
+// Chunks c = 2p and 2p + 1 of a row (QuantX::paired): `lo` the evens of both (bytes 0-31
+// chunk 2p's, 32-63 chunk 2p+1's), `hi` their odds. An 8-bit row holds them so (qgemm.h).
 // (`whole`: 4-bit rows that start on a cache line read a pair in one load; others in two
 // halves, since a 64-byte load across two lines, every other row of SmolLM2's 288-byte rows,
 // costs more than the insert.)
 template <int BITS>
 T512 inline void load_pair512(const uint8_t* row, int p, __m512i& lo, __m512i& hi,
                               bool whole = false) {
+  if constexpr (BITS == 8) {
+    lo = _mm512_loadu_si512(row + 128 * size_t(p));
+    hi = _mm512_loadu_si512(row + 128 * size_t(p) + 64);
+    return;
+  }
   constexpr size_t chunk = 32 + 8 * (BITS - 4);
   const uint8_t* a = row + chunk * size_t(2 * p);
   const uint8_t* b = a + chunk;
@@ -335,6 +339,12 @@ T512 inline void load_pair512(const uint8_t* row, int p, __m512i& lo, __m512i& h
 // A lone last chunk c in lanes 0-7 (evens in `lo`, odds in `hi`), lanes 8-15 zero.
 template <int BITS>
 T512 inline void load_last512(const uint8_t* row, int c, __m512i& lo, __m512i& hi) {
+  if constexpr (BITS == 8) {
+    const uint8_t* a = row + 64 * size_t(c);
+    lo = _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)));
+    hi = _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 32)));
+    return;
+  }
   constexpr size_t chunk = 32 + 8 * (BITS - 4);
   const uint8_t* a = row + chunk * size_t(c);
   const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
@@ -378,10 +388,11 @@ struct PairScales {
 // One pair's contribution to a (row, weight row) accumulator: the two dot products of the
 // evens and odds add in int32, then one conversion and one FMA with the lane scales (weight
 // scale times activation block scale). tile512 and kq_row512 both use it: their bits agree.
+// `init`: what the int32 sums start from (zero; symmetric groups: -2^(bits-1) times the
+// block's activation sum, QuantX::xshift).
 T512 inline __m512 pair_fma512(__m512 acc, __m512i lo, __m512i hi, __m512i xlo, __m512i xhi,
-                               __m512 sv, __m512 dv) {
-  const __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xlo),
-                                          hi, xhi);
+                               __m512 sv, __m512 dv, __m512i init = _mm512_setzero_si512()) {
+  const __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(init, lo, xlo), hi, xhi);
   return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(sv, dv), acc);
 }
 
@@ -514,90 +525,74 @@ T512H void tile512(const QuantX& x, const QuantW& w, const PairScales& ps, const
     sc[j] = KP ? nullptr : scales + size_t(j) * num_groups;
     kp[j] = KP ? w.kparams + size_t(n0 + j) * kp_row : nullptr;
   }
-  const __m512i zero = _mm512_setzero_si512();
   constexpr size_t kChunkBytes = BITS == 8 ? 64 : 32 + 8 * (BITS - 4);
-  if constexpr (BITS == 8) {
-    for (int c = 0; c < num_chunks; ++c) {
-      __m512i wv[NR];
-      __m512 sv[NR];
-      if (ahead)
-        for (int j = 0; j < NR; ++j)
-          _mm_prefetch(reinterpret_cast<const char*>(rows[j] + ahead + kChunkBytes * c),
-                       _MM_HINT_T0);
+  // Symmetric groups: the int32 sums start at -2^(bits-1) times each block's activation sum
+  // (QuantX::xshift), so they are sums of x * (q - 2^(bits-1)) and no bias term is left (a
+  // third of an 8-bit head's tile went to it at K = 640).
+  constexpr bool kShifted = SYM;
+  // Chunks in pairs (QuantX::paired): the evens of both chunks in one register and their
+  // odds in another, so lane l of both covers the same 8-element activation block (16p + l)
+  // and their two dot products add in int32 before one conversion: per 128 weights one
+  // load (8 bits: two), three ops of unpacking (8 bits: none), two dpbusd, one conversion,
+  // one fma (a chunk at a time took twice the instructions, and a one-row call was bound by
+  // them; 8-bit rows were read a chunk at a time until kernel version 6).
+  const int num_blocks = w.K / kXBlock, num_pairs = num_chunks / 2;
+  // K-quant lanes: a super-block's scales (kp_scales512) spread over its first or second pair
+  const __m512i kidx[2] = {ps.index, ps.second};
+  bool whole = true;  // every row of the tile on a cache line
+  for (int j = 0; j < NR; ++j) whole &= (reinterpret_cast<uintptr_t>(rows[j]) & 63) == 0;
+  for (int p = 0; p < num_pairs; ++p) {
+    __m512i lo[NR], hi[NR];
+    __m512 sv[NR];
+    if (ahead)
       for (int j = 0; j < NR; ++j) {
-        wv[j] = load_chunk512(rows[j], c);
-        sv[j] = scale_vec512(sc[j], c, w.group_size);
+        const char* at = reinterpret_cast<const char*>(rows[j] + ahead + 2 * kChunkBytes * p);
+        _mm_prefetch(at, _MM_HINT_T0);
+        if constexpr (BITS > 4) _mm_prefetch(at + 64, _MM_HINT_T0);
       }
-      for (int i = 0; i < MR; ++i) {
-        const size_t m = size_t(m0 + i);
-        const __m512i xv = _mm512_loadu_si512(x.q + m * w.K + 64 * c);
-        const __m512 dv = _mm512_loadu_ps(x.dxv + (m * num_chunks + c) * 16);
-        for (int j = 0; j < NR; ++j) {
-          const __m512i dot = _mm512_dpbusd_epi32(zero, wv[j], xv);
-          acc[i][j] =
-              _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(sv[j], dv), acc[i][j]);
-        }
+    for (int j = 0; j < NR; ++j) {
+      load_pair512<BITS>(rows[j], p, lo[j], hi[j], whole);
+      if constexpr (KP) {  // a super-block is 2 pairs
+        if (p % 2 == 0)
+          ks[j] = kp_scales512(kp[j] + size_t(p / 2) * kparams_bytes(w.group_size),
+                               w.group_size);
+        sv[j] = _mm512_permutexvar_ps(kidx[p % 2], ks[j]);
+      } else {
+        sv[j] = ps.at(sc[j], 128 * p, __mmask16(0xFFFF));
       }
     }
-  } else {
-    // Chunks in pairs (QuantX::paired): the evens of both chunks in one register and their
-    // odds in another, so lane l of both covers the same 8-element activation block (16p + l)
-    // and their two dot products add in int32 before one conversion: per 128 weights one
-    // load, three ops of unpacking, two dpbusd, one conversion, one fma (a chunk at a time
-    // took twice the instructions, and a one-row call was bound by them).
-    const int num_blocks = w.K / kXBlock, num_pairs = num_chunks / 2;
-    // K-quant lanes: a super-block's scales (kp_scales512) spread over its first or second pair
-    const __m512i kidx[2] = {ps.index, ps.second};
-    bool whole = true;  // every row of the tile on a cache line
-    for (int j = 0; j < NR; ++j) whole &= (reinterpret_cast<uintptr_t>(rows[j]) & 63) == 0;
-    for (int p = 0; p < num_pairs; ++p) {
-      __m512i lo[NR], hi[NR];
-      __m512 sv[NR];
-      if (ahead)
-        for (int j = 0; j < NR; ++j) {
-          const char* at = reinterpret_cast<const char*>(rows[j] + ahead + 2 * kChunkBytes * p);
-          _mm_prefetch(at, _MM_HINT_T0);
-          if constexpr (BITS > 4) _mm_prefetch(at + 64, _MM_HINT_T0);
-        }
-      for (int j = 0; j < NR; ++j) {
-        load_pair512<BITS>(rows[j], p, lo[j], hi[j], whole);
-        if constexpr (KP) {  // a super-block is 2 pairs
-          if (p % 2 == 0)
-            ks[j] = kp_scales512(kp[j] + size_t(p / 2) * kparams_bytes(w.group_size),
-                                 w.group_size);
-          sv[j] = _mm512_permutexvar_ps(kidx[p % 2], ks[j]);
-        } else {
-          sv[j] = ps.at(sc[j], 128 * p, __mmask16(0xFFFF));
-        }
-      }
-      for (int i = 0; i < MR; ++i) {
-        const size_t m = size_t(m0 + i);
-        const int8_t* xq = x.q + m * w.K + 128 * p;
-        const __m512i xlo = _mm512_loadu_si512(xq), xhi = _mm512_loadu_si512(xq + 64);
-        const __m512 dv = _mm512_loadu_ps(x.dx + m * num_blocks + 16 * p);
-        for (int j = 0; j < NR; ++j)
-          acc[i][j] = pair_fma512(acc[i][j], lo[j], hi[j], xlo, xhi, sv[j], dv);
-      }
+    for (int i = 0; i < MR; ++i) {
+      const size_t m = size_t(m0 + i);
+      const int8_t* xq = x.q + m * w.K + 128 * p;
+      const __m512i xlo = _mm512_loadu_si512(xq), xhi = _mm512_loadu_si512(xq + 64);
+      const __m512 dv = _mm512_loadu_ps(x.dx + m * num_blocks + 16 * p);
+      const __m512i init = kShifted ? _mm512_loadu_si512(x.xshift + m * num_blocks + 16 * p)
+                                    : _mm512_setzero_si512();
+      for (int j = 0; j < NR; ++j)
+        acc[i][j] = pair_fma512(acc[i][j], lo[j], hi[j], xlo, xhi, sv[j], dv, init);
     }
-    if (num_chunks % 2) {  // a lone last chunk (never a K-quant's: 256 | K): lanes 0-7
-      const int c = num_chunks - 1;
-      __m512i lo[NR], hi[NR];
-      __m512 sv[NR];
-      for (int j = 0; j < NR; ++j) {
-        load_last512<BITS>(rows[j], c, lo[j], hi[j]);
-        sv[j] = ps.at(sc[j], 64 * c, __mmask16(0x00FF));
-      }
-      for (int i = 0; i < MR; ++i) {
-        const size_t m = size_t(m0 + i);
-        const int8_t* xq = x.q + m * w.K + 64 * c;
-        const __m512i xlo = _mm512_zextsi256_si512(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq)));
-        const __m512i xhi = _mm512_zextsi256_si512(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32)));
-        const __m512 dv = _mm512_maskz_loadu_ps(__mmask16(0x00FF), x.dx + m * num_blocks + 8 * c);
-        for (int j = 0; j < NR; ++j)
-          acc[i][j] = pair_fma512(acc[i][j], lo[j], hi[j], xlo, xhi, sv[j], dv);
-      }
+  }
+  if (num_chunks % 2) {  // a lone last chunk (never a K-quant's: 256 | K): lanes 0-7
+    const int c = num_chunks - 1;
+    __m512i lo[NR], hi[NR];
+    __m512 sv[NR];
+    for (int j = 0; j < NR; ++j) {
+      load_last512<BITS>(rows[j], c, lo[j], hi[j]);
+      sv[j] = ps.at(sc[j], 64 * c, __mmask16(0x00FF));
+    }
+    for (int i = 0; i < MR; ++i) {
+      const size_t m = size_t(m0 + i);
+      const int8_t* xq = x.q + m * w.K + 64 * c;
+      const __m512i xlo = _mm512_zextsi256_si512(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq)));
+      const __m512i xhi = _mm512_zextsi256_si512(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32)));
+      const __m512 dv = _mm512_maskz_loadu_ps(__mmask16(0x00FF), x.dx + m * num_blocks + 8 * c);
+      const __m512i init =
+          kShifted ? _mm512_maskz_loadu_epi32(__mmask16(0x00FF), x.xshift + m * num_blocks + 8 * c)
+                   : _mm512_setzero_si512();
+      for (int j = 0; j < NR; ++j)
+        acc[i][j] = pair_fma512(acc[i][j], lo[j], hi[j], xlo, xhi, sv[j], dv, init);
     }
   }
   if constexpr (MR * NR < 4) {
@@ -605,7 +600,10 @@ T512H void tile512(const QuantX& x, const QuantW& w, const PairScales& ps, const
       const float* xs = x.xsum + size_t(m0 + i) * num_groups;
       for (int j = 0; j < NR; ++j) {
         float bias;
-        if constexpr (KP) {
+        if constexpr (kShifted) {
+          y[size_t(m0 + i) * ldy + n0 + j] = _mm512_reduce_add_ps(acc[i][j]);
+          continue;
+        } else if constexpr (KP) {
           bias = kp_bias_dot512(kp[j], xs, num_groups, w.group_size, shift);
         } else {
           const float* bi = SYM ? nullptr : biases + size_t(j) * num_groups;
@@ -622,6 +620,13 @@ T512H void tile512(const QuantX& x, const QuantW& w, const PairScales& ps, const
     for (int i = 0; i < MR; ++i)
       for (int j = 0; j < NR; ++j) v[4 * j + i] = acc[i][j];
     const __m512 sums = reduce16(v);
+    if constexpr (kShifted) {
+      alignas(64) float out[16];
+      _mm512_store_ps(out, sums);
+      for (int i = 0; i < MR; ++i)
+        for (int j = 0; j < NR; ++j) y[size_t(m0 + i) * ldy + n0 + j] = out[4 * i + j];
+      return;
+    }
     for (int i = 0; i < MR; ++i)
       for (int j = 0; j < NR; ++j) v[4 * j + i] = _mm512_setzero_ps();
     int g = 0;
@@ -662,6 +667,7 @@ template <int BITS, int GS, int MR>
 T512H void kq_row512(const QuantX& x, const QuantW& w, const PairScales& ps, int n, float* y,
                      size_t ldy) {
   constexpr int kBB = GS == 16 ? 18 : 20;
+  constexpr bool kSym = GS == 16;  // (groups of 16: Q6_K, symmetric)
   const int supers = w.K / kSuperBlock, num_blocks = w.K / kXBlock, num_groups = w.K / GS;
   const uint8_t* row = w.data + size_t(n) * w.row_bytes;
   const uint8_t* kp = w.kparams + size_t(n) * supers * kBB;
@@ -678,15 +684,22 @@ T512H void kq_row512(const QuantX& x, const QuantW& w, const PairScales& ps, int
       const __m512 sv = _mm512_permutexvar_ps(h ? i1 : i0, ks);
       for (int i = 0; i < MR; ++i) {
         const int8_t* xq = x.q + size_t(i) * w.K + 128 * size_t(p);
+        const size_t at = size_t(i) * num_blocks + 16 * p;
+        const __m512i init = kSym ? _mm512_loadu_si512(x.xshift + at) : _mm512_setzero_si512();
         acc[i] = pair_fma512(acc[i], lo, hi, _mm512_loadu_si512(xq), _mm512_loadu_si512(xq + 64),
-                             sv, _mm512_loadu_ps(x.dx + size_t(i) * num_blocks + 16 * p));
+                             sv, _mm512_loadu_ps(x.dx + at), init);
       }
     }
   }
   const __m512 shift = _mm512_set1_ps(-float(1 << (BITS - 1)));
   for (int i = 0; i < MR; ++i) {
-    const float bias = kp_bias_dot512(kp, x.xsum + size_t(i) * num_groups, num_groups, GS, shift);
-    y[size_t(i) * ldy + n] = _mm512_reduce_add_ps(acc[i]) + bias;
+    if constexpr (kSym) {  // (tile512's kShifted)
+      y[size_t(i) * ldy + n] = _mm512_reduce_add_ps(acc[i]);
+    } else {
+      const float bias =
+          kp_bias_dot512(kp, x.xsum + size_t(i) * num_groups, num_groups, GS, shift);
+      y[size_t(i) * ldy + n] = _mm512_reduce_add_ps(acc[i]) + bias;
+    }
   }
 }
 
@@ -788,11 +801,13 @@ T512 void qgemm512(const QuantX& x, const QuantW& w, int n0, int n1, float* y, s
 
 // ---------------------------------------------------------------- AVX2
 
+// Chunk c's evens (`a`) and odds (`b`): lane j of both covers elements 8j..8j+7.
 template <int BITS>
-T256 inline void load_chunk256(const uint8_t* row, int c, __m256i& a, __m256i& b) {
+T256 inline void load_chunk256(const uint8_t* row, int c, int num_chunks, __m256i& a,
+                               __m256i& b) {
   if constexpr (BITS == 8) {
-    a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 64 * c));
-    b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 64 * c + 32));
+    a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + byte8_at(c, 0, num_chunks)));
+    b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + byte8_at(c, 1, num_chunks)));
   } else {
     constexpr size_t chunk = 32 + 8 * (BITS - 4);
     const uint8_t* p = row + chunk * c;
@@ -842,45 +857,40 @@ T256 void qgemm256(const QuantX& x, const QuantW& w, int n0, int n1, float* y, s
       __m256 acc = _mm256_setzero_ps();
       for (int c = 0; c < num_chunks; ++c) {
         __m256i wa, wb;
-        load_chunk256<BITS>(row, c, wa, wb);
+        load_chunk256<BITS>(row, c, num_chunks, wa, wb);
         const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qr + 64 * c));
         const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qr + 64 * c + 32));
+        // Lane j of both registers covers elements 8j..8j+7 (evens, odds): one activation
+        // block, so they add in int32.
+        __m256i dot;
         if constexpr (BITS == 8) {
           // u8 x s8 pairs can overflow maddubs: dot the signed weights (q - 128), then add
-          // 128 * sum(x) per lane, so each int32 lane holds its 4 elements' sum of q * x.
+          // 128 * sum(x) per lane, so each int32 lane holds its 8 elements' sum of q * x.
           const __m256i flip = _mm256_set1_epi8(char(0x80)), one8 = _mm256_set1_epi8(1);
           const __m256i sa = _mm256_xor_si256(wa, flip), sb = _mm256_xor_si256(wb, flip);
-          __m256i da = _mm256_madd_epi16(
+          const __m256i da = _mm256_madd_epi16(
               _mm256_maddubs_epi16(_mm256_sign_epi8(sa, sa), _mm256_sign_epi8(xa, sa)), ones);
-          __m256i db = _mm256_madd_epi16(
+          const __m256i db = _mm256_madd_epi16(
               _mm256_maddubs_epi16(_mm256_sign_epi8(sb, sb), _mm256_sign_epi8(xb, sb)), ones);
-          da = _mm256_add_epi32(da, _mm256_slli_epi32(
-              _mm256_madd_epi16(_mm256_maddubs_epi16(one8, xa), ones), 7));
-          db = _mm256_add_epi32(db, _mm256_slli_epi32(
-              _mm256_madd_epi16(_mm256_maddubs_epi16(one8, xb), ones), 7));
-          const float* dv = x.dxv + (size_t(m) * num_chunks + c) * 16;  // lanes: 4 elements
-          const __m256 s0 = _mm256_set1_ps(sc[(64 * c) / w.group_size]);
-          const __m256 s1 = _mm256_set1_ps(sc[(64 * c + 32) / w.group_size]);
-          acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(da), _mm256_mul_ps(s0, _mm256_loadu_ps(dv)), acc);
-          acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(db),
-                                _mm256_mul_ps(s1, _mm256_loadu_ps(dv + 8)), acc);
+          const __m256i xs8 = _mm256_add_epi32(
+              _mm256_madd_epi16(_mm256_maddubs_epi16(one8, xa), ones),
+              _mm256_madd_epi16(_mm256_maddubs_epi16(one8, xb), ones));
+          dot = _mm256_add_epi32(_mm256_add_epi32(da, db), _mm256_slli_epi32(xs8, 7));
         } else {
-          // Lane j of both registers covers elements 8j..8j+7 (evens, odds): one activation
-          // block, so they add in int32.
           const __m256i da = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, xa), ones);
           const __m256i db = _mm256_madd_epi16(_mm256_maddubs_epi16(wb, xb), ones);
-          const __m256i dot = _mm256_add_epi32(da, db);
-          __m256 sv;
-          if (w.group_size == 16)  // lane j of both registers: elements of group j / 2
-            sv = _mm256_setr_ps(sc[4 * c], sc[4 * c], sc[4 * c + 1], sc[4 * c + 1],
-                                sc[4 * c + 2], sc[4 * c + 2], sc[4 * c + 3], sc[4 * c + 3]);
-          else if (w.group_size == 32)
-            sv = _mm256_blend_ps(_mm256_set1_ps(sc[2 * c]), _mm256_set1_ps(sc[2 * c + 1]), 0xF0);
-          else
-            sv = _mm256_set1_ps(sc[(64 * c) / w.group_size]);
-          const __m256 dv = _mm256_loadu_ps(x.dxv + (size_t(m) * num_chunks + c) * 16);
-          acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(sv, dv), acc);
+          dot = _mm256_add_epi32(da, db);
         }
+        __m256 sv;
+        if (w.group_size == 16)  // lane j of both registers: elements of group j / 2
+          sv = _mm256_setr_ps(sc[4 * c], sc[4 * c], sc[4 * c + 1], sc[4 * c + 1],
+                              sc[4 * c + 2], sc[4 * c + 2], sc[4 * c + 3], sc[4 * c + 3]);
+        else if (w.group_size == 32)
+          sv = _mm256_blend_ps(_mm256_set1_ps(sc[2 * c]), _mm256_set1_ps(sc[2 * c + 1]), 0xF0);
+        else
+          sv = _mm256_set1_ps(sc[(64 * c) / w.group_size]);
+        const __m256 dv = _mm256_loadu_ps(x.dxv + (size_t(m) * num_chunks + c) * 16);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(sv, dv), acc);
       }
       const float* xs = x.xsum + size_t(m) * num_groups;
       __m256 bacc = _mm256_setzero_ps();
@@ -927,6 +937,10 @@ void repack_rows(const uint32_t* src, size_t words_per_row, int n0, int n1, int 
   for (int n = n0; n < n1; ++n) {
     const uint8_t* in = reinterpret_cast<const uint8_t*>(src + size_t(n) * words_per_row);
     uint8_t* out = dst + size_t(n) * out_row;
+    if (bits == 8) {  // mlx's bytes are the values in order
+      for (int k = 0; k < K; ++k) out[byte8_at(k / 64, k % 64, K / 64)] = in[k];
+      continue;
+    }
     std::memset(out, 0, out_row);
     for (int k = 0; k < K; ++k) {
       // mlx packs values as a little-endian bit stream: value k at bit k * bits.

@@ -23,7 +23,7 @@ constexpr int kXBlock = 8;
 // Activations of one call, quantized: K padded to a multiple of 64 ("chunks").
 struct QuantX {
   int M = 0, K = 0, group_size = 32;
-  bool permuted = false;   // chunk layout [even elements | odd elements] (4/5/6-bit weights)
+  bool permuted = false;   // chunk layout [even elements | odd elements] (every call's)
   // (permuted, AVX-512) chunks in pairs: [evens c | evens c+1 | odds c | odds c+1], a lone
   // last chunk as above: one 64-byte load of two chunks' nibbles splits into the evens and
   // the odds of the same 8-element blocks (see tile512)
@@ -32,10 +32,15 @@ struct QuantX {
   const float* dxv = nullptr;       // [M, K/64, 16]: the block scale of each int32 lane
   const float* dx = nullptr;        // [M, K/kXBlock]: block scales
   const float* xsum = nullptr;      // [M, K/group_size]: float sums of x per group
+  // [M, K/kXBlock], paired calls with symmetric weights (no biases; Q6_K's params): each
+  // block's -2^(bits-1) * sum of its int8 values, where the AVX-512 tiles' int32 sums start
+  const int32_t* xshift = nullptr;
 };
 
 // Weights, as the kernels read them.
-//  bits 8: one byte per element, in order (mlx's uint32 packing read as bytes).
+//  bits 8: one byte per element, chunks in pairs as QuantX::paired's activations: per 128
+//  elements [evens c | evens c+1 | odds c | odds c+1] (32 bytes each), a lone last chunk
+//  [evens | odds] (repack_rows makes it from mlx's packing; uint8 [N, K]).
 //  bits 4: 32 bytes per chunk of 64, byte b = elem 2b | elem 2b+1 << 4 (mlx's packing).
 //  bits 5, 6: per chunk the 4-bit bytes as above, then (bits - 4) planes of 64 bits: bit i of
 //  plane p is bit 4 + p of the element at register position i (evens first, then odds).
@@ -92,14 +97,16 @@ void set_matvec_tiles(bool on);
 bool matvec_tiles();
 
 // Quantize rows [m0, m1) of x (float32, row stride ldx) into the buffers of `qx`.
+// `xshift` (permuted rows, or null): each block's -shift_mul * sum of its int8 values.
 void quantize_rows(const float* x, size_t ldx, int m0, int m1, int K, int group_size,
-                   bool permuted, bool paired, int8_t* q, float* dxv, float* dx, float* xsum, Isa isa);
+                   bool permuted, bool paired, int8_t* q, float* dxv, float* dx, float* xsum,
+                   int32_t* xshift, int shift_mul, Isa isa);
 
 // y[m, n] for m in [0, M), n in [n0, n1); y has row stride ldy.
 void qgemm_rows(const QuantX& x, const QuantW& w, int n0, int n1, float* y, size_t ldy,
                 Isa isa);
 
-// Repack mlx-packed 5/6-bit rows (uint32 words, `words_per_row`) into the kernels' layout.
+// Repack mlx-packed 5/6/8-bit rows (uint32 words, `words_per_row`) into the kernels' layout.
 void repack_rows(const uint32_t* src, size_t words_per_row, int n0, int n1, int K, int bits,
                  uint8_t* dst);
 

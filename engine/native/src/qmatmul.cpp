@@ -32,6 +32,7 @@ std::atomic<int> g_threads{0};
 struct Scratch {
   std::vector<int8_t> q;
   std::vector<float> dxv, dx, xsum;
+  std::vector<int32_t> xshift;
 };
 
 }  // namespace
@@ -41,12 +42,15 @@ void run_qgemm(const float* x, int M, int K, const QuantW& w, const std::vector<
   thread_local Scratch scratch;
   Scratch& s = scratch;  // the caller's buffers: a thread_local named in a lambda is the worker's
   const int num_groups = K / w.group_size;
-  const bool permuted = w.bits != 8;
-  const bool paired = permuted && isa == Isa::avx512vnni;
+  const bool permuted = true;  // every layout's chunks split into evens and odds (qgemm.h)
+  const bool paired = isa == Isa::avx512vnni;
   s.q.resize(size_t(M) * K);
   if (!paired) s.dxv.resize(size_t(M) * (K / 64) * 16);  // (paired kernels read `dx` only)
   s.dx.resize(size_t(M) * (K / kXBlock));
   s.xsum.resize(size_t(M) * num_groups);
+  // symmetric groups on the paired tiles: no bias term (tile512's kShifted)
+  const bool shifted = paired && !w.biases && (!w.kparams || w.group_size == 16);
+  if (shifted) s.xshift.resize(size_t(M) * (K / kXBlock));
   Pool& p = pool();
   const int threads = std::max(1, std::min(current_threads(), p.num_threads()));
   // Activations: rows split across threads once there are enough of them.
@@ -54,13 +58,15 @@ void run_qgemm(const float* x, int M, int K, const QuantW& w, const std::vector<
   p.run(qthreads, [&](int t) {
     const int m0 = int(int64_t(M) * t / qthreads), m1 = int(int64_t(M) * (t + 1) / qthreads);
     quantize_rows(x, K, m0, m1, K, w.group_size, permuted, paired, s.q.data(), s.dxv.data(),
-                  s.dx.data(), s.xsum.data(), isa);
+                  s.dx.data(), s.xsum.data(), shifted ? s.xshift.data() : nullptr,
+                  1 << (w.bits - 1), isa);
   });
   QuantX qx;
   qx.M = M; qx.K = K; qx.group_size = w.group_size; qx.permuted = permuted;
   qx.paired = paired;
   qx.q = s.q.data(); qx.dxv = s.dxv.data(); qx.dx = s.dx.data();
   qx.xsum = s.xsum.data();
+  qx.xshift = shifted ? s.xshift.data() : nullptr;
   // Output rows in blocks handed out by a counter: a thread slowed by other work takes
   // fewer. Which thread computes a row never changes its value.
   constexpr int kBlock = 16;
@@ -324,6 +330,9 @@ std::vector<mx::array> matmul_inputs(const std::string& fn, const mx::array& x,
     throw std::invalid_argument("forkv " + fn + ": x's last axis must be " + std::to_string(K));
   if (w.ndim() != 2 || w.shape(0) != N || size_t(w.shape(1)) * w.itemsize() != row_bytes(K, bits))
     throw std::invalid_argument("forkv " + fn + ": w does not hold [N, K] at this bit width");
+  if (bits != 4 && w.dtype() != mx::uint8)  // (mlx's 8-bit rows have the size, not the order)
+    throw std::invalid_argument("forkv " + fn + ": " + std::to_string(bits) + "-bit weights "
+                                "must be in the kernels' layout: lib.repack(w, K, bits)");
   if (biases ? scales.dtype() != mx::float32 || biases->dtype() != mx::float32
              : scales.dtype() != mx::float32 && scales.dtype() != mx::float16 && !kparams)
     throw std::invalid_argument("forkv " + fn + ": scales and biases must be float32 "
@@ -339,7 +348,8 @@ std::vector<mx::array> matmul_inputs(const std::string& fn, const mx::array& x,
 }  // namespace
 
 mx::array repack(const mx::array& w, int K, int bits) {
-  if (bits != 5 && bits != 6) throw std::invalid_argument("forkv repack: bits must be 5 or 6");
+  if (bits != 5 && bits != 6 && bits != 8)
+    throw std::invalid_argument("forkv repack: bits must be 5, 6 or 8");
   if (w.dtype() != mx::uint32 || w.ndim() != 2 || size_t(w.shape(1)) * 32 != size_t(K) * bits)
     throw std::invalid_argument("forkv repack: w must be mlx-packed uint32 [N, K * bits / 32]");
   if (K % 64 != 0) throw std::invalid_argument("forkv repack: K must be a multiple of 64");

@@ -34,7 +34,7 @@ void run_qgemm(const float* x, int M, int K, const QuantW& w, const std::vector<
 QuantW quant_w(const mlx::core::array& w, const mlx::core::array& scales,
                const mlx::core::array* biases, int N, int K, int bits, int group_size);
 
-// mlx-packed 5/6-bit weights [N, K*bits/32] as the kernels read them [N, row_bytes].
+// mlx-packed 5/6/8-bit weights [N, K*bits/32] as the kernels read them [N, row_bytes].
 mlx::core::array repack(const mlx::core::array& w, int K, int bits);
 
 // Copies of evaluated arrays (weights) in one new buffer, each starting on a 64-byte
