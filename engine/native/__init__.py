@@ -35,7 +35,9 @@ __all__ = ["DEFAULT_KV_DTYPE", "NativeInfo", "blocks_off", "fuse_off", "kernel_l
 # 4: only a marked class's own code gets the kernels' activations (a model module's compiled
 # helpers, e.g. Gemma 4's geglu, keep mlx's); 5: AVX-512's 4/5/6-bit matmuls add the evens'
 # and the odds' int32 dot products of an 8-element block before converting them; 6: 8-bit
-# weights in the same paired layout (and AVX2's 8-bit path sums the two halves as well).
+# weights in the same paired layout (AVX2's 8-bit path sums the two halves as well), and
+# AVX-512 (and AVX2 at 8 bits) sums symmetric groups as x * (q - 2^(bits-1)), with no bias
+# term after them.
 KERNEL_VERSION = 6
 # What cached K/V are stored in where the kernels run attention, unless asked otherwise:
 # half float32's bytes, within 0.5% of its perplexity on Gemma 3 and SmolLM2 (docs/memory.md).

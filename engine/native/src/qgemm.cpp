@@ -852,6 +852,7 @@ T256 void qgemm256(const QuantX& x, const QuantW& w, int n0, int n1, float* y, s
     const float* sc = p.scales + size_t(n - p.n0) * num_groups;
     const float* bi = p.biases ? p.biases + size_t(n - p.n0) * num_groups : nullptr;
     const __m256 shift = _mm256_set1_ps(p.shift);
+    const bool centred = BITS == 8 && !bi;  // symmetric 8-bit groups: no bias term
     for (int m = 0; m < x.M; ++m) {
       const int8_t* qr = x.q + size_t(m) * w.K;
       __m256 acc = _mm256_setzero_ps();
@@ -864,7 +865,8 @@ T256 void qgemm256(const QuantX& x, const QuantW& w, int n0, int n1, float* y, s
         // block, so they add in int32.
         __m256i dot;
         if constexpr (BITS == 8) {
-          // u8 x s8 pairs can overflow maddubs: dot the signed weights (q - 128), then add
+          // u8 x s8 pairs can overflow maddubs: dot the signed weights (q - 128); symmetric
+          // groups keep that centred sum (no bias term, as AVX-512's tiles), affine ones add
           // 128 * sum(x) per lane, so each int32 lane holds its 8 elements' sum of q * x.
           const __m256i flip = _mm256_set1_epi8(char(0x80)), one8 = _mm256_set1_epi8(1);
           const __m256i sa = _mm256_xor_si256(wa, flip), sb = _mm256_xor_si256(wb, flip);
@@ -872,10 +874,13 @@ T256 void qgemm256(const QuantX& x, const QuantW& w, int n0, int n1, float* y, s
               _mm256_maddubs_epi16(_mm256_sign_epi8(sa, sa), _mm256_sign_epi8(xa, sa)), ones);
           const __m256i db = _mm256_madd_epi16(
               _mm256_maddubs_epi16(_mm256_sign_epi8(sb, sb), _mm256_sign_epi8(xb, sb)), ones);
-          const __m256i xs8 = _mm256_add_epi32(
-              _mm256_madd_epi16(_mm256_maddubs_epi16(one8, xa), ones),
-              _mm256_madd_epi16(_mm256_maddubs_epi16(one8, xb), ones));
-          dot = _mm256_add_epi32(_mm256_add_epi32(da, db), _mm256_slli_epi32(xs8, 7));
+          dot = _mm256_add_epi32(da, db);
+          if (!centred) {
+            const __m256i xs8 = _mm256_add_epi32(
+                _mm256_madd_epi16(_mm256_maddubs_epi16(one8, xa), ones),
+                _mm256_madd_epi16(_mm256_maddubs_epi16(one8, xb), ones));
+            dot = _mm256_add_epi32(dot, _mm256_slli_epi32(xs8, 7));
+          }
         } else {
           const __m256i da = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, xa), ones);
           const __m256i db = _mm256_madd_epi16(_mm256_maddubs_epi16(wb, xb), ones);
@@ -891,6 +896,10 @@ T256 void qgemm256(const QuantX& x, const QuantW& w, int n0, int n1, float* y, s
           sv = _mm256_set1_ps(sc[(64 * c) / w.group_size]);
         const __m256 dv = _mm256_loadu_ps(x.dxv + (size_t(m) * num_chunks + c) * 16);
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(sv, dv), acc);
+      }
+      if (centred) {
+        y[size_t(m) * ldy + n] = hsum_ps_256(acc);
+        continue;
       }
       const float* xs = x.xsum + size_t(m) * num_groups;
       __m256 bacc = _mm256_setzero_ps();
