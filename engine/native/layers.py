@@ -59,14 +59,14 @@ class NativeQuantizedEmbedding(nn.QuantizedEmbedding):
         rows = (self["weight"][x] if "weight" in self
                 else mlx_rows8(self["kernel_weight"][x]))
         if "scales" in self:
-            biases = self.get("biases")
-            return mx.dequantize(rows, scales=self["scales"][x],
-                                 biases=biases[x] if biases is not None else None,
-                                 group_size=self.group_size, bits=self.bits, mode=self.mode)
-        scales = self["kernel_scales"][x].astype(mx.float32)
-        biases = scales * -float(1 << (self.bits - 1))
-        if self.lookup_dtype != mx.float32:
-            scales, biases = scales.astype(self.lookup_dtype), biases.astype(self.lookup_dtype)
+            scales, biases = self["scales"][x], self.get("biases")
+            biases = biases[x] if biases is not None else None
+        else:
+            scales = self["kernel_scales"][x].astype(mx.float32)
+            biases = scales * -float(1 << (self.bits - 1))
+            if self.lookup_dtype != mx.float32:
+                scales, biases = (scales.astype(self.lookup_dtype),
+                                  biases.astype(self.lookup_dtype))
         return mx.dequantize(rows, scales=scales, biases=biases,
                              group_size=self.group_size, bits=self.bits, mode=self.mode)
 

@@ -18,17 +18,12 @@ namespace forkv {
 
 namespace {
 
-// Register position -> element within a chunk of 64: evens first, then odds (4/5/6-bit).
-inline int element_at(int pos, bool permuted) {
-  if (!permuted) return pos;
-  return pos < 32 ? 2 * pos : 2 * (pos - 32) + 1;
-}
+// Register position -> element within a chunk of 64: evens first, then odds.
+inline int element_at(int pos) { return pos < 32 ? 2 * pos : 2 * (pos - 32) + 1; }
 
 // The activation block (kXBlock elements) of the elements each int32 lane (4 positions) of a
-// 64-byte register covers: 4 evens or 4 odds within 8 elements, or 4 consecutive ones.
-inline int lane_block(int lane, bool permuted) {
-  return element_at(4 * lane, permuted) / kXBlock;
-}
+// 64-byte register covers: 4 evens or 4 odds within 8 elements.
+inline int lane_block(int lane) { return element_at(4 * lane) / kXBlock; }
 
 // Byte of element k (0..63) of chunk c in an 8-bit kernel row (qgemm.h): chunks in pairs,
 // [evens c | evens c+1 | odds c | odds c+1] (32 bytes each), a lone last chunk [evens | odds].
@@ -147,7 +142,7 @@ Isa best_isa() {
 // ---------------------------------------------------------------- activations
 
 void quantize_rows(const float* x, size_t ldx, int m0, int m1, int K, int group_size,
-                   bool permuted, bool paired, int8_t* q, float* dxv, float* dx, float* xsum,
+                   bool paired, int8_t* q, float* dxv, float* dx, float* xsum,
                    int32_t* xshift, int shift_mul, Isa /*isa*/) {
   constexpr int kPerChunk = 64 / kXBlock;
   const int num_blocks = K / kXBlock, num_chunks = K / 64, num_groups = K / group_size;
@@ -162,13 +157,9 @@ void quantize_rows(const float* x, size_t ldx, int m0, int m1, int K, int group_
       const float inv = d > 0.f ? 127.f / amax : 0.f;
       dr[b] = d;
       // Where the block's elements sit in the register layout the weights use (a block lies
-      // in one chunk): in order; evens then odds; or, paired, a pair's evens then its odds.
+      // in one chunk): evens then odds; or, paired, a pair's evens then its odds.
       const int c = kXBlock * b / 64, e0 = kXBlock * b % 64;
       const float* xb = xr + kXBlock * b;
-      if (!permuted) {
-        for (int i = 0; i < kXBlock; ++i) qr[64 * c + e0 + i] = int8_t(std::nearbyint(xb[i] * inv));
-        continue;
-      }
       int8_t* even = qr + 64 * c;
       int8_t* odd = even + 32;
       if (paired && c / 2 * 2 + 1 < num_chunks) {
@@ -187,7 +178,7 @@ void quantize_rows(const float* x, size_t ldx, int m0, int m1, int K, int group_
       float* vr = dxv + size_t(m) * num_chunks * 16;
       for (int c = 0; c < num_chunks; ++c)
         for (int lane = 0; lane < 16; ++lane)
-          vr[16 * c + lane] = dr[kPerChunk * c + lane_block(lane, permuted)];
+          vr[16 * c + lane] = dr[kPerChunk * c + lane_block(lane)];
     }
     float* gr = xsum + size_t(m) * num_groups;
     for (int g = 0; g < num_groups; ++g) {
@@ -209,7 +200,6 @@ namespace {
 
 void qgemm_scalar(const QuantX& x, const QuantW& w, int n0, int n1, float* y, size_t ldy) {
   const int num_chunks = w.K / 64, num_groups = w.K / w.group_size;
-  const bool permuted = x.permuted;
   thread_local std::vector<float> buf;
   buf.resize(2 * size_t(num_groups));
   for (int n = n0; n < n1; ++n) {
@@ -227,7 +217,7 @@ void qgemm_scalar(const QuantX& x, const QuantW& w, int n0, int n1, float* y, si
           const int b = (64 * c + span * part) / kXBlock;  // its activation block
           int32_t dot = 0;
           for (int pos = 0; pos < 64; ++pos) {
-            const int e = element_at(pos, permuted);
+            const int e = element_at(pos);
             if (e / span != part) continue;
             dot += int32_t(qr[64 * c + pos]) * weight_at(row, w.bits, c, e, num_chunks);
           }
@@ -396,26 +386,15 @@ T512 inline __m512 pair_fma512(__m512 acc, __m512i lo, __m512i hi, __m512i xlo, 
   return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(sv, dv), acc);
 }
 
-// sum_g bias[g] * xs[g]; symmetric groups (SYM) take each bias as shift * scale.
-template <bool SYM>
-T512 inline __m512 bias_vec512(const float* bi, const float* sc, __m512 shift, __mmask16 k,
-                               int g) {
-  if constexpr (SYM) return _mm512_mul_ps(_mm512_maskz_loadu_ps(k, sc + g), shift);
-  return _mm512_maskz_loadu_ps(k, bi + g);
-}
-
-template <bool SYM>
-T512 inline float bias_dot512(const float* bi, const float* sc, __m512 shift, const float* xs,
-                              int num_groups) {
+// sum_g bias[g] * xs[g] of an affine row (symmetric groups have no bias term: tile512).
+T512 inline float bias_dot512(const float* bi, const float* xs, int num_groups) {
   __m512 acc = _mm512_setzero_ps();
   int g = 0;
-  for (; g + 16 <= num_groups; g += 16) {
-    const __m512 b = SYM ? _mm512_mul_ps(_mm512_loadu_ps(sc + g), shift) : _mm512_loadu_ps(bi + g);
-    acc = _mm512_fmadd_ps(b, _mm512_loadu_ps(xs + g), acc);
-  }
+  for (; g + 16 <= num_groups; g += 16)
+    acc = _mm512_fmadd_ps(_mm512_loadu_ps(bi + g), _mm512_loadu_ps(xs + g), acc);
   if (g < num_groups) {
     const __mmask16 k = __mmask16((1u << (num_groups - g)) - 1);
-    acc = _mm512_fmadd_ps(bias_vec512<SYM>(bi, sc, shift, k, g), _mm512_maskz_loadu_ps(k, xs + g),
+    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, bi + g), _mm512_maskz_loadu_ps(k, xs + g),
                           acc);
   }
   return _mm512_reduce_add_ps(acc);
@@ -455,16 +434,10 @@ T512H inline __m512 kp_scales512(const uint8_t* p, int group_size) {
                               _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 4)))));
 }
 
-// Biases of groups [g, g + 16) of a K-quant row (lanes past `k` zero, as masked loads give):
-// -(dmin * m) for groups of 32; for 16 (symmetric) each scale times `shift`, as the float32
-// path derives them.
+// Biases of groups [g, g + 16) of a K-quant row in groups of 32 (Q4_K, Q5_K; lanes past `k`
+// zero, as masked loads give): -(dmin * m). (Q6_K's groups of 16 are symmetric: no bias term.)
 template <bool FULL>
-T512H inline __m512 kp_bias512(const uint8_t* row, int g, int num_groups, int group_size,
-                               __m512 shift, __mmask16 k) {
-  if (group_size == 16) {
-    const __m512 b = _mm512_mul_ps(kp_scales512(row + size_t(g / 16) * 18, 16), shift);
-    return FULL ? b : _mm512_maskz_mov_ps(k, b);
-  }
+T512H inline __m512 kp_bias512(const uint8_t* row, int g, int num_groups, __mmask16 k) {
   const uint8_t* p0 = row + size_t(g / 8) * 20;
   const bool two = FULL || g + 8 < num_groups;
   uint16_t h[2] = {0, 0};
@@ -482,17 +455,15 @@ T512H inline __m512 kp_bias512(const uint8_t* row, int g, int num_groups, int gr
 }
 
 // bias_dot512's operations on a K-quant row's biases (kp_bias512).
-T512H inline float kp_bias_dot512(const uint8_t* kp, const float* xs, int num_groups,
-                                  int group_size, __m512 shift) {
+T512H inline float kp_bias_dot512(const uint8_t* kp, const float* xs, int num_groups) {
   __m512 bacc = _mm512_setzero_ps();
   int g = 0;
   for (; g + 16 <= num_groups; g += 16)
-    bacc = _mm512_fmadd_ps(kp_bias512<true>(kp, g, num_groups, group_size, shift,
-                                            __mmask16(0xFFFF)),
+    bacc = _mm512_fmadd_ps(kp_bias512<true>(kp, g, num_groups, __mmask16(0xFFFF)),
                            _mm512_loadu_ps(xs + g), bacc);
   if (g < num_groups) {
     const __mmask16 k = __mmask16((1u << (num_groups - g)) - 1);
-    bacc = _mm512_fmadd_ps(kp_bias512<false>(kp, g, num_groups, group_size, shift, k),
+    bacc = _mm512_fmadd_ps(kp_bias512<false>(kp, g, num_groups, k),
                            _mm512_maskz_loadu_ps(k, xs + g), bacc);
   }
   return _mm512_reduce_add_ps(bacc);
@@ -507,9 +478,12 @@ T512H inline float kp_bias_dot512(const uint8_t* kp, const float* xs, int num_gr
 // with the prefetch). Prefetching changes no bits.
 // Its weight params: float32 (or widened float16) scales and biases, or (KP) a row's K-quant
 // params read as the chunks go.
+// Symmetric groups (SYM): the int32 sums start at -2^(bits-1) times each block's activation
+// sum (QuantX::xshift), so they are sums of x * (q - 2^(bits-1)) and no bias term is left (a
+// third of an 8-bit head's tile went to it at K = 640).
 template <int BITS, int MR, int NR, bool SYM, bool KP = false>
 T512H void tile512(const QuantX& x, const QuantW& w, const PairScales& ps, const float* scales,
-                   const float* biases, __m512 shift, int m0, int n0, float* y, size_t ldy,
+                   const float* biases, int m0, int n0, float* y, size_t ldy,
                    size_t ahead = 0) {
   const int num_chunks = w.K / 64, num_groups = w.K / w.group_size;
   __m512 acc[MR][NR];
@@ -526,10 +500,6 @@ T512H void tile512(const QuantX& x, const QuantW& w, const PairScales& ps, const
     kp[j] = KP ? w.kparams + size_t(n0 + j) * kp_row : nullptr;
   }
   constexpr size_t kChunkBytes = BITS == 8 ? 64 : 32 + 8 * (BITS - 4);
-  // Symmetric groups: the int32 sums start at -2^(bits-1) times each block's activation sum
-  // (QuantX::xshift), so they are sums of x * (q - 2^(bits-1)) and no bias term is left (a
-  // third of an 8-bit head's tile went to it at K = 640).
-  constexpr bool kShifted = SYM;
   // Chunks in pairs (QuantX::paired): the evens of both chunks in one register and their
   // odds in another, so lane l of both covers the same 8-element activation block (16p + l)
   // and their two dot products add in int32 before one conversion: per 128 weights one
@@ -566,7 +536,7 @@ T512H void tile512(const QuantX& x, const QuantW& w, const PairScales& ps, const
       const int8_t* xq = x.q + m * w.K + 128 * p;
       const __m512i xlo = _mm512_loadu_si512(xq), xhi = _mm512_loadu_si512(xq + 64);
       const __m512 dv = _mm512_loadu_ps(x.dx + m * num_blocks + 16 * p);
-      const __m512i init = kShifted ? _mm512_loadu_si512(x.xshift + m * num_blocks + 16 * p)
+      const __m512i init = SYM ? _mm512_loadu_si512(x.xshift + m * num_blocks + 16 * p)
                                     : _mm512_setzero_si512();
       for (int j = 0; j < NR; ++j)
         acc[i][j] = pair_fma512(acc[i][j], lo[j], hi[j], xlo, xhi, sv[j], dv, init);
@@ -589,8 +559,8 @@ T512H void tile512(const QuantX& x, const QuantW& w, const PairScales& ps, const
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32)));
       const __m512 dv = _mm512_maskz_loadu_ps(__mmask16(0x00FF), x.dx + m * num_blocks + 8 * c);
       const __m512i init =
-          kShifted ? _mm512_maskz_loadu_epi32(__mmask16(0x00FF), x.xshift + m * num_blocks + 8 * c)
-                   : _mm512_setzero_si512();
+          SYM ? _mm512_maskz_loadu_epi32(__mmask16(0x00FF), x.xshift + m * num_blocks + 8 * c)
+              : _mm512_setzero_si512();
       for (int j = 0; j < NR; ++j)
         acc[i][j] = pair_fma512(acc[i][j], lo[j], hi[j], xlo, xhi, sv[j], dv, init);
     }
@@ -599,17 +569,12 @@ T512H void tile512(const QuantX& x, const QuantW& w, const PairScales& ps, const
     for (int i = 0; i < MR; ++i) {
       const float* xs = x.xsum + size_t(m0 + i) * num_groups;
       for (int j = 0; j < NR; ++j) {
-        float bias;
-        if constexpr (kShifted) {
-          y[size_t(m0 + i) * ldy + n0 + j] = _mm512_reduce_add_ps(acc[i][j]);
-          continue;
-        } else if constexpr (KP) {
-          bias = kp_bias_dot512(kp[j], xs, num_groups, w.group_size, shift);
-        } else {
-          const float* bi = SYM ? nullptr : biases + size_t(j) * num_groups;
-          bias = bias_dot512<SYM>(bi, sc[j], shift, xs, num_groups);
-        }
-        y[size_t(m0 + i) * ldy + n0 + j] = _mm512_reduce_add_ps(acc[i][j]) + bias;
+        float sum = _mm512_reduce_add_ps(acc[i][j]);
+        if constexpr (KP && !SYM)
+          sum += kp_bias_dot512(kp[j], xs, num_groups);
+        else if constexpr (!SYM)
+          sum += bias_dot512(biases + size_t(j) * num_groups, xs, num_groups);
+        y[size_t(m0 + i) * ldy + n0 + j] = sum;
       }
     }
   } else {
@@ -620,40 +585,34 @@ T512H void tile512(const QuantX& x, const QuantW& w, const PairScales& ps, const
     for (int i = 0; i < MR; ++i)
       for (int j = 0; j < NR; ++j) v[4 * j + i] = acc[i][j];
     const __m512 sums = reduce16(v);
-    if constexpr (kShifted) {
-      alignas(64) float out[16];
-      _mm512_store_ps(out, sums);
-      for (int i = 0; i < MR; ++i)
-        for (int j = 0; j < NR; ++j) y[size_t(m0 + i) * ldy + n0 + j] = out[4 * i + j];
-      return;
-    }
-    for (int i = 0; i < MR; ++i)
-      for (int j = 0; j < NR; ++j) v[4 * j + i] = _mm512_setzero_ps();
-    int g = 0;
-    for (; g + 16 <= num_groups; g += 16)
-      for (int j = 0; j < NR; ++j) {
-        const __m512 b =
-            KP    ? kp_bias512<true>(kp[j], g, num_groups, w.group_size, shift, 0xFFFF)
-            : SYM ? _mm512_mul_ps(_mm512_loadu_ps(sc[j] + g), shift)
-                  : _mm512_loadu_ps(biases + size_t(j) * num_groups + g);
-        for (int i = 0; i < MR; ++i)
-          v[4 * j + i] = _mm512_fmadd_ps(
-              b, _mm512_loadu_ps(x.xsum + size_t(m0 + i) * num_groups + g), v[4 * j + i]);
-      }
-    if (g < num_groups) {
-      const __mmask16 k = __mmask16((1u << (num_groups - g)) - 1);
-      for (int j = 0; j < NR; ++j) {
-        const float* bi = SYM || KP ? nullptr : biases + size_t(j) * num_groups;
-        const __m512 b = KP ? kp_bias512<false>(kp[j], g, num_groups, w.group_size, shift, k)
-                            : bias_vec512<SYM>(bi, sc[j], shift, k, g);
-        for (int i = 0; i < MR; ++i)
-          v[4 * j + i] = _mm512_fmadd_ps(
-              b, _mm512_maskz_loadu_ps(k, x.xsum + size_t(m0 + i) * num_groups + g),
-              v[4 * j + i]);
-      }
-    }
     alignas(64) float out[16];
-    _mm512_store_ps(out, _mm512_add_ps(sums, reduce16(v)));
+    if constexpr (SYM) {
+      _mm512_store_ps(out, sums);
+    } else {
+      for (int i = 0; i < MR; ++i)
+        for (int j = 0; j < NR; ++j) v[4 * j + i] = _mm512_setzero_ps();
+      int g = 0;
+      for (; g + 16 <= num_groups; g += 16)
+        for (int j = 0; j < NR; ++j) {
+          const __m512 b = KP ? kp_bias512<true>(kp[j], g, num_groups, 0xFFFF)
+                              : _mm512_loadu_ps(biases + size_t(j) * num_groups + g);
+          for (int i = 0; i < MR; ++i)
+            v[4 * j + i] = _mm512_fmadd_ps(
+                b, _mm512_loadu_ps(x.xsum + size_t(m0 + i) * num_groups + g), v[4 * j + i]);
+        }
+      if (g < num_groups) {
+        const __mmask16 k = __mmask16((1u << (num_groups - g)) - 1);
+        for (int j = 0; j < NR; ++j) {
+          const __m512 b = KP ? kp_bias512<false>(kp[j], g, num_groups, k)
+                              : _mm512_maskz_loadu_ps(k, biases + size_t(j) * num_groups + g);
+          for (int i = 0; i < MR; ++i)
+            v[4 * j + i] = _mm512_fmadd_ps(
+                b, _mm512_maskz_loadu_ps(k, x.xsum + size_t(m0 + i) * num_groups + g),
+                v[4 * j + i]);
+        }
+      }
+      _mm512_store_ps(out, _mm512_add_ps(sums, reduce16(v)));
+    }
     for (int i = 0; i < MR; ++i)
       for (int j = 0; j < NR; ++j) y[size_t(m0 + i) * ldy + n0 + j] = out[4 * i + j];
   }
@@ -691,15 +650,11 @@ T512H void kq_row512(const QuantX& x, const QuantW& w, const PairScales& ps, int
       }
     }
   }
-  const __m512 shift = _mm512_set1_ps(-float(1 << (BITS - 1)));
   for (int i = 0; i < MR; ++i) {
-    if constexpr (kSym) {  // (tile512's kShifted)
-      y[size_t(i) * ldy + n] = _mm512_reduce_add_ps(acc[i]);
-    } else {
-      const float bias =
-          kp_bias_dot512(kp, x.xsum + size_t(i) * num_groups, num_groups, GS, shift);
-      y[size_t(i) * ldy + n] = _mm512_reduce_add_ps(acc[i]) + bias;
-    }
+    float sum = _mm512_reduce_add_ps(acc[i]);
+    if constexpr (!kSym)  // (symmetric: centred sums, as tile512's)
+      sum += kp_bias_dot512(kp, x.xsum + size_t(i) * num_groups, num_groups);
+    y[size_t(i) * ldy + n] = sum;
   }
 }
 
@@ -724,7 +679,6 @@ T512 void rows512(const QuantX& x, const QuantW& w, const RowParams& p, int m0, 
   const size_t num_groups = size_t(w.K / w.group_size);
   const float* scales = p.scales;
   const float* biases = p.biases;
-  const __m512 shift = _mm512_set1_ps(p.shift);
   const PairScales ps(w.group_size);  // (once a call: its divisions cost small rows)
   const int first = p.n0;
   auto at = [&](const float* a, int n) {  // (K-quant params: the tiles read w.kparams)
@@ -737,11 +691,11 @@ T512 void rows512(const QuantX& x, const QuantW& w, const RowParams& p, int m0, 
   // too where `matvec_tiles()` (set_matvec_tiles: the faster read on this CPU).
   if (MR > 1 || g_matvec_tiles.load(std::memory_order_relaxed))
     for (; n + 4 <= n1; n += 4)
-      tile512<BITS, MR, 4, SYM, KP>(x, w, ps, scales_at(n), at(biases, n), shift, m0, n, y, ldy,
+      tile512<BITS, MR, 4, SYM, KP>(x, w, ps, scales_at(n), at(biases, n), m0, n, y, ldy,
                                     m0 == 0 && n + 4 + kRowBlock <= w.N ? kRowBlock * w.row_bytes
                                                                         : 0);
   for (; n < n1; ++n)
-    tile512<BITS, MR, 1, SYM, KP>(x, w, ps, scales_at(n), at(biases, n), shift, m0, n, y, ldy);
+    tile512<BITS, MR, 1, SYM, KP>(x, w, ps, scales_at(n), at(biases, n), m0, n, y, ldy);
 }
 
 // row_params with F16C: the same values, widened 16 at a time.

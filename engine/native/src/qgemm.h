@@ -23,10 +23,9 @@ constexpr int kXBlock = 8;
 // Activations of one call, quantized: K padded to a multiple of 64 ("chunks").
 struct QuantX {
   int M = 0, K = 0, group_size = 32;
-  bool permuted = false;   // chunk layout [even elements | odd elements] (every call's)
-  // (permuted, AVX-512) chunks in pairs: [evens c | evens c+1 | odds c | odds c+1], a lone
-  // last chunk as above: one 64-byte load of two chunks' nibbles splits into the evens and
-  // the odds of the same 8-element blocks (see tile512)
+  // Each chunk of 64 as [even elements | odd elements]; (AVX-512) chunks in pairs: [evens c |
+  // evens c+1 | odds c | odds c+1], a lone last chunk as one: one 64-byte load of two chunks'
+  // nibbles splits into the evens and the odds of the same 8-element blocks (see tile512)
   bool paired = false;
   const int8_t* q = nullptr;        // [M, K]
   const float* dxv = nullptr;       // [M, K/64, 16]: the block scale of each int32 lane
@@ -97,9 +96,9 @@ void set_matvec_tiles(bool on);
 bool matvec_tiles();
 
 // Quantize rows [m0, m1) of x (float32, row stride ldx) into the buffers of `qx`.
-// `xshift` (permuted rows, or null): each block's -shift_mul * sum of its int8 values.
+// `xshift` (or null): each block's -shift_mul * sum of its int8 values.
 void quantize_rows(const float* x, size_t ldx, int m0, int m1, int K, int group_size,
-                   bool permuted, bool paired, int8_t* q, float* dxv, float* dx, float* xsum,
+                   bool paired, int8_t* q, float* dxv, float* dx, float* xsum,
                    int32_t* xshift, int shift_mul, Isa isa);
 
 // y[m, n] for m in [0, M), n in [n0, n1); y has row stride ldy.

@@ -42,7 +42,6 @@ void run_qgemm(const float* x, int M, int K, const QuantW& w, const std::vector<
   thread_local Scratch scratch;
   Scratch& s = scratch;  // the caller's buffers: a thread_local named in a lambda is the worker's
   const int num_groups = K / w.group_size;
-  const bool permuted = true;  // every layout's chunks split into evens and odds (qgemm.h)
   const bool paired = isa == Isa::avx512vnni;
   s.q.resize(size_t(M) * K);
   if (!paired) s.dxv.resize(size_t(M) * (K / 64) * 16);  // (paired kernels read `dx` only)
@@ -57,13 +56,12 @@ void run_qgemm(const float* x, int M, int K, const QuantW& w, const std::vector<
   const int qthreads = M >= 16 ? threads : 1;
   p.run(qthreads, [&](int t) {
     const int m0 = int(int64_t(M) * t / qthreads), m1 = int(int64_t(M) * (t + 1) / qthreads);
-    quantize_rows(x, K, m0, m1, K, w.group_size, permuted, paired, s.q.data(), s.dxv.data(),
+    quantize_rows(x, K, m0, m1, K, w.group_size, paired, s.q.data(), s.dxv.data(),
                   s.dx.data(), s.xsum.data(), shifted ? s.xshift.data() : nullptr,
                   1 << (w.bits - 1), isa);
   });
   QuantX qx;
-  qx.M = M; qx.K = K; qx.group_size = w.group_size; qx.permuted = permuted;
-  qx.paired = paired;
+  qx.M = M; qx.K = K; qx.group_size = w.group_size; qx.paired = paired;
   qx.q = s.q.data(); qx.dxv = s.dxv.data(); qx.dx = s.dx.data();
   qx.xsum = s.xsum.data();
   qx.xshift = shifted ? s.xshift.data() : nullptr;
