@@ -141,35 +141,59 @@ FORKV_INLINE vf16 trees(const vf16* acc) {
          FORKV_SHUF(z[0], z[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }
 
+// Narrower vectors for ISAs whose registers are: GCC keeps a vector wider than the ISA's
+// registers in memory, so on AVX2 every vf16 operation was a load and a store.
+typedef float vf8 __attribute__((vector_size(32)));
+typedef float vf4 __attribute__((vector_size(16)));
+
+template <typename V>
+FORKV_INLINE V vload_as(const float* p) {
+  V v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
 // The dot products of one query row with 16 K rows: per K row kLanes partial sums over D,
-// then tree(). A key's score is the same whichever 16 keys share the call.
+// then tree(). A key's score is the same whichever 16 keys share the call, whichever KT of
+// them share a pass over D, and whatever width V holds the lanes in (each lane's sum is its
+// own, in order of d): V the ISA's register (vf16 on AVX-512, vf8 on AVX2), KT as many keys
+// as its registers hold (16 of AVX-512's 32, 4 of AVX2's 16).
+template <typename V, int KT>
 FORKV_INLINE vf16 dots16(const float* q, const float* const* rows, int D) {
-  vf16 acc[16] = {};
-  for (int d = 0; d < D; d += kLanes) {
-    const vf16 qv = vload(q + d);
-    for (int t = 0; t < 16; ++t) acc[t] += qv * vload(rows[t] + d);
+  constexpr int W = int(sizeof(V) / sizeof(float)), R = kLanes / W;
+  vf16 acc[16];
+  for (int t0 = 0; t0 < 16; t0 += KT) {
+    V a[KT][R] = {};
+    for (int d = 0; d < D; d += kLanes) {
+      V qv[R];
+      for (int r = 0; r < R; ++r) qv[r] = vload_as<V>(q + d + r * W);
+      for (int t = 0; t < KT; ++t)
+        for (int r = 0; r < R; ++r) a[t][r] += qv[r] * vload_as<V>(rows[t0 + t] + d + r * W);
+    }
+    for (int t = 0; t < KT; ++t) std::memcpy(&acc[t0 + t], a[t], sizeof acc[t0 + t]);
   }
   return trees(acc);
 }
 
 // out_g = sum over keys [lo, hi), in order, of p_g[key] * V[key], for N heads; 16 V columns
-// times U at a time held in registers (each column's additions are in key order either way).
-template <int N, int U>
+// times U at a time held in registers of V (each column's additions are in key order
+// whatever U and V are).
+template <typename V, int N, int U>
 FORKV_INLINE void weighted(const float* const* ps, const float* const* vrows, int lo, int hi,
                            int D, float* const* outs) {
+  constexpr int W = int(sizeof(V) / sizeof(float)), R = kLanes * U / W;
   for (int d0 = 0; d0 < D; d0 += kLanes * U) {
-    vf16 acc[N][U] = {};
+    V acc[N][R] = {};
     for (int jj = lo; jj < hi; ++jj) {
       const float* vr = vrows[jj] + d0;
-      vf16 vv[U];
-      for (int u = 0; u < U; ++u) vv[u] = vload(vr + u * kLanes);
+      V vv[R];
+      for (int r = 0; r < R; ++r) vv[r] = vload_as<V>(vr + r * W);
       for (int g = 0; g < N; ++g) {
         const float p = ps[g][jj];
-        for (int u = 0; u < U; ++u) acc[g][u] += p * vv[u];
+        for (int r = 0; r < R; ++r) acc[g][r] += p * vv[r];
       }
     }
-    for (int g = 0; g < N; ++g)
-      for (int u = 0; u < U; ++u) std::memcpy(outs[g] + d0 + u * kLanes, &acc[g][u], 64);
+    for (int g = 0; g < N; ++g) std::memcpy(outs[g] + d0, acc[g], sizeof acc[g]);
   }
 }
 
@@ -219,6 +243,9 @@ FORKV_INLINE void lane_sums(const float* x, int lo, int hi, int lane0, float* la
 // block from j0 (n of them): per head its max, its sum of exp(score - max) and the weighted
 // sum of V rows (`part`, G x (2 + D)). Masked keys score -inf and weigh exactly 0, so leaving
 // out those at the block's ends (and the keys past a causal row's end) changes no bit.
+// V the ISA's vector, KT keys per pass of the dot products, U x 16 V columns per pass of
+// the weighted sum (as its registers allow; the same bits whatever they are).
+template <typename V, int KT, int U>
 FORKV_INLINE void block(const Args& a, int b, int h, int i, int j0, int n, float* part,
                         float* scores, float* wide) {
   const int G = a.group(), D = a.D, lane0 = j0 - a.shift(i);
@@ -259,7 +286,7 @@ FORKV_INLINE void block(const Args& a, int b, int h, int i, int j0, int n, float
       const float* rows[16];
       for (int t = 0; t < 16; ++t) rows[t] = krows[std::min(c + t, hi - 1)];
       float sv[16];
-      const vf16 s = dots16(q, rows, D) * a.scale;
+      const vf16 s = dots16<V, KT>(q, rows, D) * a.scale;
       if (!a.mask_kind && c + 16 <= hi) {  // no mask: the scores as they are
         std::memcpy(sg + c, &s, sizeof s);
         continue;
@@ -304,10 +331,10 @@ FORKV_INLINE void block(const Args& a, int b, int h, int i, int j0, int n, float
       ps[t] = scores + (g0 + t) * kBlock;
       outs[t] = part + (g0 + t) * (2 + D) + 2;
     }
-    if (D % (4 * kLanes) == 0)
-      weighted<N, 4>(ps, vrows, lo, hi, D, outs);
+    if (D % (U * kLanes) == 0)
+      weighted<V, N, U>(ps, vrows, lo, hi, D, outs);
     else
-      weighted<N, 1>(ps, vrows, lo, hi, D, outs);
+      weighted<V, N, 1>(ps, vrows, lo, hi, D, outs);
   });
 }
 
@@ -335,13 +362,13 @@ FORKV_INLINE void combine(int D, int nb, const float* first, size_t stride, floa
 using Scratch = std::vector<float>;
 
 T512F void block512(const Args& a, int b, int h, int i, int j0, int n, float* part, Scratch& s) {
-  block(a, b, h, i, j0, n, part, s.data(), s.data() + size_t(a.group()) * kBlock);
+  block<vf16, 16, 4>(a, b, h, i, j0, n, part, s.data(), s.data() + size_t(a.group()) * kBlock);
 }
 T256F void block256(const Args& a, int b, int h, int i, int j0, int n, float* part, Scratch& s) {
-  block(a, b, h, i, j0, n, part, s.data(), s.data() + size_t(a.group()) * kBlock);
+  block<vf8, 4, 1>(a, b, h, i, j0, n, part, s.data(), s.data() + size_t(a.group()) * kBlock);
 }
 void block_portable(const Args& a, int b, int h, int i, int j0, int n, float* part, Scratch& s) {
-  block(a, b, h, i, j0, n, part, s.data(), s.data() + size_t(a.group()) * kBlock);
+  block<vf4, 4, 1>(a, b, h, i, j0, n, part, s.data(), s.data() + size_t(a.group()) * kBlock);
 }
 T512F void combine512(int D, int nb, const float* first, size_t stride, float* out) {
   combine(D, nb, first, stride, out);

@@ -21,10 +21,6 @@ namespace {
 // Register position -> element within a chunk of 64: evens first, then odds.
 inline int element_at(int pos) { return pos < 32 ? 2 * pos : 2 * (pos - 32) + 1; }
 
-// The activation block (kXBlock elements) of the elements each int32 lane (4 positions) of a
-// 64-byte register covers: 4 evens or 4 odds within 8 elements.
-inline int lane_block(int lane) { return element_at(4 * lane) / kXBlock; }
-
 // Byte of element k (0..63) of chunk c in an 8-bit kernel row (qgemm.h): chunks in pairs,
 // [evens c | evens c+1 | odds c | odds c+1] (32 bytes each), a lone last chunk [evens | odds].
 inline size_t byte8_at(int c, int k, int num_chunks) {
@@ -142,9 +138,8 @@ Isa best_isa() {
 // ---------------------------------------------------------------- activations
 
 void quantize_rows(const float* x, size_t ldx, int m0, int m1, int K, int group_size,
-                   bool paired, int8_t* q, float* dxv, float* dx, float* xsum,
+                   bool paired, int8_t* q, float* dx, float* xsum,
                    int32_t* xshift, int shift_mul, Isa /*isa*/) {
-  constexpr int kPerChunk = 64 / kXBlock;
   const int num_blocks = K / kXBlock, num_chunks = K / 64, num_groups = K / group_size;
   for (int m = m0; m < m1; ++m) {
     const float* xr = x + size_t(m) * ldx;
@@ -173,12 +168,6 @@ void quantize_rows(const float* x, size_t ldx, int m0, int m1, int K, int group_
         sum += int32_t(even[(e0 + i) >> 1]) + int32_t(odd[(e0 + i) >> 1]);
       }
       if (xshift) xshift[size_t(m) * num_blocks + b] = -shift_mul * sum;
-    }
-    if (!paired) {  // (the paired kernels read `dx` itself)
-      float* vr = dxv + size_t(m) * num_chunks * 16;
-      for (int c = 0; c < num_chunks; ++c)
-        for (int lane = 0; lane < 16; ++lane)
-          vr[16 * c + lane] = dr[kPerChunk * c + lane_block(lane)];
     }
     float* gr = xsum + size_t(m) * num_groups;
     for (int g = 0; g < num_groups; ++g) {
@@ -755,13 +744,15 @@ T512 void qgemm512(const QuantX& x, const QuantW& w, int n0, int n1, float* y, s
 
 // ---------------------------------------------------------------- AVX2
 
-// Chunk c's evens (`a`) and odds (`b`): lane j of both covers elements 8j..8j+7.
+// Chunk c's evens (`a`) and odds (`b`): lane j of both covers elements 8j..8j+7. 8-bit
+// rows: the chunk's evens at byte `at8` of the row, its odds 64 bytes on in a pair, 32 alone
+// (byte8_at).
 template <int BITS>
-T256 inline void load_chunk256(const uint8_t* row, int c, int num_chunks, __m256i& a,
+T256 inline void load_chunk256(const uint8_t* row, int c, size_t at8, size_t odd8, __m256i& a,
                                __m256i& b) {
   if constexpr (BITS == 8) {
-    a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + byte8_at(c, 0, num_chunks)));
-    b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + byte8_at(c, 1, num_chunks)));
+    a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + at8));
+    b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + at8 + odd8));
   } else {
     constexpr size_t chunk = 32 + 8 * (BITS - 4);
     const uint8_t* p = row + chunk * c;
@@ -794,79 +785,153 @@ T256 inline float hsum_ps_256(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-template <int BITS>
-T256 void qgemm256(const QuantX& x, const QuantW& w, int n0, int n1, float* y, size_t ldy) {
-  const int num_chunks = w.K / 64, num_groups = w.K / w.group_size;
+// Row n's scale per int32 lane of chunk c: lane j covers elements 64c + 8j..+7.
+T256 inline __m256 lane_scale256(const float* sc, int group_size, int c) {
+  if (group_size == 16)  // lane j: elements of group j / 2
+    return _mm256_setr_ps(sc[4 * c], sc[4 * c], sc[4 * c + 1], sc[4 * c + 1], sc[4 * c + 2],
+                          sc[4 * c + 2], sc[4 * c + 3], sc[4 * c + 3]);
+  if (group_size == 32)
+    return _mm256_blend_ps(_mm256_set1_ps(sc[2 * c]), _mm256_set1_ps(sc[2 * c + 1]), 0xF0);
+  return _mm256_set1_ps(sc[(64 * c) / group_size]);
+}
+
+// One weight row's per-call constants: each chunk's scale per int32 lane (`sv`, 8 floats a
+// chunk) and, 8 bits, where each chunk's evens and odds lie.
+struct Row256 {
+  const uint8_t* row;
+  const float* sc;  // its group scales
+  int group_size;
+  const float* sv;  // null: made per chunk (fewer than 4 activation rows)
+  const size_t* at8;
+  const size_t* odd8;
+};
+
+// Activation rows m0..m0+MR-1 against one weight row: each chunk's weights unpacked once for
+// all MR rows. Every output sees the same operations in the same order whatever MR is, so a
+// row's result does not depend on the rows beside it. CENTRED: symmetric 8-bit groups, whose
+// signed sums need no bias term (as AVX-512's tiles).
+template <int BITS, int MR, bool CENTRED>
+T256 inline void row_tile256(const QuantX& x, const Row256& r, int m0, __m256* acc) {
+  const int num_chunks = x.K / 64, num_blocks = x.K / kXBlock;
   const __m256i ones = _mm256_set1_epi16(1);
-  thread_local std::vector<float> buf;
-  buf.resize(2 * size_t(num_groups));
-  for (int n = n0; n < n1; ++n) {
-    const uint8_t* row = w.data + size_t(n) * w.row_bytes;
-    const RowParams p = row_params256(w, n, n + 1, buf.data());
-    const float* sc = p.scales + size_t(n - p.n0) * num_groups;
-    const float* bi = p.biases ? p.biases + size_t(n - p.n0) * num_groups : nullptr;
-    const __m256 shift = _mm256_set1_ps(p.shift);
-    const bool centred = BITS == 8 && !bi;  // symmetric 8-bit groups: no bias term
-    for (int m = 0; m < x.M; ++m) {
-      const int8_t* qr = x.q + size_t(m) * w.K;
-      __m256 acc = _mm256_setzero_ps();
-      for (int c = 0; c < num_chunks; ++c) {
-        __m256i wa, wb;
-        load_chunk256<BITS>(row, c, num_chunks, wa, wb);
-        const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qr + 64 * c));
-        const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qr + 64 * c + 32));
-        // Lane j of both registers covers elements 8j..8j+7 (evens, odds): one activation
-        // block, so they add in int32.
-        __m256i dot;
-        if constexpr (BITS == 8) {
-          // u8 x s8 pairs can overflow maddubs: dot the signed weights (q - 128); symmetric
-          // groups keep that centred sum (no bias term, as AVX-512's tiles), affine ones add
-          // 128 * sum(x) per lane, so each int32 lane holds its 8 elements' sum of q * x.
-          const __m256i flip = _mm256_set1_epi8(char(0x80)), one8 = _mm256_set1_epi8(1);
-          const __m256i sa = _mm256_xor_si256(wa, flip), sb = _mm256_xor_si256(wb, flip);
-          const __m256i da = _mm256_madd_epi16(
-              _mm256_maddubs_epi16(_mm256_sign_epi8(sa, sa), _mm256_sign_epi8(xa, sa)), ones);
-          const __m256i db = _mm256_madd_epi16(
-              _mm256_maddubs_epi16(_mm256_sign_epi8(sb, sb), _mm256_sign_epi8(xb, sb)), ones);
-          dot = _mm256_add_epi32(da, db);
-          if (!centred) {
-            const __m256i xs8 = _mm256_add_epi32(
-                _mm256_madd_epi16(_mm256_maddubs_epi16(one8, xa), ones),
-                _mm256_madd_epi16(_mm256_maddubs_epi16(one8, xb), ones));
-            dot = _mm256_add_epi32(dot, _mm256_slli_epi32(xs8, 7));
-          }
-        } else {
-          const __m256i da = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, xa), ones);
-          const __m256i db = _mm256_madd_epi16(_mm256_maddubs_epi16(wb, xb), ones);
-          dot = _mm256_add_epi32(da, db);
+  for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
+  const int8_t* q0 = x.q + size_t(m0) * x.K;
+  const float* d0 = x.dx + size_t(m0) * num_blocks;
+  for (int c = 0; c < num_chunks; ++c) {
+    __m256i wa, wb;
+    load_chunk256<BITS>(r.row, c, BITS == 8 ? r.at8[c] : 0, BITS == 8 ? r.odd8[c] : 0, wa, wb);
+    __m256i sa, sb, ua, ub;  // 8 bits: the signed weights (q - 128) and their magnitudes
+    if constexpr (BITS == 8) {
+      const __m256i flip = _mm256_set1_epi8(char(0x80));
+      sa = _mm256_xor_si256(wa, flip);
+      sb = _mm256_xor_si256(wb, flip);
+      ua = _mm256_sign_epi8(sa, sa);
+      ub = _mm256_sign_epi8(sb, sb);
+    }
+    const __m256 sv = r.sv ? _mm256_loadu_ps(r.sv + 8 * size_t(c))
+                           : lane_scale256(r.sc, r.group_size, c);
+    for (int i = 0; i < MR; ++i) {
+      const int8_t* qr = q0 + size_t(i) * x.K + 64 * c;
+      const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qr));
+      const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qr + 32));
+      // Lane j of both registers covers elements 8j..8j+7 (evens, odds): activation block
+      // 8c + j, so they add in int32.
+      __m256i dot;
+      if constexpr (BITS == 8) {
+        // u8 x s8 pairs can overflow maddubs: dot the signed weights (q - 128); symmetric
+        // groups keep that centred sum, affine ones add 128 * sum(x) per lane, so each int32
+        // lane holds its 8 elements' sum of q * x.
+        const __m256i da = _mm256_madd_epi16(_mm256_maddubs_epi16(ua, _mm256_sign_epi8(xa, sa)),
+                                             ones);
+        const __m256i db = _mm256_madd_epi16(_mm256_maddubs_epi16(ub, _mm256_sign_epi8(xb, sb)),
+                                             ones);
+        dot = _mm256_add_epi32(da, db);
+        if constexpr (!CENTRED) {
+          const __m256i one8 = _mm256_set1_epi8(1);
+          const __m256i xs8 = _mm256_add_epi32(
+              _mm256_madd_epi16(_mm256_maddubs_epi16(one8, xa), ones),
+              _mm256_madd_epi16(_mm256_maddubs_epi16(one8, xb), ones));
+          dot = _mm256_add_epi32(dot, _mm256_slli_epi32(xs8, 7));
         }
-        __m256 sv;
-        if (w.group_size == 16)  // lane j of both registers: elements of group j / 2
-          sv = _mm256_setr_ps(sc[4 * c], sc[4 * c], sc[4 * c + 1], sc[4 * c + 1],
-                              sc[4 * c + 2], sc[4 * c + 2], sc[4 * c + 3], sc[4 * c + 3]);
-        else if (w.group_size == 32)
-          sv = _mm256_blend_ps(_mm256_set1_ps(sc[2 * c]), _mm256_set1_ps(sc[2 * c + 1]), 0xF0);
-        else
-          sv = _mm256_set1_ps(sc[(64 * c) / w.group_size]);
-        const __m256 dv = _mm256_loadu_ps(x.dxv + (size_t(m) * num_chunks + c) * 16);
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(sv, dv), acc);
+      } else {
+        const __m256i da = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, xa), ones);
+        const __m256i db = _mm256_madd_epi16(_mm256_maddubs_epi16(wb, xb), ones);
+        dot = _mm256_add_epi32(da, db);
       }
-      if (centred) {
-        y[size_t(m) * ldy + n] = hsum_ps_256(acc);
-        continue;
-      }
+      const __m256 dv = _mm256_loadu_ps(d0 + size_t(i) * num_blocks + 8 * c);
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(sv, dv), acc[i]);
+    }
+  }
+}
+
+// The tile's sums into y, each with its row's bias term (none where CENTRED).
+template <int MR, bool CENTRED>
+T256 inline void store_tile256(const QuantX& x, const float* sc, const float* bi, float shift,
+                               int m0, int n, const __m256* acc, float* y, size_t ldy) {
+  const int num_groups = x.K / x.group_size;
+  for (int i = 0; i < MR; ++i) {
+    const int m = m0 + i;
+    if constexpr (CENTRED) {
+      y[size_t(m) * ldy + n] = hsum_ps_256(acc[i]);
+    } else {
       const float* xs = x.xsum + size_t(m) * num_groups;
       __m256 bacc = _mm256_setzero_ps();
       int g = 0;
       for (; g + 8 <= num_groups; g += 8)
         bacc = _mm256_fmadd_ps(bi ? _mm256_loadu_ps(bi + g)
-                                  : _mm256_mul_ps(_mm256_loadu_ps(sc + g), shift),
+                                  : _mm256_mul_ps(_mm256_loadu_ps(sc + g), _mm256_set1_ps(shift)),
                                _mm256_loadu_ps(xs + g), bacc);
       float bias = hsum_ps_256(bacc);
-      for (; g < num_groups; ++g) bias += (bi ? bi[g] : sc[g] * p.shift) * xs[g];
-      y[size_t(m) * ldy + n] = hsum_ps_256(acc) + bias;
+      for (; g < num_groups; ++g) bias += (bi ? bi[g] : sc[g] * shift) * xs[g];
+      y[size_t(m) * ldy + n] = hsum_ps_256(acc[i]) + bias;
     }
   }
+}
+
+template <int BITS, bool CENTRED>
+T256 void rows256(const QuantX& x, const QuantW& w, int n0, int n1, float* y, size_t ldy) {
+  const int num_chunks = w.K / 64, num_groups = w.K / w.group_size;
+  thread_local std::vector<float> buf, sv;
+  thread_local std::vector<size_t> at8, odd8;
+  buf.resize(2 * size_t(num_groups));
+  sv.resize(8 * size_t(num_chunks));
+  if (BITS == 8) {
+    at8.resize(size_t(num_chunks));
+    odd8.resize(size_t(num_chunks));
+    for (int c = 0; c < num_chunks; ++c) {
+      at8[c] = byte8_at(c, 0, num_chunks);
+      odd8[c] = byte8_at(c, 1, num_chunks) - at8[c];
+    }
+  }
+  for (int n = n0; n < n1; ++n) {
+    const RowParams p = row_params256(w, n, n + 1, buf.data());
+    const float* sc = p.scales + size_t(n - p.n0) * num_groups;
+    const float* bi = p.biases ? p.biases + size_t(n - p.n0) * num_groups : nullptr;
+    // (with 4 rows or more, each chunk's lane scales made once for all of them)
+    const bool lanes = x.M >= 4;
+    if (lanes)
+      for (int c = 0; c < num_chunks; ++c)
+        _mm256_storeu_ps(sv.data() + 8 * size_t(c), lane_scale256(sc, w.group_size, c));
+    const Row256 r{w.data + size_t(n) * w.row_bytes, sc, w.group_size,
+                   lanes ? sv.data() : nullptr, at8.data(), odd8.data()};
+    __m256 acc[4];
+    int m = 0;
+    for (; m + 4 <= x.M; m += 4) {
+      row_tile256<BITS, 4, CENTRED>(x, r, m, acc);
+      store_tile256<4, CENTRED>(x, sc, bi, p.shift, m, n, acc, y, ldy);
+    }
+    for (; m < x.M; ++m) {
+      row_tile256<BITS, 1, CENTRED>(x, r, m, acc);
+      store_tile256<1, CENTRED>(x, sc, bi, p.shift, m, n, acc, y, ldy);
+    }
+  }
+}
+
+template <int BITS>
+T256 void qgemm256(const QuantX& x, const QuantW& w, int n0, int n1, float* y, size_t ldy) {
+  // symmetric 8-bit groups (no biases: float scales or float16 ones) sum centred
+  if (BITS == 8 && !w.biases && !w.kparams) return rows256<BITS, true>(x, w, n0, n1, y, ldy);
+  rows256<BITS, false>(x, w, n0, n1, y, ldy);
 }
 
 }  // namespace

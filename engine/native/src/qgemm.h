@@ -28,7 +28,6 @@ struct QuantX {
   // nibbles splits into the evens and the odds of the same 8-element blocks (see tile512)
   bool paired = false;
   const int8_t* q = nullptr;        // [M, K]
-  const float* dxv = nullptr;       // [M, K/64, 16]: the block scale of each int32 lane
   const float* dx = nullptr;        // [M, K/kXBlock]: block scales
   const float* xsum = nullptr;      // [M, K/group_size]: float sums of x per group
   // [M, K/kXBlock], paired calls with symmetric weights (no biases; Q6_K's params): each
@@ -98,7 +97,7 @@ bool matvec_tiles();
 // Quantize rows [m0, m1) of x (float32, row stride ldx) into the buffers of `qx`.
 // `xshift` (or null): each block's -shift_mul * sum of its int8 values.
 void quantize_rows(const float* x, size_t ldx, int m0, int m1, int K, int group_size,
-                   bool paired, int8_t* q, float* dxv, float* dx, float* xsum,
+                   bool paired, int8_t* q, float* dx, float* xsum,
                    int32_t* xshift, int shift_mul, Isa isa);
 
 // y[m, n] for m in [0, M), n in [n0, n1); y has row stride ldy.

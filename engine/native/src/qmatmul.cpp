@@ -31,7 +31,7 @@ std::atomic<int> g_threads{0};
 
 struct Scratch {
   std::vector<int8_t> q;
-  std::vector<float> dxv, dx, xsum;
+  std::vector<float> dx, xsum;
   std::vector<int32_t> xshift;
 };
 
@@ -44,7 +44,6 @@ void run_qgemm(const float* x, int M, int K, const QuantW& w, const std::vector<
   const int num_groups = K / w.group_size;
   const bool paired = isa == Isa::avx512vnni;
   s.q.resize(size_t(M) * K);
-  if (!paired) s.dxv.resize(size_t(M) * (K / 64) * 16);  // (paired kernels read `dx` only)
   s.dx.resize(size_t(M) * (K / kXBlock));
   s.xsum.resize(size_t(M) * num_groups);
   // symmetric groups on the paired tiles: no bias term (tile512's kShifted)
@@ -56,13 +55,13 @@ void run_qgemm(const float* x, int M, int K, const QuantW& w, const std::vector<
   const int qthreads = M >= 16 ? threads : 1;
   p.run(qthreads, [&](int t) {
     const int m0 = int(int64_t(M) * t / qthreads), m1 = int(int64_t(M) * (t + 1) / qthreads);
-    quantize_rows(x, K, m0, m1, K, w.group_size, paired, s.q.data(), s.dxv.data(),
+    quantize_rows(x, K, m0, m1, K, w.group_size, paired, s.q.data(),
                   s.dx.data(), s.xsum.data(), shifted ? s.xshift.data() : nullptr,
                   1 << (w.bits - 1), isa);
   });
   QuantX qx;
   qx.M = M; qx.K = K; qx.group_size = w.group_size; qx.paired = paired;
-  qx.q = s.q.data(); qx.dxv = s.dxv.data(); qx.dx = s.dx.data();
+  qx.q = s.q.data(); qx.dx = s.dx.data();
   qx.xsum = s.xsum.data();
   qx.xshift = shifted ? s.xshift.data() : nullptr;
   // Output rows in blocks handed out by a counter: a thread slowed by other work takes
