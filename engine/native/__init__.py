@@ -38,7 +38,7 @@ __all__ = ["DEFAULT_KV_DTYPE", "NativeInfo", "blocks_off", "fuse_off", "kernel_l
 # weights in the same paired layout (AVX2's 8-bit path sums the two halves as well), and
 # AVX-512 (and AVX2 at 8 bits) sums symmetric groups as x * (q - 2^(bits-1)), with no bias
 # term after them.
-KERNEL_VERSION = 6
+KERNEL_VERSION = 7
 # What cached K/V are stored in where the kernels run attention, unless asked otherwise:
 # half float32's bytes, within 0.5% of its perplexity on Gemma 3 and SmolLM2 (docs/memory.md).
 DEFAULT_KV_DTYPE = "float16"

@@ -34,8 +34,23 @@ def _mlx_lm_sdpa():
     return base.scaled_dot_product_attention
 
 
+def _sdpa_functions() -> tuple:
+    """The functions attention modules call by that name: mlx-lm's, and mlx-vlm's (its
+    language models import their own, which adds caches forkv does not make). A vision
+    model's text attention on mlx's CPU kernel gives other sums for a chunk than for one row
+    on some BLAS builds (OpenBLAS's Haswell kernels), so its verifies could not be exact."""
+    found = [_mlx_lm_sdpa()]
+    try:
+        from mlx_vlm.models import base as vlm_base
+    except ImportError:
+        return tuple(found)
+    fn = getattr(vlm_base, _NAME, None)
+    return tuple(found + [fn]) if fn is not None and fn is not found[0] else tuple(found)
+
+
 def attention(queries, keys, values, cache, scale, mask, sinks=None):
-    """mlx-lm's scaled_dot_product_attention, on the kernel where the call is marked."""
+    """A marked module's scaled_dot_product_attention on the kernel; other calls go to
+    mlx-lm's."""
     lib = _MARKED.get()
     q8 = keys.dtype == mx.uint8 and values.dtype == mx.uint8  # q8_0 rows (kvcache.py)
     if (lib is not None and sinks is None and not hasattr(cache, "bits")
@@ -82,7 +97,7 @@ def _calls_sdpa(cls: type) -> bool:
     call = getattr(cls, "__call__", None)
     code = getattr(call, "__code__", None)
     return (code is not None and _NAME in code.co_names
-            and call.__globals__.get(_NAME) is _mlx_lm_sdpa())
+            and any(call.__globals__.get(_NAME) is fn for fn in _sdpa_functions()))
 
 
 def uses_native_attention(model) -> bool:
