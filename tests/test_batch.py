@@ -3,7 +3,7 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import ARCHS, load_tiny, scoped_engine
+from conftest import ARCHS, TOLERANCE_KV, load_tiny, scoped_engine
 from forkv.engine import Engine, ForkvWarning, SamplingParams
 from forkv.engine import generate_batch
 from forkv.engine.cache.recordstore import RecordStore
@@ -45,11 +45,11 @@ def _close_batch_runs():
     _runs.clear()
 
 
-def _batch_run(arch):
-    """One batch per architecture: prompts of different lengths, one row restored from
-    checkpoints, decode crossing block boundaries. Shared by the tests below."""
-    if arch not in _runs:
-        lm = load_tiny(arch)
+def _batch_run(arch, kv_dtype="auto"):
+    """One batch per architecture (and K/V format): prompts of different lengths, one row
+    restored from checkpoints, decode crossing block boundaries. Shared by the tests below."""
+    if (arch, kv_dtype) not in _runs:
+        lm = load_tiny(arch, kv_dtype=kv_dtype)
         engine = Engine(lm, store=RecordStore(1 << 30, None), block_size=B)  # for the module
         seen = random_tokens(200, seed=50)
         engine.generate(seen, max_tokens=1)  # records blocks 0..2
@@ -57,12 +57,13 @@ def _batch_run(arch):
                    seen[:150] + random_tokens(20, seed=53), random_tokens(130, seed=54)]
         results = generate_batch(engine, prompts, SamplingParams(max_tokens=36))
         engine.drain()  # the record jobs of the decoded blocks
-        _runs[arch] = lm, engine, prompts, results
-    return _runs[arch]
+        _runs[arch, kv_dtype] = lm, engine, prompts, results
+    return _runs[arch, kv_dtype]
 
 
 def test_batched_greedy_matches_single_request(arch):
-    lm, _, prompts, results = _batch_run(arch)
+    # (conftest: rows batched and alone compared within a tolerance)
+    lm, _, prompts, results = _batch_run(arch, TOLERANCE_KV)
     for prompt, got in zip(prompts, results):
         _assert_same(got, _single(lm, prompt, max_tokens=36))
     restored = results[2].timings

@@ -1,6 +1,6 @@
 import pytest
 
-from conftest import load_tiny
+from conftest import TOLERANCE_KV, load_tiny
 from forkv.engine.request.generate import chunk_ends, prefill
 
 
@@ -22,7 +22,7 @@ def test_chunked_prefill_matches_single_shot(arch):
     import mlx.core as mx
     import numpy as np
 
-    lm = load_tiny(arch)
+    lm = load_tiny(arch, kv_dtype=TOLERANCE_KV)  # (conftest: two chunkings compared)
     tokens = _tokens(700)
     chunked = prefill(lm.model, lm.make_cache(), tokens, 0, 256)
     single = lm.model(mx.array(tokens)[None], cache=lm.make_cache())[0, -1]
