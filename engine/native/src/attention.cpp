@@ -141,8 +141,9 @@ FORKV_INLINE vf16 trees(const vf16* acc) {
          FORKV_SHUF(z[0], z[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }
 
-// Narrower vectors for ISAs whose registers are: GCC keeps a vector wider than the ISA's
-// registers in memory, so on AVX2 every vf16 operation was a load and a store.
+// Vectors of one register of narrower ISAs (AVX2's 8 floats, SSE's and NEON's 4): GCC keeps a
+// vector wider than the ISA's registers in memory, so on AVX2 every vf16 operation was a load
+// and a store.
 typedef float vf8 __attribute__((vector_size(32)));
 typedef float vf4 __attribute__((vector_size(16)));
 
