@@ -796,12 +796,15 @@ T256 inline __m256 lane_scale256(const float* sc, int group_size, int c) {
 }
 
 // One weight row's per-call constants: each chunk's scale per int32 lane (`sv`, 8 floats a
-// chunk) and, 8 bits, where each chunk's evens and odds lie.
+// chunk), its chunks unpacked (`unpacked`: evens, odds, 32 bytes each) and, 8 bits, where
+// each chunk's evens and odds lie in the row. With 4 activation rows or more the first two
+// are made once a row for all of them; with fewer, per chunk (null).
 struct Row256 {
   const uint8_t* row;
   const float* sc;  // its group scales
   int group_size;
-  const float* sv;  // null: made per chunk (fewer than 4 activation rows)
+  const float* sv;
+  const uint8_t* unpacked;
   const size_t* at8;
   const size_t* odd8;
 };
@@ -819,7 +822,12 @@ T256 inline void row_tile256(const QuantX& x, const Row256& r, int m0, __m256* a
   const float* d0 = x.dx + size_t(m0) * num_blocks;
   for (int c = 0; c < num_chunks; ++c) {
     __m256i wa, wb;
-    load_chunk256<BITS>(r.row, c, BITS == 8 ? r.at8[c] : 0, BITS == 8 ? r.odd8[c] : 0, wa, wb);
+    if (r.unpacked) {
+      wa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.unpacked + 64 * size_t(c)));
+      wb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.unpacked + 64 * size_t(c) + 32));
+    } else {
+      load_chunk256<BITS>(r.row, c, BITS == 8 ? r.at8[c] : 0, BITS == 8 ? r.odd8[c] : 0, wa, wb);
+    }
     __m256i sa, sb, ua, ub;  // 8 bits: the signed weights (q - 128) and their magnitudes
     if constexpr (BITS == 8) {
       const __m256i flip = _mm256_set1_epi8(char(0x80));
@@ -893,8 +901,10 @@ T256 void rows256(const QuantX& x, const QuantW& w, int n0, int n1, float* y, si
   const int num_chunks = w.K / 64, num_groups = w.K / w.group_size;
   thread_local std::vector<float> buf, sv;
   thread_local std::vector<size_t> at8, odd8;
+  thread_local std::vector<uint8_t> unpacked;
   buf.resize(2 * size_t(num_groups));
   sv.resize(8 * size_t(num_chunks));
+  unpacked.resize(64 * size_t(num_chunks));
   if (BITS == 8) {
     at8.resize(size_t(num_chunks));
     odd8.resize(size_t(num_chunks));
@@ -907,13 +917,20 @@ T256 void rows256(const QuantX& x, const QuantW& w, int n0, int n1, float* y, si
     const RowParams p = row_params256(w, n, n + 1, buf.data());
     const float* sc = p.scales + size_t(n - p.n0) * num_groups;
     const float* bi = p.biases ? p.biases + size_t(n - p.n0) * num_groups : nullptr;
-    // (with 4 rows or more, each chunk's lane scales made once for all of them)
-    const bool lanes = x.M >= 4;
-    if (lanes)
-      for (int c = 0; c < num_chunks; ++c)
+    const uint8_t* row = w.data + size_t(n) * w.row_bytes;
+    // (4 rows or more: each chunk unpacked, and its lane scales made, once for all of them)
+    const bool once = x.M >= 4;
+    if (once)
+      for (int c = 0; c < num_chunks; ++c) {
         _mm256_storeu_ps(sv.data() + 8 * size_t(c), lane_scale256(sc, w.group_size, c));
-    const Row256 r{w.data + size_t(n) * w.row_bytes, sc, w.group_size,
-                   lanes ? sv.data() : nullptr, at8.data(), odd8.data()};
+        __m256i wa, wb;
+        load_chunk256<BITS>(row, c, BITS == 8 ? at8[c] : 0, BITS == 8 ? odd8[c] : 0, wa, wb);
+        __m256i* dst = reinterpret_cast<__m256i*>(unpacked.data() + 64 * size_t(c));
+        _mm256_storeu_si256(dst, wa);
+        _mm256_storeu_si256(dst + 1, wb);
+      }
+    const Row256 r{row, sc, w.group_size, once ? sv.data() : nullptr,
+                   once ? unpacked.data() : nullptr, at8.data(), odd8.data()};
     __m256 acc[4];
     int m = 0;
     for (; m + 4 <= x.M; m += 4) {
