@@ -758,6 +758,10 @@ T512 void qgemm512(const QuantX& x, const QuantW& w, int n0, int n1, float* y, s
 // Chunk c's evens (`a`) and odds (`b`): lane j of both covers elements 8j..8j+7. 8-bit
 // rows: the chunk's evens at byte `at8` of the row, its odds 64 bytes on in a pair, 32 alone
 // (byte8_at).
+// A row's bytes per chunk of 64 weights.
+template <int BITS>
+constexpr size_t kChunkBytes = BITS == 8 ? 64 : 32 + 8 * (BITS - 4);
+
 template <int BITS>
 T256 inline void load_chunk256(const uint8_t* row, int c, size_t at8, size_t odd8, __m256i& a,
                                __m256i& b) {
@@ -772,16 +776,21 @@ T256 inline void load_chunk256(const uint8_t* row, int c, size_t at8, size_t odd
     a = _mm256_and_si256(v, low);
     b = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
     for (int plane = 0; plane < BITS - 4; ++plane) {
-      uint32_t m[2];
-      std::memcpy(m, p + 32 + 8 * plane, 8);
+      // the plane's 64 bits in every 8 bytes (a load, no shuffle port), then each half's 32
+      // bits -> 32 bytes that are 0xFF where the bit is set (evens bytes 0-3, odds 4-7)
+      const __m256i m = _mm256_broadcastq_epi64(
+          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 32 + 8 * plane)));
       const __m256i bit = _mm256_set1_epi8(char(0x10 << plane));
+      const __m256i sel = _mm256_set1_epi64x(0x8040201008040201LL);
       for (int h = 0; h < 2; ++h) {
-        // 32 mask bits -> 32 bytes that are 0xFF where the bit is set.
-        const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                              2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-        __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(int(m[h])), shuf);
-        const __m256i sel = _mm256_set1_epi64x(0x8040201008040201LL);
-        bytes = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, sel), sel);
+        const __m256i shuf = h == 0 ? _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1,
+                                                       1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3,
+                                                       3, 3, 3, 3)
+                                    : _mm256_setr_epi8(4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5,
+                                                       5, 5, 6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7,
+                                                       7, 7, 7, 7);
+        const __m256i bytes =
+            _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(m, shuf), sel), sel);
         __m256i& dst = h == 0 ? a : b;
         dst = _mm256_or_si256(dst, _mm256_and_si256(bytes, bit));
       }
@@ -809,7 +818,8 @@ T256 inline __m256 lane_scale256(const float* sc, int group_size, int c) {
 // One weight row's per-call constants: each chunk's scale per int32 lane (`sv`, 8 floats a
 // chunk), its chunks unpacked (`unpacked`: evens, odds, 32 bytes each) and, 8 bits, where
 // each chunk's evens and odds lie in the row. With 4 activation rows or more the first two
-// are made once a row for all of them; with fewer, per chunk (null).
+// are made once a row for all of them; with fewer (streamed), per chunk (null), and `ahead`
+// is the weight byte ~4 KiB further on, fetched early.
 struct Row256 {
   const uint8_t* row;
   const float* sc;  // its group scales
@@ -818,13 +828,16 @@ struct Row256 {
   const uint8_t* unpacked;
   const size_t* at8;
   const size_t* odd8;
+  const uint8_t* ahead;
 };
 
 // Activation rows m0..m0+MR-1 against one weight row: each chunk's weights unpacked once for
 // all MR rows. Every output sees the same operations in the same order whatever MR is, so a
 // row's result does not depend on the rows beside it. CENTRED: symmetric 8-bit groups, whose
-// signed sums need no bias term (as AVX-512's tiles).
-template <int BITS, int MR, bool CENTRED>
+// signed sums need no bias term (as AVX-512's tiles). STREAM: the chunk read from the row
+// (decode, 1-3 rows: the weights stream from memory once, so their next bytes are fetched
+// early; the hardware prefetcher alone left a decode's matvecs ~30% below the memory's rate).
+template <int BITS, int MR, bool CENTRED, bool STREAM>
 T256 inline void row_tile256(const QuantX& x, const Row256& r, int m0, __m256* acc) {
   const int num_chunks = x.K / 64, num_blocks = x.K / kXBlock;
   const __m256i ones = _mm256_set1_epi16(1);
@@ -833,11 +846,13 @@ T256 inline void row_tile256(const QuantX& x, const Row256& r, int m0, __m256* a
   const float* d0 = x.dx + size_t(m0) * num_blocks;
   for (int c = 0; c < num_chunks; ++c) {
     __m256i wa, wb;
-    if (r.unpacked) {
+    if constexpr (STREAM) {
+      _mm_prefetch(reinterpret_cast<const char*>(r.ahead) + (kChunkBytes<BITS> * size_t(c)),
+                   _MM_HINT_T0);
+      load_chunk256<BITS>(r.row, c, BITS == 8 ? r.at8[c] : 0, BITS == 8 ? r.odd8[c] : 0, wa, wb);
+    } else {
       wa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.unpacked + 64 * size_t(c)));
       wb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.unpacked + 64 * size_t(c) + 32));
-    } else {
-      load_chunk256<BITS>(r.row, c, BITS == 8 ? r.at8[c] : 0, BITS == 8 ? r.odd8[c] : 0, wa, wb);
     }
     __m256i sa, sb, ua, ub;  // 8 bits: the signed weights (q - 128) and their magnitudes
     if constexpr (BITS == 8) {
@@ -847,8 +862,8 @@ T256 inline void row_tile256(const QuantX& x, const Row256& r, int m0, __m256* a
       ua = _mm256_sign_epi8(sa, sa);
       ub = _mm256_sign_epi8(sb, sb);
     }
-    const __m256 sv = r.sv ? _mm256_loadu_ps(r.sv + 8 * size_t(c))
-                           : lane_scale256(r.sc, r.group_size, c);
+    const __m256 sv = STREAM ? lane_scale256(r.sc, r.group_size, c)
+                             : _mm256_loadu_ps(r.sv + 8 * size_t(c));
     for (int i = 0; i < MR; ++i) {
       const int8_t* qr = q0 + size_t(i) * x.K + 64 * c;
       const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qr));
@@ -907,15 +922,39 @@ T256 inline void store_tile256(const QuantX& x, const float* sc, const float* bi
   }
 }
 
+// Rows of 1-3 activations (decode): each weight row streamed once, its chunks unpacked as
+// they are read, the params of 16 rows made in one call.
+template <int BITS, int MR, bool CENTRED>
+T256 void stream_rows256(const QuantX& x, const QuantW& w, int n0, int n1, float* y,
+                         size_t ldy, const size_t* at8, const size_t* odd8) {
+  constexpr int kParamRows = 16;
+  constexpr size_t kAhead = 4096;
+  const int num_groups = w.K / w.group_size;
+  thread_local std::vector<float> buf;
+  buf.resize(2 * size_t(kParamRows) * num_groups);
+  const uint8_t* end = w.data + size_t(w.N) * w.row_bytes;
+  for (int b = n0; b < n1; b += kParamRows) {
+    const int b1 = std::min(n1, b + kParamRows);
+    const RowParams p = row_params256(w, b, b1, buf.data());
+    for (int n = b; n < b1; ++n) {
+      const float* sc = p.scales + size_t(n - p.n0) * num_groups;
+      const float* bi = p.biases ? p.biases + size_t(n - p.n0) * num_groups : nullptr;
+      const uint8_t* row = w.data + size_t(n) * w.row_bytes;
+      const uint8_t* ahead = size_t(end - row) > kAhead + w.row_bytes ? row + kAhead : row;
+      const Row256 r{row, sc, w.group_size, nullptr, nullptr, at8, odd8, ahead};
+      __m256 acc[MR];
+      row_tile256<BITS, MR, CENTRED, true>(x, r, 0, acc);
+      store_tile256<MR, CENTRED>(x, sc, bi, p.shift, 0, n, acc, y, ldy);
+    }
+  }
+}
+
 template <int BITS, bool CENTRED>
 T256 void rows256(const QuantX& x, const QuantW& w, int n0, int n1, float* y, size_t ldy) {
   const int num_chunks = w.K / 64, num_groups = w.K / w.group_size;
   thread_local std::vector<float> buf, sv;
   thread_local std::vector<size_t> at8, odd8;
   thread_local std::vector<uint8_t> unpacked;
-  buf.resize(2 * size_t(num_groups));
-  sv.resize(8 * size_t(num_chunks));
-  unpacked.resize(64 * size_t(num_chunks));
   if (BITS == 8) {
     at8.resize(size_t(num_chunks));
     odd8.resize(size_t(num_chunks));
@@ -924,32 +963,38 @@ T256 void rows256(const QuantX& x, const QuantW& w, int n0, int n1, float* y, si
       odd8[c] = byte8_at(c, 1, num_chunks) - at8[c];
     }
   }
+  switch (x.M) {
+    case 1: return stream_rows256<BITS, 1, CENTRED>(x, w, n0, n1, y, ldy, at8.data(), odd8.data());
+    case 2: return stream_rows256<BITS, 2, CENTRED>(x, w, n0, n1, y, ldy, at8.data(), odd8.data());
+    case 3: return stream_rows256<BITS, 3, CENTRED>(x, w, n0, n1, y, ldy, at8.data(), odd8.data());
+  }
+  // 4 rows or more: each weight row unpacked, and its lane scales made, once for all tiles
+  buf.resize(2 * size_t(num_groups));
+  sv.resize(8 * size_t(num_chunks));
+  unpacked.resize(64 * size_t(num_chunks));
   for (int n = n0; n < n1; ++n) {
     const RowParams p = row_params256(w, n, n + 1, buf.data());
     const float* sc = p.scales + size_t(n - p.n0) * num_groups;
     const float* bi = p.biases ? p.biases + size_t(n - p.n0) * num_groups : nullptr;
     const uint8_t* row = w.data + size_t(n) * w.row_bytes;
-    // (4 rows or more: each chunk unpacked, and its lane scales made, once for all of them)
-    const bool once = x.M >= 4;
-    if (once)
-      for (int c = 0; c < num_chunks; ++c) {
-        _mm256_storeu_ps(sv.data() + 8 * size_t(c), lane_scale256(sc, w.group_size, c));
-        __m256i wa, wb;
-        load_chunk256<BITS>(row, c, BITS == 8 ? at8[c] : 0, BITS == 8 ? odd8[c] : 0, wa, wb);
-        __m256i* dst = reinterpret_cast<__m256i*>(unpacked.data() + 64 * size_t(c));
-        _mm256_storeu_si256(dst, wa);
-        _mm256_storeu_si256(dst + 1, wb);
-      }
-    const Row256 r{row, sc, w.group_size, once ? sv.data() : nullptr,
-                   once ? unpacked.data() : nullptr, at8.data(), odd8.data()};
+    for (int c = 0; c < num_chunks; ++c) {
+      _mm256_storeu_ps(sv.data() + 8 * size_t(c), lane_scale256(sc, w.group_size, c));
+      __m256i wa, wb;
+      load_chunk256<BITS>(row, c, BITS == 8 ? at8[c] : 0, BITS == 8 ? odd8[c] : 0, wa, wb);
+      __m256i* dst = reinterpret_cast<__m256i*>(unpacked.data() + 64 * size_t(c));
+      _mm256_storeu_si256(dst, wa);
+      _mm256_storeu_si256(dst + 1, wb);
+    }
+    const Row256 r{row, sc, w.group_size, sv.data(), unpacked.data(), at8.data(), odd8.data(),
+                   row};
     __m256 acc[4];
     int m = 0;
     for (; m + 4 <= x.M; m += 4) {
-      row_tile256<BITS, 4, CENTRED>(x, r, m, acc);
+      row_tile256<BITS, 4, CENTRED, false>(x, r, m, acc);
       store_tile256<4, CENTRED>(x, sc, bi, p.shift, m, n, acc, y, ldy);
     }
     for (; m < x.M; ++m) {
-      row_tile256<BITS, 1, CENTRED>(x, r, m, acc);
+      row_tile256<BITS, 1, CENTRED, false>(x, r, m, acc);
       store_tile256<1, CENTRED>(x, sc, bi, p.shift, m, n, acc, y, ldy);
     }
   }
