@@ -10,6 +10,8 @@ import sys
 import time
 import urllib.request
 
+import pytest
+
 from forkv.chat_cmd import app_url
 from server_proc import stop
 
@@ -20,6 +22,7 @@ def test_app_url_is_loopback_for_a_wildcard_bind():
     assert app_url("::1", 8123) == "http://[::1]:8123/"
 
 
+@pytest.mark.slow  # (3-4 s, a server process: out of the 5-minute fast suite)
 def test_chat_serves_the_app_on_a_free_port_and_opens_it(tmp_path):
     opened = tmp_path / "opened"
     fake = tmp_path / "browser.py"

@@ -55,6 +55,7 @@ def _counts(usage) -> tuple[int, int, int]:
             usage.completion_tokens)
 
 
+@pytest.mark.slow  # (3-4 s, a server process: out of the 5-minute fast suite)
 def test_model_loads_and_one_access_line_per_request(tmp_path):
     path = tmp_path / "serve.log"
     with path.open("wb") as log, running_server("--reasoning", "off", log=log) as url:

@@ -63,6 +63,7 @@ def test_a_name_that_cannot_load_is_a_404_with_the_reason(url):
     assert status == 404 and body["error"]["code"] == "model_not_found"
 
 
+@pytest.mark.slow  # (3-4 s, a server process: out of the 5-minute fast suite)
 def test_a_pinned_server_serves_only_its_model():
     with running_server("--model", A, "--reasoning", "off") as url:
         status, body = http("POST", f"{url}/v1/chat/completions",
