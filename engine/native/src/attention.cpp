@@ -164,7 +164,9 @@ FORKV_INLINE vf16 dots16(const float* q, const float* const* rows, int D) {
   constexpr int W = int(sizeof(V) / sizeof(float)), R = kLanes / W;
   vf16 acc[16];
   for (int t0 = 0; t0 < 16; t0 += KT) {
-    V a[KT][R] = {};
+    V a[KT][R];  // zeroed in registers (an `= {}` was a `rep stos` through the stack, per pass)
+    for (int t = 0; t < KT; ++t)
+      for (int r = 0; r < R; ++r) a[t][r] = V{};
     for (int d = 0; d < D; d += kLanes) {
       V qv[R];
       for (int r = 0; r < R; ++r) qv[r] = vload_as<V>(q + d + r * W);
@@ -184,7 +186,9 @@ FORKV_INLINE void weighted(const float* const* ps, const float* const* vrows, in
                            int D, float* const* outs) {
   constexpr int W = int(sizeof(V) / sizeof(float)), R = kLanes * U / W;
   for (int d0 = 0; d0 < D; d0 += kLanes * U) {
-    V acc[N][R] = {};
+    V acc[N][R];  // zeroed in registers, as dots16's
+    for (int g = 0; g < N; ++g)
+      for (int r = 0; r < R; ++r) acc[g][r] = V{};
     for (int jj = lo; jj < hi; ++jj) {
       const float* vr = vrows[jj] + d0;
       V vv[R];
