@@ -755,13 +755,13 @@ T512 void qgemm512(const QuantX& x, const QuantW& w, int n0, int n1, float* y, s
 
 // ---------------------------------------------------------------- AVX2
 
-// Chunk c's evens (`a`) and odds (`b`): lane j of both covers elements 8j..8j+7. 8-bit
-// rows: the chunk's evens at byte `at8` of the row, its odds 64 bytes on in a pair, 32 alone
-// (byte8_at).
 // A row's bytes per chunk of 64 weights.
 template <int BITS>
 constexpr size_t kChunkBytes = BITS == 8 ? 64 : 32 + 8 * (BITS - 4);
 
+// Chunk c's evens (`a`) and odds (`b`): lane j of both covers elements 8j..8j+7. 8-bit
+// rows: the chunk's evens at byte `at8` of the row, its odds 64 bytes on in a pair, 32 alone
+// (byte8_at).
 template <int BITS>
 T256 inline void load_chunk256(const uint8_t* row, int c, size_t at8, size_t odd8, __m256i& a,
                                __m256i& b) {
@@ -769,7 +769,7 @@ T256 inline void load_chunk256(const uint8_t* row, int c, size_t at8, size_t odd
     a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + at8));
     b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + at8 + odd8));
   } else {
-    constexpr size_t chunk = 32 + 8 * (BITS - 4);
+    constexpr size_t chunk = kChunkBytes<BITS>;
     const uint8_t* p = row + chunk * c;
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     const __m256i low = _mm256_set1_epi8(0x0F);
