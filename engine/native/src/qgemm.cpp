@@ -805,6 +805,37 @@ T256 inline float hsum_ps_256(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// hsum_ps_256 of four registers at once, each sum in its order (lane j + lane j + 4, then
+// + the sum two on, then + its neighbour), so the same bits in a third of the operations:
+// a tile's horizontal sums were 16% of a 25-row verify's head. a's sum in lane 0, b's in 4,
+// c's in 2, d's in 6.
+T256 inline __m256 hsum4_ps_256(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 ab =
+      _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+  const __m256 cd =
+      _mm256_add_ps(_mm256_permute2f128_ps(c, d, 0x20), _mm256_permute2f128_ps(c, d, 0x31));
+  const __m256 t = _mm256_add_ps(_mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm256_add_ps(t, _mm256_movehdup_ps(t));
+}
+
+// out[i] = hsum_ps_256(v[i]) for i < R, four at a time.
+template <int R>
+T256 inline void hsums256(const __m256* v, float* out) {
+  int i = 0;
+  for (; i + 2 <= R; i += 4) {  // (2 or 3 left: padded)
+    const __m256 z = _mm256_setzero_ps();
+    alignas(32) float l[8];
+    _mm256_store_ps(l, hsum4_ps_256(v[i], v[i + 1], i + 2 < R ? v[i + 2] : z,
+                                    i + 3 < R ? v[i + 3] : z));
+    out[i] = l[0];
+    out[i + 1] = l[4];
+    if (i + 2 < R) out[i + 2] = l[2];
+    if (i + 3 < R) out[i + 3] = l[6];
+  }
+  if (i < R) out[i] = hsum_ps_256(v[i]);
+}
+
 // Row n's scale per int32 lane of chunk c: lane j covers elements 64c + 8j..+7.
 T256 inline __m256 lane_scale256(const float* sc, int group_size, int c) {
   if (group_size == 16)  // lane j: elements of group j / 2
@@ -816,10 +847,11 @@ T256 inline __m256 lane_scale256(const float* sc, int group_size, int c) {
 }
 
 // One weight row's per-call constants: each chunk's scale per int32 lane (`sv`, 8 floats a
-// chunk), its chunks unpacked (`unpacked`: evens, odds, 32 bytes each) and, 8 bits, where
-// each chunk's evens and odds lie in the row. With 4 activation rows or more the first two
-// are made once a row for all of them; with fewer (streamed), per chunk (null), and `ahead`
-// is the weight byte ~4 KiB further on, fetched early.
+// chunk), its chunks unpacked (`unpacked`: evens, odds, 32 bytes each; 8 bits: the signed
+// weights' magnitudes and signs, evens then odds, 128 bytes a chunk) and, 8 bits, where each
+// chunk's evens and odds lie in the row. With 4 activation rows or more the first two are
+// made once a row for all of them; with fewer (streamed), per chunk (null), and `ahead` is
+// the weight byte ~4 KiB further on, fetched early.
 struct Row256 {
   const uint8_t* row;
   const float* sc;  // its group scales
@@ -830,6 +862,16 @@ struct Row256 {
   const size_t* odd8;
   const uint8_t* ahead;
 };
+
+// An 8-bit chunk's signed weights (q - 128) and their magnitudes, evens and odds.
+T256 inline void signed8_256(__m256i wa, __m256i wb, __m256i& ua, __m256i& sa, __m256i& ub,
+                             __m256i& sb) {
+  const __m256i flip = _mm256_set1_epi8(char(0x80));
+  sa = _mm256_xor_si256(wa, flip);
+  sb = _mm256_xor_si256(wb, flip);
+  ua = _mm256_sign_epi8(sa, sa);
+  ub = _mm256_sign_epi8(sb, sb);
+}
 
 // Activation rows m0..m0+MR-1 against one weight row: each chunk's weights unpacked once for
 // all MR rows. Every output sees the same operations in the same order whatever MR is, so a
@@ -846,21 +888,21 @@ T256 inline void row_tile256(const QuantX& x, const Row256& r, int m0, __m256* a
   const float* d0 = x.dx + size_t(m0) * num_blocks;
   for (int c = 0; c < num_chunks; ++c) {
     __m256i wa, wb;
+    __m256i sa, sb, ua, ub;  // 8 bits: the signed weights (q - 128) and their magnitudes
     if constexpr (STREAM) {
       _mm_prefetch(reinterpret_cast<const char*>(r.ahead) + (kChunkBytes<BITS> * size_t(c)),
                    _MM_HINT_T0);
       load_chunk256<BITS>(r.row, c, BITS == 8 ? r.at8[c] : 0, BITS == 8 ? r.odd8[c] : 0, wa, wb);
+      if constexpr (BITS == 8) signed8_256(wa, wb, ua, sa, ub, sb);
+    } else if constexpr (BITS == 8) {
+      const __m256i* u = reinterpret_cast<const __m256i*>(r.unpacked + 128 * size_t(c));
+      ua = _mm256_loadu_si256(u);
+      sa = _mm256_loadu_si256(u + 1);
+      ub = _mm256_loadu_si256(u + 2);
+      sb = _mm256_loadu_si256(u + 3);
     } else {
       wa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.unpacked + 64 * size_t(c)));
       wb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.unpacked + 64 * size_t(c) + 32));
-    }
-    __m256i sa, sb, ua, ub;  // 8 bits: the signed weights (q - 128) and their magnitudes
-    if constexpr (BITS == 8) {
-      const __m256i flip = _mm256_set1_epi8(char(0x80));
-      sa = _mm256_xor_si256(wa, flip);
-      sb = _mm256_xor_si256(wb, flip);
-      ua = _mm256_sign_epi8(sa, sa);
-      ub = _mm256_sign_epi8(sb, sb);
     }
     const __m256 sv = STREAM ? lane_scale256(r.sc, r.group_size, c)
                              : _mm256_loadu_ps(r.sv + 8 * size_t(c));
@@ -902,24 +944,43 @@ T256 inline void row_tile256(const QuantX& x, const Row256& r, int m0, __m256* a
 template <int MR, bool CENTRED>
 T256 inline void store_tile256(const QuantX& x, const float* sc, const float* bi, float shift,
                                int m0, int n, const __m256* acc, float* y, size_t ldy) {
-  const int num_groups = x.K / x.group_size;
-  for (int i = 0; i < MR; ++i) {
-    const int m = m0 + i;
-    if constexpr (CENTRED) {
-      y[size_t(m) * ldy + n] = hsum_ps_256(acc[i]);
-    } else {
-      const float* xs = x.xsum + size_t(m) * num_groups;
-      __m256 bacc = _mm256_setzero_ps();
-      int g = 0;
-      for (; g + 8 <= num_groups; g += 8)
-        bacc = _mm256_fmadd_ps(bi ? _mm256_loadu_ps(bi + g)
-                                  : _mm256_mul_ps(_mm256_loadu_ps(sc + g), _mm256_set1_ps(shift)),
-                               _mm256_loadu_ps(xs + g), bacc);
-      float bias = hsum_ps_256(bacc);
-      for (; g < num_groups; ++g) bias += (bi ? bi[g] : sc[g] * shift) * xs[g];
-      y[size_t(m) * ldy + n] = hsum_ps_256(acc[i]) + bias;
+  float sums[MR];
+  hsums256<MR>(acc, sums);
+  if constexpr (CENTRED) {
+    for (int i = 0; i < MR; ++i) y[size_t(m0 + i) * ldy + n] = sums[i];
+  } else {
+    const int num_groups = x.K / x.group_size;
+    __m256 bacc[MR];
+    float bias[MR];
+    const int whole = num_groups - num_groups % 8;
+    for (int i = 0; i < MR; ++i) {
+      const float* xs = x.xsum + size_t(m0 + i) * num_groups;
+      bacc[i] = _mm256_setzero_ps();
+      for (int g = 0; g < whole; g += 8)
+        bacc[i] = _mm256_fmadd_ps(
+            bi ? _mm256_loadu_ps(bi + g)
+               : _mm256_mul_ps(_mm256_loadu_ps(sc + g), _mm256_set1_ps(shift)),
+            _mm256_loadu_ps(xs + g), bacc[i]);
+    }
+    hsums256<MR>(bacc, bias);
+    for (int i = 0; i < MR; ++i) {
+      const float* xs = x.xsum + size_t(m0 + i) * num_groups;
+      for (int g = whole; g < num_groups; ++g) bias[i] += (bi ? bi[g] : sc[g] * shift) * xs[g];
+      y[size_t(m0 + i) * ldy + n] = sums[i] + bias[i];
     }
   }
+}
+
+// Rows made into params in one call.
+constexpr int kParamRows256 = 16;
+
+// One tile of MR rows against a weight row unpacked for all tiles, into y.
+template <int BITS, int MR, bool CENTRED>
+T256 inline void tile256(const QuantX& x, const Row256& r, const float* bi, float shift, int m0,
+                         int n, float* y, size_t ldy) {
+  __m256 acc[MR];
+  row_tile256<BITS, MR, CENTRED, false>(x, r, m0, acc);
+  store_tile256<MR, CENTRED>(x, r.sc, bi, shift, m0, n, acc, y, ldy);
 }
 
 // Rows of 1-3 activations (decode): each weight row streamed once, its chunks unpacked as
@@ -927,14 +988,13 @@ T256 inline void store_tile256(const QuantX& x, const float* sc, const float* bi
 template <int BITS, int MR, bool CENTRED>
 T256 void stream_rows256(const QuantX& x, const QuantW& w, int n0, int n1, float* y,
                          size_t ldy, const size_t* at8, const size_t* odd8) {
-  constexpr int kParamRows = 16;
   constexpr size_t kAhead = 4096;
   const int num_groups = w.K / w.group_size;
   thread_local std::vector<float> buf;
-  buf.resize(2 * size_t(kParamRows) * num_groups);
+  buf.resize(2 * size_t(kParamRows256) * num_groups);
   const uint8_t* end = w.data + size_t(w.N) * w.row_bytes;
-  for (int b = n0; b < n1; b += kParamRows) {
-    const int b1 = std::min(n1, b + kParamRows);
+  for (int b = n0; b < n1; b += kParamRows256) {
+    const int b1 = std::min(n1, b + kParamRows256);
     const RowParams p = row_params256(w, b, b1, buf.data());
     for (int n = b; n < b1; ++n) {
       const float* sc = p.scales + size_t(n - p.n0) * num_groups;
@@ -969,33 +1029,50 @@ T256 void rows256(const QuantX& x, const QuantW& w, int n0, int n1, float* y, si
     case 3: return stream_rows256<BITS, 3, CENTRED>(x, w, n0, n1, y, ldy, at8.data(), odd8.data());
   }
   // 4 rows or more: each weight row unpacked, and its lane scales made, once for all tiles
-  buf.resize(2 * size_t(num_groups));
+  // of 4 rows; the last tile takes the 0-3 rows left over (no single-row tiles), and the
+  // params of 16 rows are made in one call
+  constexpr size_t kUnpacked = BITS == 8 ? 128 : 64;  // bytes a chunk
+  buf.resize(2 * size_t(kParamRows256) * num_groups);
   sv.resize(8 * size_t(num_chunks));
-  unpacked.resize(64 * size_t(num_chunks));
-  for (int n = n0; n < n1; ++n) {
-    const RowParams p = row_params256(w, n, n + 1, buf.data());
-    const float* sc = p.scales + size_t(n - p.n0) * num_groups;
-    const float* bi = p.biases ? p.biases + size_t(n - p.n0) * num_groups : nullptr;
-    const uint8_t* row = w.data + size_t(n) * w.row_bytes;
-    for (int c = 0; c < num_chunks; ++c) {
-      _mm256_storeu_ps(sv.data() + 8 * size_t(c), lane_scale256(sc, w.group_size, c));
-      __m256i wa, wb;
-      load_chunk256<BITS>(row, c, BITS == 8 ? at8[c] : 0, BITS == 8 ? odd8[c] : 0, wa, wb);
-      __m256i* dst = reinterpret_cast<__m256i*>(unpacked.data() + 64 * size_t(c));
-      _mm256_storeu_si256(dst, wa);
-      _mm256_storeu_si256(dst + 1, wb);
-    }
-    const Row256 r{row, sc, w.group_size, sv.data(), unpacked.data(), at8.data(), odd8.data(),
-                   row};
-    __m256 acc[4];
-    int m = 0;
-    for (; m + 4 <= x.M; m += 4) {
-      row_tile256<BITS, 4, CENTRED, false>(x, r, m, acc);
-      store_tile256<4, CENTRED>(x, sc, bi, p.shift, m, n, acc, y, ldy);
-    }
-    for (; m < x.M; ++m) {
-      row_tile256<BITS, 1, CENTRED, false>(x, r, m, acc);
-      store_tile256<1, CENTRED>(x, sc, bi, p.shift, m, n, acc, y, ldy);
+  unpacked.resize(kUnpacked * size_t(num_chunks));
+  const int last = x.M - x.M % 4 - 4;  // the last tile's first row
+  const uint8_t* end = w.data + size_t(w.N) * w.row_bytes;
+  for (int b = n0; b < n1; b += kParamRows256) {
+    const int b1 = std::min(n1, b + kParamRows256);
+    const RowParams p = row_params256(w, b, b1, buf.data());
+    for (int n = b; n < b1; ++n) {
+      const float* sc = p.scales + size_t(n - p.n0) * num_groups;
+      const float* bi = p.biases ? p.biases + size_t(n - p.n0) * num_groups : nullptr;
+      const uint8_t* row = w.data + size_t(n) * w.row_bytes;
+      // the row after next fetched early (the loads of a row's first bytes stalled)
+      const uint8_t* next = size_t(end - row) > 3 * w.row_bytes ? row + 2 * w.row_bytes : row;
+      for (int c = 0; c < num_chunks; ++c) {
+        _mm_prefetch(reinterpret_cast<const char*>(next) + 64 * size_t(c), _MM_HINT_T0);
+        _mm256_storeu_ps(sv.data() + 8 * size_t(c), lane_scale256(sc, w.group_size, c));
+        __m256i wa, wb;
+        load_chunk256<BITS>(row, c, BITS == 8 ? at8[c] : 0, BITS == 8 ? odd8[c] : 0, wa, wb);
+        __m256i* dst = reinterpret_cast<__m256i*>(unpacked.data() + kUnpacked * size_t(c));
+        if constexpr (BITS == 8) {
+          __m256i ua, sa, ub, sb;
+          signed8_256(wa, wb, ua, sa, ub, sb);
+          _mm256_storeu_si256(dst, ua);
+          _mm256_storeu_si256(dst + 1, sa);
+          _mm256_storeu_si256(dst + 2, ub);
+          _mm256_storeu_si256(dst + 3, sb);
+        } else {
+          _mm256_storeu_si256(dst, wa);
+          _mm256_storeu_si256(dst + 1, wb);
+        }
+      }
+      const Row256 r{row, sc, w.group_size, sv.data(), unpacked.data(), at8.data(),
+                     odd8.data(), row};
+      for (int m = 0; m < last; m += 4) tile256<BITS, 4, CENTRED>(x, r, bi, p.shift, m, n, y, ldy);
+      switch (x.M - last) {
+        case 4: tile256<BITS, 4, CENTRED>(x, r, bi, p.shift, last, n, y, ldy); break;
+        case 5: tile256<BITS, 5, CENTRED>(x, r, bi, p.shift, last, n, y, ldy); break;
+        case 6: tile256<BITS, 6, CENTRED>(x, r, bi, p.shift, last, n, y, ldy); break;
+        case 7: tile256<BITS, 7, CENTRED>(x, r, bi, p.shift, last, n, y, ldy); break;
+      }
     }
   }
 }
