@@ -154,28 +154,32 @@ FORKV_INLINE V vload_as(const float* p) {
   return v;
 }
 
-// The dot products of one query row with 16 K rows: per K row kLanes partial sums over D,
-// then tree(). A key's score is the same whichever 16 keys share the call, whichever KT of
-// them share a pass over D, and whatever width V holds the lanes in (each lane's sum is its
-// own, in order of d): V the ISA's register (vf16 on AVX-512, vf8 on AVX2), KT as many keys
-// as its registers hold (16 of AVX-512's 32, 4 of AVX2's 16).
-template <typename V, int KT>
-FORKV_INLINE vf16 dots16(const float* q, const float* const* rows, int D) {
+// The dot products of N query heads with 16 K rows: per head and K row kLanes partial sums
+// over D, then tree(). A key's score is the same whichever 16 keys share the call, whichever
+// KT of them and N heads share a pass over D, and whatever width V holds the lanes in (each
+// lane's sum is its own, in order of d): V the ISA's register (vf16 on AVX-512, vf8 on AVX2),
+// KT x N as many as its registers hold. Heads that share a pass read each K row once for all
+// of them (AVX2: the K rows came from L2 once per head, a third of a verify's attention).
+template <typename V, int KT, int N>
+FORKV_INLINE void dots16(const float* const* q, const float* const* rows, int D, vf16* out) {
   constexpr int W = int(sizeof(V) / sizeof(float)), R = kLanes / W;
-  vf16 acc[16];
+  vf16 acc[N][16];
   for (int t0 = 0; t0 < 16; t0 += KT) {
-    V a[KT][R];  // zeroed in registers (an `= {}` was a `rep stos` through the stack, per pass)
-    for (int t = 0; t < KT; ++t)
-      for (int r = 0; r < R; ++r) a[t][r] = V{};
-    for (int d = 0; d < D; d += kLanes) {
-      V qv[R];
-      for (int r = 0; r < R; ++r) qv[r] = vload_as<V>(q + d + r * W);
+    V a[N][KT][R];  // zeroed in registers (an `= {}` was a `rep stos` through the stack)
+    for (int g = 0; g < N; ++g)
       for (int t = 0; t < KT; ++t)
-        for (int r = 0; r < R; ++r) a[t][r] += qv[r] * vload_as<V>(rows[t0 + t] + d + r * W);
+        for (int r = 0; r < R; ++r) a[g][t][r] = V{};
+    for (int d = 0; d < D; d += kLanes) {
+      for (int t = 0; t < KT; ++t)
+        for (int r = 0; r < R; ++r) {
+          const V kv = vload_as<V>(rows[t0 + t] + d + r * W);
+          for (int g = 0; g < N; ++g) a[g][t][r] += vload_as<V>(q[g] + d + r * W) * kv;
+        }
     }
-    for (int t = 0; t < KT; ++t) std::memcpy(&acc[t0 + t], a[t], sizeof acc[t0 + t]);
+    for (int g = 0; g < N; ++g)
+      for (int t = 0; t < KT; ++t) std::memcpy(&acc[g][t0 + t], a[g][t], sizeof acc[g][t0 + t]);
   }
-  return trees(acc);
+  for (int g = 0; g < N; ++g) out[g] = trees(acc[g]);
 }
 
 // out_g = sum over keys [lo, hi), in order, of p_g[key] * V[key], for N heads; 16 V columns
@@ -202,16 +206,30 @@ FORKV_INLINE void weighted(const float* const* ps, const float* const* vrows, in
   }
 }
 
-template <typename F>
-FORKV_INLINE void by_group(int G, F&& f) {  // f(g0, count), count a compile-time 1..kGroup
-  for (int g0 = 0; g0 < G; g0 += kGroup) {
-    switch (std::min(kGroup, G - g0)) {
-      case 1: f(g0, std::integral_constant<int, 1>{}); break;
-      case 2: f(g0, std::integral_constant<int, 2>{}); break;
-      case 3: f(g0, std::integral_constant<int, 3>{}); break;
-      default: f(g0, std::integral_constant<int, 4>{}); break;
+// f(g0, count) for heads g0.. in steps of MaxN, count a compile-time 1..MaxN (MaxN <= 4).
+template <int MaxN, typename F>
+FORKV_INLINE void by_count(int G, F&& f) {
+  using std::integral_constant;
+  for (int g0 = 0; g0 < G; g0 += MaxN) {
+    const int left = std::min(MaxN, G - g0);
+    if (left == 1) {
+      f(g0, integral_constant<int, 1>{});
+    } else if constexpr (MaxN >= 2) {
+      if (left == 2) {
+        f(g0, integral_constant<int, 2>{});
+      } else if constexpr (MaxN >= 3) {
+        if (left == 3)
+          f(g0, integral_constant<int, 3>{});
+        else if constexpr (MaxN >= 4)
+          f(g0, integral_constant<int, 4>{});
+      }
     }
   }
+}
+
+template <typename F>
+FORKV_INLINE void by_group(int G, F&& f) {  // f(g0, count), count a compile-time 1..kGroup
+  by_count<kGroup>(G, f);
 }
 
 // max over x[lo, hi): 16 running maxima, then across them (max is exact: any order gives
@@ -248,9 +266,10 @@ FORKV_INLINE void lane_sums(const float* x, int lo, int hi, int lane0, float* la
 // block from j0 (n of them): per head its max, its sum of exp(score - max) and the weighted
 // sum of V rows (`part`, G x (2 + D)). Masked keys score -inf and weigh exactly 0, so leaving
 // out those at the block's ends (and the keys past a causal row's end) changes no bit.
-// V the ISA's vector, KT keys per pass of the dot products, U x 16 V columns per pass of
-// the weighted sum (as its registers allow; the same bits whatever they are).
-template <typename V, int KT, int U>
+// V the ISA's vector, KT keys per pass of the dot products (KT / N for N heads), NQ heads at
+// most per pass, U x 16 V columns per pass of the weighted sum (as its registers allow; the
+// same bits whatever they are).
+template <typename V, int KT, int U, int NQ>
 FORKV_INLINE void block(const Args& a, int b, int h, int i, int j0, int n, float* part,
                         float* scores, float* wide) {
   const int G = a.group(), D = a.D, lane0 = j0 - a.shift(i);
@@ -282,40 +301,51 @@ FORKV_INLINE void block(const Args& a, int b, int h, int i, int j0, int n, float
       vrows[jj] = a.v.p + b * a.v.s0 + h * a.v.s1 + r * a.v.s2;
     }
   }
-  for (int g = 0; g < G; ++g) {
+  // each head's scores: NQ heads (at most) per pass over the block's K rows
+  for (int g = 0; g < G; ++g) std::fill(scores + g * kBlock, scores + g * kBlock + n, kNegInf);
+  auto put = [&](int g, int c, vf16 s) {  // 16 keys' scores from c, masked, into head g's
     const int hq = h * G + g;
-    const float* q = a.q.p + b * a.q.s0 + hq * a.q.s1 + int64_t(i) * a.q.s2;
     float* sg = scores + g * kBlock;
-    std::fill(sg, sg + n, kNegInf);
+    float sv[16];
+    if (!a.mask_kind && c + 16 <= hi) {  // no mask: the scores as they are
+      std::memcpy(sg + c, &s, sizeof s);
+      return;
+    }
+    std::memcpy(sv, &s, sizeof sv);
+    if (a.mask_kind && c + 16 <= hi && !a.rot && a.m3 == 1) {  // 16 mask entries in a row
+      const int64_t at = b * a.m0 + hq * a.m1 + i * a.m2 + int64_t(j0 + c);
+      if (a.mask_kind == 1) {
+        const bool* mk = static_cast<const bool*>(a.mask) + at;
+        for (int t = 0; t < 16; ++t) sg[c + t] = mk[t] ? sv[t] : kNegInf;
+      } else {
+        const float* mf = static_cast<const float*>(a.mask) + at;
+        for (int t = 0; t < 16; ++t) sg[c + t] = sv[t] + mf[t];
+      }
+      return;
+    }
+    for (int t = 0; t < 16 && c + t < hi; ++t) {
+      float sc = sv[t];
+      const int64_t at = b * a.m0 + hq * a.m1 + i * a.m2 + int64_t(a.at(j0 + c + t)) * a.m3;
+      if (a.mask_kind == 1 && !static_cast<const bool*>(a.mask)[at]) sc = kNegInf;
+      if (a.mask_kind == 2) sc += static_cast<const float*>(a.mask)[at];
+      sg[c + t] = sc;
+    }
+  };
+  by_count<NQ>(G, [&](int g0, auto count) {
+    constexpr int N = decltype(count)::value;
+    const float* qs[N];
+    for (int t = 0; t < N; ++t)
+      qs[t] = a.q.p + b * a.q.s0 + (h * G + g0 + t) * a.q.s1 + int64_t(i) * a.q.s2;
     for (int c = lo; c < hi; c += 16) {
       const float* rows[16];
       for (int t = 0; t < 16; ++t) rows[t] = krows[std::min(c + t, hi - 1)];
-      float sv[16];
-      const vf16 s = dots16<V, KT>(q, rows, D) * a.scale;
-      if (!a.mask_kind && c + 16 <= hi) {  // no mask: the scores as they are
-        std::memcpy(sg + c, &s, sizeof s);
-        continue;
-      }
-      std::memcpy(sv, &s, sizeof sv);
-      if (a.mask_kind && c + 16 <= hi && !a.rot && a.m3 == 1) {  // 16 mask entries in a row
-        const int64_t at = b * a.m0 + hq * a.m1 + i * a.m2 + int64_t(j0 + c);
-        if (a.mask_kind == 1) {
-          const bool* mk = static_cast<const bool*>(a.mask) + at;
-          for (int t = 0; t < 16; ++t) sg[c + t] = mk[t] ? sv[t] : kNegInf;
-        } else {
-          const float* mf = static_cast<const float*>(a.mask) + at;
-          for (int t = 0; t < 16; ++t) sg[c + t] = sv[t] + mf[t];
-        }
-        continue;
-      }
-      for (int t = 0; t < 16 && c + t < hi; ++t) {
-        float sc = sv[t];
-        const int64_t at = b * a.m0 + hq * a.m1 + i * a.m2 + int64_t(a.at(j0 + c + t)) * a.m3;
-        if (a.mask_kind == 1 && !static_cast<const bool*>(a.mask)[at]) sc = kNegInf;
-        if (a.mask_kind == 2) sc += static_cast<const float*>(a.mask)[at];
-        sg[c + t] = sc;
-      }
+      vf16 s[N];
+      dots16<V, (KT / N > 1 ? KT / N : 1), N>(qs, rows, D, s);
+      for (int t = 0; t < N; ++t) put(g0 + t, c, s[t] * a.scale);
     }
+  });
+  for (int g = 0; g < G; ++g) {
+    float* sg = scores + g * kBlock;
     float* pg = part + g * (2 + D);
     const float m = row_max(sg, lo, hi);
     float lanes[kLanes] = {};
@@ -367,13 +397,13 @@ FORKV_INLINE void combine(int D, int nb, const float* first, size_t stride, floa
 using Scratch = std::vector<float>;
 
 T512F void block512(const Args& a, int b, int h, int i, int j0, int n, float* part, Scratch& s) {
-  block<vf16, 16, 4>(a, b, h, i, j0, n, part, s.data(), s.data() + size_t(a.group()) * kBlock);
+  block<vf16, 16, 4, 1>(a, b, h, i, j0, n, part, s.data(), s.data() + size_t(a.group()) * kBlock);
 }
 T256F void block256(const Args& a, int b, int h, int i, int j0, int n, float* part, Scratch& s) {
-  block<vf8, 4, 1>(a, b, h, i, j0, n, part, s.data(), s.data() + size_t(a.group()) * kBlock);
+  block<vf8, 4, 1, 4>(a, b, h, i, j0, n, part, s.data(), s.data() + size_t(a.group()) * kBlock);
 }
 void block_portable(const Args& a, int b, int h, int i, int j0, int n, float* part, Scratch& s) {
-  block<vf4, 4, 1>(a, b, h, i, j0, n, part, s.data(), s.data() + size_t(a.group()) * kBlock);
+  block<vf4, 4, 1, 1>(a, b, h, i, j0, n, part, s.data(), s.data() + size_t(a.group()) * kBlock);
 }
 T512F void combine512(int D, int nb, const float* first, size_t stride, float* out) {
   combine(D, nb, first, stride, out);
