@@ -99,7 +99,7 @@ static RowParams kparams_rows(const QuantW& w, int n0, int n1, float* buf, float
 }
 
 RowParams row_params(const QuantW& w, int n0, int n1, float* buf) {
-  const float shift = -float(1 << (w.bits - 1));  // a power of two: every bias is exact
+  const float shift = param_shift(w);
   if (w.kparams) return kparams_rows(w, n0, n1, buf, shift);
   if (!w.scales16) return {w.scales, w.biases, shift, 0};
   const size_t num_groups = size_t(w.K / w.group_size), count = size_t(n1 - n0) * num_groups;
@@ -268,7 +268,7 @@ T256H RowParams kparams_rows256(const QuantW& w, int n0, int n1, float* buf) {
       }
     }
   }
-  return {scales, affine ? biases : nullptr, -float(1 << (w.bits - 1)), n0};
+  return {scales, affine ? biases : nullptr, param_shift(w), n0};
 }
 
 // row_params with F16C: the same values, widened 8 at a time (row_params' own loop converts
@@ -283,7 +283,7 @@ T256H RowParams row_params256(const QuantW& w, int n0, int n1, float* buf) {
     _mm256_storeu_ps(buf + i,
                      _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
   for (; i < count; ++i) buf[i] = _cvtsh_ss(src[i]);
-  return {buf, nullptr, -float(1 << (w.bits - 1)), n0};
+  return {buf, nullptr, param_shift(w), n0};
 }
 
 // Chunks c = 2p and 2p + 1 of a row (QuantX::paired): `lo` the evens of both (bytes 0-31
@@ -707,7 +707,7 @@ T512 RowParams row_params512(const QuantW& w, int n0, int n1, float* buf) {
     const __mmask16 k = count - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (count - i)) - 1);
     _mm512_mask_storeu_ps(buf + i, k, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, src + i)));
   }
-  return {buf, nullptr, -float(1 << (w.bits - 1)), n0};
+  return {buf, nullptr, param_shift(w), n0};
 }
 
 template <int BITS>
@@ -983,36 +983,47 @@ T256 inline void tile256(const QuantX& x, const Row256& r, const float* bi, floa
   store_tile256<MR, CENTRED>(x, r.sc, bi, shift, m0, n, acc, y, ldy);
 }
 
-// Rows of 1-3 activations (decode): each weight row streamed once, its chunks unpacked as
-// they are read, the params of 16 rows made in one call.
-template <int BITS, int MR, bool CENTRED>
-T256 void stream_rows256(const QuantX& x, const QuantW& w, int n0, int n1, float* y,
-                         size_t ldy, const size_t* at8, const size_t* odd8) {
-  constexpr size_t kAhead = 4096;
+// Walks weight rows n0..n1, making the params of 16 rows in one call, and calls
+// f(n, scales, biases or null, shift, row bytes) for each row.
+template <class F>
+T256 inline void for_rows256(const QuantW& w, int n0, int n1, F&& f) {
   const int num_groups = w.K / w.group_size;
   thread_local std::vector<float> buf;
   buf.resize(2 * size_t(kParamRows256) * num_groups);
-  const uint8_t* end = w.data + size_t(w.N) * w.row_bytes;
   for (int b = n0; b < n1; b += kParamRows256) {
     const int b1 = std::min(n1, b + kParamRows256);
     const RowParams p = row_params256(w, b, b1, buf.data());
     for (int n = b; n < b1; ++n) {
       const float* sc = p.scales + size_t(n - p.n0) * num_groups;
       const float* bi = p.biases ? p.biases + size_t(n - p.n0) * num_groups : nullptr;
-      const uint8_t* row = w.data + size_t(n) * w.row_bytes;
-      const uint8_t* ahead = size_t(end - row) > kAhead + w.row_bytes ? row + kAhead : row;
-      const Row256 r{row, sc, w.group_size, nullptr, nullptr, at8, odd8, ahead};
-      __m256 acc[MR];
-      row_tile256<BITS, MR, CENTRED, true>(x, r, 0, acc);
-      store_tile256<MR, CENTRED>(x, sc, bi, p.shift, 0, n, acc, y, ldy);
+      f(n, sc, bi, p.shift, w.data + size_t(n) * w.row_bytes);
     }
   }
 }
 
+// Rows of 1-3 activations (decode): each weight row streamed once, its chunks unpacked as
+// they are read, the params of 16 rows made in one call.
+template <int BITS, int MR, bool CENTRED>
+T256 void stream_rows256(const QuantX& x, const QuantW& w, int n0, int n1, float* y,
+                         size_t ldy, const size_t* at8, const size_t* odd8) {
+  constexpr size_t kAhead = 4096;
+  const uint8_t* end = w.data + size_t(w.N) * w.row_bytes;
+  for_rows256(w, n0, n1,
+              [&](int n, const float* sc, const float* bi, float shift, const uint8_t* row)
+                  __attribute__((target("avx2,fma"))) {
+                    const uint8_t* ahead =
+                        size_t(end - row) > kAhead + w.row_bytes ? row + kAhead : row;
+                    const Row256 r{row, sc, w.group_size, nullptr, nullptr, at8, odd8, ahead};
+                    __m256 acc[MR];
+                    row_tile256<BITS, MR, CENTRED, true>(x, r, 0, acc);
+                    store_tile256<MR, CENTRED>(x, sc, bi, shift, 0, n, acc, y, ldy);
+                  });
+}
+
 template <int BITS, bool CENTRED>
 T256 void rows256(const QuantX& x, const QuantW& w, int n0, int n1, float* y, size_t ldy) {
-  const int num_chunks = w.K / 64, num_groups = w.K / w.group_size;
-  thread_local std::vector<float> buf, sv;
+  const int num_chunks = w.K / 64;
+  thread_local std::vector<float> sv;
   thread_local std::vector<size_t> at8, odd8;
   thread_local std::vector<uint8_t> unpacked;
   if (BITS == 8) {
@@ -1032,49 +1043,42 @@ T256 void rows256(const QuantX& x, const QuantW& w, int n0, int n1, float* y, si
   // of 4 rows; the last tile takes the 0-3 rows left over (no single-row tiles), and the
   // params of 16 rows are made in one call
   constexpr size_t kUnpacked = BITS == 8 ? 128 : 64;  // bytes a chunk
-  buf.resize(2 * size_t(kParamRows256) * num_groups);
   sv.resize(8 * size_t(num_chunks));
   unpacked.resize(kUnpacked * size_t(num_chunks));
   const int last = x.M - x.M % 4 - 4;  // the last tile's first row
   const uint8_t* end = w.data + size_t(w.N) * w.row_bytes;
-  for (int b = n0; b < n1; b += kParamRows256) {
-    const int b1 = std::min(n1, b + kParamRows256);
-    const RowParams p = row_params256(w, b, b1, buf.data());
-    for (int n = b; n < b1; ++n) {
-      const float* sc = p.scales + size_t(n - p.n0) * num_groups;
-      const float* bi = p.biases ? p.biases + size_t(n - p.n0) * num_groups : nullptr;
-      const uint8_t* row = w.data + size_t(n) * w.row_bytes;
-      // the row after next fetched early (the loads of a row's first bytes stalled)
-      const uint8_t* next = size_t(end - row) > 3 * w.row_bytes ? row + 2 * w.row_bytes : row;
-      for (int c = 0; c < num_chunks; ++c) {
-        _mm_prefetch(reinterpret_cast<const char*>(next) + 64 * size_t(c), _MM_HINT_T0);
-        _mm256_storeu_ps(sv.data() + 8 * size_t(c), lane_scale256(sc, w.group_size, c));
-        __m256i wa, wb;
-        load_chunk256<BITS>(row, c, BITS == 8 ? at8[c] : 0, BITS == 8 ? odd8[c] : 0, wa, wb);
-        __m256i* dst = reinterpret_cast<__m256i*>(unpacked.data() + kUnpacked * size_t(c));
-        if constexpr (BITS == 8) {
-          __m256i ua, sa, ub, sb;
-          signed8_256(wa, wb, ua, sa, ub, sb);
-          _mm256_storeu_si256(dst, ua);
-          _mm256_storeu_si256(dst + 1, sa);
-          _mm256_storeu_si256(dst + 2, ub);
-          _mm256_storeu_si256(dst + 3, sb);
-        } else {
-          _mm256_storeu_si256(dst, wa);
-          _mm256_storeu_si256(dst + 1, wb);
-        }
-      }
-      const Row256 r{row, sc, w.group_size, sv.data(), unpacked.data(), at8.data(),
-                     odd8.data(), row};
-      for (int m = 0; m < last; m += 4) tile256<BITS, 4, CENTRED>(x, r, bi, p.shift, m, n, y, ldy);
-      switch (x.M - last) {
-        case 4: tile256<BITS, 4, CENTRED>(x, r, bi, p.shift, last, n, y, ldy); break;
-        case 5: tile256<BITS, 5, CENTRED>(x, r, bi, p.shift, last, n, y, ldy); break;
-        case 6: tile256<BITS, 6, CENTRED>(x, r, bi, p.shift, last, n, y, ldy); break;
-        case 7: tile256<BITS, 7, CENTRED>(x, r, bi, p.shift, last, n, y, ldy); break;
+  for_rows256(w, n0, n1, [&](int n, const float* sc, const float* bi, float shift,
+                             const uint8_t* row) __attribute__((target("avx2,fma"))) {
+    // the row after next fetched early (the loads of a row's first bytes stalled)
+    const uint8_t* next = size_t(end - row) > 3 * w.row_bytes ? row + 2 * w.row_bytes : row;
+    for (int c = 0; c < num_chunks; ++c) {
+      _mm_prefetch(reinterpret_cast<const char*>(next) + 64 * size_t(c), _MM_HINT_T0);
+      _mm256_storeu_ps(sv.data() + 8 * size_t(c), lane_scale256(sc, w.group_size, c));
+      __m256i wa, wb;
+      load_chunk256<BITS>(row, c, BITS == 8 ? at8[c] : 0, BITS == 8 ? odd8[c] : 0, wa, wb);
+      __m256i* dst = reinterpret_cast<__m256i*>(unpacked.data() + kUnpacked * size_t(c));
+      if constexpr (BITS == 8) {
+        __m256i ua, sa, ub, sb;
+        signed8_256(wa, wb, ua, sa, ub, sb);
+        _mm256_storeu_si256(dst, ua);
+        _mm256_storeu_si256(dst + 1, sa);
+        _mm256_storeu_si256(dst + 2, ub);
+        _mm256_storeu_si256(dst + 3, sb);
+      } else {
+        _mm256_storeu_si256(dst, wa);
+        _mm256_storeu_si256(dst + 1, wb);
       }
     }
-  }
+    const Row256 r{row, sc, w.group_size, sv.data(), unpacked.data(), at8.data(), odd8.data(),
+                   row};
+    for (int m = 0; m < last; m += 4) tile256<BITS, 4, CENTRED>(x, r, bi, shift, m, n, y, ldy);
+    switch (x.M - last) {
+      case 4: tile256<BITS, 4, CENTRED>(x, r, bi, shift, last, n, y, ldy); break;
+      case 5: tile256<BITS, 5, CENTRED>(x, r, bi, shift, last, n, y, ldy); break;
+      case 6: tile256<BITS, 6, CENTRED>(x, r, bi, shift, last, n, y, ldy); break;
+      case 7: tile256<BITS, 7, CENTRED>(x, r, bi, shift, last, n, y, ldy); break;
+    }
+  });
 }
 
 template <int BITS>

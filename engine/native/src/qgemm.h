@@ -78,6 +78,9 @@ struct RowParams {
   int n0;
 };
 
+// RowParams::shift of w: a power of two, so every bias `shift` times a scale is exact.
+inline float param_shift(const QuantW& w) { return -float(1 << (w.bits - 1)); }
+
 // Rows [n0, n1)'s params: float32 scales as they are, float16 ones widened into `buf`, K-quant
 // params widened into `buf` (scales, then biases: 2 * (n1 - n0) * K/group_size floats).
 RowParams row_params(const QuantW& w, int n0, int n1, float* buf);
