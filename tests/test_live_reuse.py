@@ -415,3 +415,64 @@ def test_a_fast_chats_turn_compares_only_its_own_new_tokens(monkeypatch):
         assert max(per_turn[8:]) <= 2 * len(tokens), per_turn
     finally:
         engine.close()
+
+
+def test_same_bits_compares_bytes_of_strided_views():
+    """The pool's K/V compare (numpy over unsigned views of slices along the token axis)
+    finds one flipped bit anywhere, tells -0.0 from 0.0 (a bit-for-bit contract, not float
+    equality), and agrees with mx.array_equal elsewhere, in every cache dtype."""
+    import mlx.core as mx
+    import numpy as np
+
+    from forkv.engine.cache.live import same_bits
+
+    for dtype in (mx.float16, mx.bfloat16, mx.float32):
+        a = mx.random.normal((1, 3, 300, 64), key=mx.random.key(1)).astype(dtype)
+        b = mx.array(a) + 0
+        assert same_bits([(a[..., 7:250, :], b[..., 7:250, :]), (a, b)])
+        assert not same_bits([(a[..., :250, :], b[..., 1:251, :])])
+        assert not same_bits([(a[..., :250, :], b[..., :251, :])])  # shapes differ
+        flipped = np.array(mx.view(b, mx.uint8))
+        flipped.reshape(-1)[flipped.size - 3] ^= 1  # one bit near the end
+        c = mx.view(mx.array(flipped), dtype)
+        assert not same_bits([(a, c)]) and same_bits([(a[..., :299, :], c[..., :299, :])])
+        assert not same_bits([(a, a.astype(mx.float32 if dtype != mx.float32 else mx.float16))])
+    zero = mx.zeros((4,))
+    assert mx.array_equal(zero, -zero).item() and not same_bits([(zero, -zero)])
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+def test_a_request_sent_again_replaces_its_twin_entries(arch, monkeypatch):
+    """The same prompt sent again puts entries holding the very tokens the pool already has:
+    the older twins leave (no pile of copies, each compared on every later put), the pool
+    keeps one entry a token list, and the answers stay a fresh run's. A twin that can be cut
+    back further (a sliding-window ring right after prefill) is not replaced by one that
+    cannot."""
+    from forkv.engine.cache import live
+
+    lm = load_tiny(arch)
+    fast = _engine(lm, reuse="fast")
+    a = random_tokens(600, seed=21)
+    try:
+        first = fast.generate(a, GREEDY)
+        for _ in range(3):
+            again = fast.generate(a, GREEDY)
+            assert again.token_ids == first.token_ids
+        pool = fast.prefix.live
+        twins: dict[tuple, list[int]] = {}  # token list -> its entries' reach, oldest first
+        for e in pool.entries.values():
+            twins.setdefault(tuple(e.tokens), []).append(live._reach(e.cache, len(e.tokens)))
+        for reaches in twins.values():  # an older twin stays only if it reaches further back
+            assert reaches == sorted(set(reaches)) and len(reaches) <= 2
+        if arch == "qwen3":  # (global K/V only: every twin reaches back to 0)
+            assert all(len(r) == 1 for r in twins.values())
+        assert fast.stats()["live"]["replaced"] >= 3
+        # one that reaches back less far does not push out one that reaches further
+        entry = next(e for e in pool.entries.values() if len(e.tokens) == len(a))
+        monkeypatch.setattr(live, "_reach", lambda cache, n: n if cache is not entry.cache
+                            else 0)
+        pool.put(list(entry.tokens), live.cut(entry.cache, len(a), len(a), lm.make_cache),
+                 entry.tag)
+        assert id(entry) in pool.entries
+    finally:
+        fast.close()
