@@ -476,3 +476,36 @@ def test_a_request_sent_again_replaces_its_twin_entries(arch, monkeypatch):
         assert id(entry) in pool.entries
     finally:
         fast.close()
+
+
+def test_a_prompt_sent_again_compares_one_entrys_kv_at_most(monkeypatch):
+    """A prompt sent again (restored from records, so continuing no entry) is compared with
+    the longest entry it begins; every other entry that reads the same buffer (the same
+    `_root`) is then known equal without a compare, and the sharing still holds bit for bit
+    (each skipped range is checked here)."""
+    import mlx.core as mx
+
+    from forkv.engine.cache import live
+
+    compared, real = [], live._share_kv
+
+    def checked(short, long_, p, check_from=0):
+        if live._kinds.kind_of(short) is live._GLOBAL and short.keys is not None:
+            n = min(check_from, p)
+            assert mx.array_equal(short.keys[..., :n, :], long_.keys[..., :n, :]).item()
+            compared.append(p - n)
+        return real(short, long_, p, check_from)
+
+    monkeypatch.setattr(live, "_share_kv", checked)
+    fast = _engine(load_tiny("qwen3"), reuse="fast")
+    try:
+        b = _after_answer(fast, random_tokens(500, seed=31), 300, 32)
+        layers = sum(live._kinds.kind_of(c) is live._GLOBAL for c in fast.lm.make_cache())
+        per_send = []
+        for _ in range(4):
+            compared.clear()
+            fast.generate(b, GREEDY)
+            per_send.append(sum(compared) // layers)
+        assert all(n <= len(b) for n in per_send[2:]), per_send
+    finally:
+        fast.close()

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import kinds as _kinds
 from .kinds.base import sharing
@@ -50,6 +50,9 @@ class LiveEntry:
     # An entry whose global K/V equal this one's first tokens, bit for bit (this one reads
     # them as slices of its arrays): a later entry that equals it needs no compare of this one
     view_of: LiveEntry | None = None
+    # id(entry) -> n: that entry's K/V differ from this one's within their first n tokens (a
+    # compare that failed: not run again on each later put whose chain reaches this entry)
+    differs: dict = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -114,6 +117,23 @@ def _share_kv(short, long_, p: int, check_from: int = 0) -> bool:
     mx.eval(keys, values)  # (views of long_'s buffer: evaluated here, on the engine thread)
     short.keys, short.values = keys, values
     return True
+
+
+def _chain(entry: LiveEntry) -> list[LiveEntry]:
+    """`entry` and the entries its view_of chain reaches, in order. Each equals the next bit
+    for bit over its own tokens (mlx arrays are values: that stays true), so two entries with
+    one root (the last) are equal over the tokens they share, with no compare; and an entry
+    found to differ from one on the chain within n tokens differs from `entry` there too."""
+    out, seen = [entry], {id(entry)}
+    while entry.view_of is not None and id(entry.view_of) not in seen:
+        entry = entry.view_of
+        out.append(entry)
+        seen.add(id(entry))
+    return out
+
+
+def _root(entry: LiveEntry) -> LiveEntry:
+    return _chain(entry)[-1]
 
 
 def _kinds_of(cache: list) -> list:
@@ -227,8 +247,8 @@ class LivePool:
             return None
         entry = LiveEntry(as_list(tokens), cache, tag, frozenset(keys), nbytes, on_leave,
                           canonical_to)
-        self._drop_twins(entry)
         self._share_prefixes(entry, same_as)
+        self._drop_twins(entry)  # (after: a twin found equal reads `entry`, its chain goes on)
         self.entries[id(entry)] = entry
         self.nbytes += nbytes
         self.stats.puts += 1
@@ -271,8 +291,11 @@ class LivePool:
         entry that reads an entry found equal to `new` (the entries are taken longest first),
         so a conversation's turn compares only its own new tokens, not every earlier turn's
         whole K/V again (a fast chat's 60th turn compared ~30 entries' K/V: ~1.2 s of
-        demo:qwen3:tiny's engine thread, ~3 s of SmolLM2's)."""
+        demo:qwen3:tiny's engine thread, ~3 s of SmolLM2's); nor, once `new` reads an entry,
+        any entry with the same root (`_root`): a prompt restored from records, sent again,
+        compared every earlier answer of it from token 0."""
         source, known = same_as if same_as is not None else (None, 0)
+        source_root = _root(source) if source is not None else None
         olds = sorted((e for e in self.entries.values() if e.tag == new.tag and e.cache),
                       key=lambda e: len(e.tokens), reverse=True)
         equal: set[int] = set()  # ids of the entries found to equal `new` where they hold
@@ -292,14 +315,22 @@ class LivePool:
             short, long_ = (old, new) if p == len(old.tokens) else (new, old)
             canonical = min(short.canonical_to, long_.canonical_to) >= p
             check_from = (p - 1) // self.block_size * self.block_size if canonical else 0
-            if old is source:
+            if old is source or _root(old) is source_root:
+                # (it equals the source over what both hold, `new` the source over `known`)
                 check_from = max(check_from, min(known, p))
-            if reads_equal:  # (then p is all of its tokens: it is the shorter)
-                check_from = p
+            chain = _chain(new)
+            if reads_equal or _root(old) is chain[-1]:
+                check_from = p  # both equal one entry over their own tokens: so over p
+            elif any(e.differs.get(id(old), p + 1) <= p for e in chain):
+                continue  # found to differ from `new`'s chain where both hold: no compare
             if all([_share_kv(a, b, p, check_from) for a, b in zip(short.cache, long_.cache)]):
                 short.view_of = long_
+                for k, n in short.differs.items():  # (long_ equals it where those differ)
+                    long_.differs[k] = min(n, long_.differs.get(k, n))
                 if short is old:
                     equal.add(id(old))
+            else:
+                new.differs[id(old)] = min(p, new.differs.get(id(old), p))
 
     def shrink_to(self, limit: int) -> None:
         """Evict least recently used entries until the pool holds at most `limit` bytes (the
