@@ -502,10 +502,15 @@ def test_a_prompt_sent_again_compares_one_entrys_kv_at_most(monkeypatch):
         b = _after_answer(fast, random_tokens(500, seed=31), 300, 32)
         layers = sum(live._kinds.kind_of(c) is live._GLOBAL for c in fast.lm.make_cache())
         per_send = []
-        for _ in range(4):
+        for _ in range(8):
             compared.clear()
             fast.generate(b, GREEDY)
             per_send.append(sum(compared) // layers)
         assert all(n <= len(b) for n in per_send[2:]), per_send
+        # chains stay short (the twins that left are not kept alive one behind another), and
+        # what an entry remembers is about entries still in the pool
+        entries = fast.prefix.live.entries
+        assert max(len(live._chain(e)) for e in entries.values()) <= 3
+        assert all(k in entries for e in entries.values() for k in e.differs)
     finally:
         fast.close()

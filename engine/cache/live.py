@@ -47,11 +47,13 @@ class LiveEntry:
     nbytes: int
     on_leave: Callable | None = None  # queues the record job of a fast request's tokens
     canonical_to: int = 0  # its first tokens computed on the canonical cuts (an exact prompt)
-    # An entry whose global K/V equal this one's first tokens, bit for bit (this one reads
-    # them as slices of its arrays): a later entry that equals it needs no compare of this one
+    # An entry whose global K/V equal this one's over all of this one's tokens, bit for bit
+    # (found so, or through a chain of such: see `_chain`): a later entry that equals it
+    # needs no compare of this one. It may have left the pool (only its tokens are kept).
     view_of: LiveEntry | None = None
-    # id(entry) -> n: that entry's K/V differ from this one's within their first n tokens (a
-    # compare that failed: not run again on each later put whose chain reaches this entry)
+    # id(pool entry) -> n: that entry's K/V differ from this one's within their first n
+    # tokens (a compare that failed: not run again on each later put whose chain reaches
+    # this entry); pruned to the pool's entries
     differs: dict = field(default_factory=dict)
 
 
@@ -129,6 +131,8 @@ def _chain(entry: LiveEntry) -> list[LiveEntry]:
         entry = entry.view_of
         out.append(entry)
         seen.add(id(entry))
+    for e in out[:-2]:  # each equals the root over its own tokens: point there, so entries
+        e.view_of = out[-1]  # that left the pool between are freed and chains stay short
     return out
 
 
@@ -249,6 +253,8 @@ class LivePool:
                           canonical_to)
         self._share_prefixes(entry, same_as)
         self._drop_twins(entry)  # (after: a twin found equal reads `entry`, its chain goes on)
+        for e in _chain(entry):  # (facts about entries that left go: the dicts stay bounded)
+            e.differs = {k: n for k, n in e.differs.items() if k in self.entries}
         self.entries[id(entry)] = entry
         self.nbytes += nbytes
         self.stats.puts += 1
