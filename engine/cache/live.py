@@ -89,8 +89,8 @@ def same_bits(pairs: list) -> bool:
 
     if any(a.shape != b.shape or a.dtype != b.dtype for a, b in pairs):
         return False
-    views = [(mx.view(a, getattr(mx, _UINT_OF_SIZE[a.dtype.size])),
-              mx.view(b, getattr(mx, _UINT_OF_SIZE[b.dtype.size]))) for a, b in pairs]
+    uints = [getattr(mx, _UINT_OF_SIZE[a.dtype.size]) for a, _ in pairs]  # (dtypes match)
+    views = [(mx.view(a, u), mx.view(b, u)) for (a, b), u in zip(pairs, uints)]
     if mx.default_device() != mx.cpu:  # (a GPU compares its own memory faster)
         return all(bool(mx.array_equal(a, b).item()) for a, b in views)
     mx.eval(views)
@@ -293,25 +293,23 @@ class LivePool:
         tokens), so their K/V are equal bit for bit, as their records are; only the shorter
         one's last chunk may end where the longer one's does not. (Comparing a 14K-token
         chat's whole K/V cost ~28 ms a turn on the engine thread, in front of every other
-        request.) Nor is what is known equal compared at all: `same_as`'s first tokens, and every
-        entry that reads an entry found equal to `new` (the entries are taken longest first),
-        so a conversation's turn compares only its own new tokens, not every earlier turn's
-        whole K/V again (a fast chat's 60th turn compared ~30 entries' K/V: ~1.2 s of
-        demo:qwen3:tiny's engine thread, ~3 s of SmolLM2's); nor, once `new` reads an entry,
-        any entry with the same root (`_root`): a prompt restored from records, sent again,
-        compared every earlier answer of it from token 0."""
+        request.) Nor is what is known compared at all. Entries with one `_root` equal each
+        other where they hold, and their tokens begin the root's: neither their tokens nor
+        their K/V are compared, so a conversation's turn compares only its own new tokens, not
+        every earlier turn's whole K/V again (a fast chat's 60th turn compared ~30 entries'
+        K/V: ~1.2 s of demo:qwen3:tiny's engine thread, ~3 s of SmolLM2's; a prompt restored
+        from records and sent again compared every earlier answer of it from token 0). An
+        entry with the source's root is compared past `same_as`'s first tokens only, and one
+        found to differ from `new`'s chain (`differs`) is not compared again."""
         source, known = same_as if same_as is not None else (None, 0)
         source_root = _root(source) if source is not None else None
         olds = sorted((e for e in self.entries.values() if e.tag == new.tag and e.cache),
                       key=lambda e: len(e.tokens), reverse=True)
-        equal: set[int] = set()  # ids of the entries found to equal `new` where they hold
         for old in olds:
-            # it reads an entry found equal to `new` where they hold: so it equals `new` too
-            reads_equal = old.view_of is not None and id(old.view_of) in equal
-            if reads_equal:
-                # its tokens begin those of an entry whose tokens begin `new`'s: not compared
-                # (a deep chat's every entry against `new`'s tokens was O(depth) each)
-                p = len(old.tokens)
+            chain, old_root = _chain(new), _root(old)  # (new's changes as it comes to read one)
+            same_root = old_root is chain[-1]
+            if same_root:  # (both begin the root's tokens: the shorter begins the longer)
+                p = min(len(old.tokens), len(new.tokens))
             elif old is source:  # (`new`'s first `known` tokens are its, as their K/V)
                 p = known + shared_prefix(old.tokens[known:], new.tokens[known:])
             else:
@@ -321,11 +319,10 @@ class LivePool:
             short, long_ = (old, new) if p == len(old.tokens) else (new, old)
             canonical = min(short.canonical_to, long_.canonical_to) >= p
             check_from = (p - 1) // self.block_size * self.block_size if canonical else 0
-            if old is source or _root(old) is source_root:
+            if old is source or old_root is source_root:
                 # (it equals the source over what both hold, `new` the source over `known`)
                 check_from = max(check_from, min(known, p))
-            chain = _chain(new)
-            if reads_equal or _root(old) is chain[-1]:
+            if same_root:
                 check_from = p  # both equal one entry over their own tokens: so over p
             elif any(e.differs.get(id(old), p + 1) <= p for e in chain):
                 continue  # found to differ from `new`'s chain where both hold: no compare
@@ -333,8 +330,6 @@ class LivePool:
                 short.view_of = long_
                 for k, n in short.differs.items():  # (long_ equals it where those differ)
                     long_.differs[k] = min(n, long_.differs.get(k, n))
-                if short is old:
-                    equal.add(id(old))
             else:
                 new.differs[id(old)] = min(p, new.differs.get(id(old), p))
 
