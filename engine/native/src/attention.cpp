@@ -160,10 +160,34 @@ FORKV_INLINE V vload_as(const float* p) {
 // lane's sum is its own, in order of d): V the ISA's register (vf16 on AVX-512, vf8 on AVX2),
 // KT x N as many as its registers hold. Heads that share a pass read each K row once for all
 // of them (AVX2: the K rows came from L2 once per head, a third of a verify's attention).
+// trees() of 8 keys' lanes on 8-float vectors (AVX2), each key's 16 lanes already summed
+// pairwise as tree()'s first step does (x[t] lane i = lane i + lane i + 8): lane t of the
+// result is tree() of key t, every sum the same pair of partial sums, so the same bits. The
+// vf16 trees() on AVX2 went through memory: a quarter of a verify chunk's attention.
+FORKV_INLINE vf8 trees8(const vf8* x) {
+  vf8 y[4], z[2];
+  for (int j = 0; j < 4; ++j)  // i + (i + 4): two keys per vector
+    y[j] = FORKV_SHUF(x[2 * j], x[2 * j + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
+           FORKV_SHUF(x[2 * j], x[2 * j + 1], 4, 5, 6, 7, 12, 13, 14, 15);
+  for (int j = 0; j < 2; ++j)  // then i + (i + 2): four keys per vector
+    z[j] = FORKV_SHUF(y[2 * j], y[2 * j + 1], 0, 1, 4, 5, 8, 9, 12, 13) +
+           FORKV_SHUF(y[2 * j], y[2 * j + 1], 2, 3, 6, 7, 10, 11, 14, 15);
+  return FORKV_SHUF(z[0], z[1], 0, 2, 4, 6, 8, 10, 12, 14) +
+         FORKV_SHUF(z[0], z[1], 1, 3, 5, 7, 9, 11, 13, 15);
+}
+
+// The dot products of N query heads with 16 K rows: per head and K row kLanes partial sums
+// over D, then tree(). A key's score is the same whichever 16 keys share the call, whichever
+// KT of them and N heads share a pass over D, and whatever width V holds the lanes in (each
+// lane's sum is its own, in order of d): V the ISA's register (vf16 on AVX-512, vf8 on AVX2),
+// KT x N as many as its registers hold. Heads that share a pass read each K row once for all
+// of them (AVX2: the K rows came from L2 once per head, a third of a verify's attention).
+// out[g * 16 + t] is head g's score of key t.
 template <typename V, int KT, int N>
-FORKV_INLINE void dots16(const float* const* q, const float* const* rows, int D, vf16* out) {
+FORKV_INLINE void dots16(const float* const* q, const float* const* rows, int D, float* out) {
   constexpr int W = int(sizeof(V) / sizeof(float)), R = kLanes / W;
   vf16 acc[N][16];
+  [[maybe_unused]] vf8 half[N][16];  // W == 8: lanes i + (i + 8), tree()'s first step
   for (int t0 = 0; t0 < 16; t0 += KT) {
     V a[N][KT][R];  // zeroed in registers (an `= {}` was a `rep stos` through the stack)
     for (int g = 0; g < N; ++g)
@@ -177,9 +201,23 @@ FORKV_INLINE void dots16(const float* const* q, const float* const* rows, int D,
         }
     }
     for (int g = 0; g < N; ++g)
-      for (int t = 0; t < KT; ++t) std::memcpy(&acc[g][t0 + t], a[g][t], sizeof acc[g][t0 + t]);
+      for (int t = 0; t < KT; ++t) {
+        if constexpr (W == 8)
+          half[g][t0 + t] = a[g][t][0] + a[g][t][1];
+        else
+          std::memcpy(&acc[g][t0 + t], a[g][t], sizeof acc[g][t0 + t]);
+      }
   }
-  for (int g = 0; g < N; ++g) out[g] = trees(acc[g]);
+  for (int g = 0; g < N; ++g) {
+    if constexpr (W == 8) {
+      const vf8 lo = trees8(half[g]), hi = trees8(half[g] + 8);
+      std::memcpy(out + g * 16, &lo, sizeof lo);
+      std::memcpy(out + g * 16 + 8, &hi, sizeof hi);
+    } else {
+      const vf16 s = trees(acc[g]);
+      std::memcpy(out + g * 16, &s, sizeof s);
+    }
+  }
 }
 
 // out_g = sum over keys [lo, hi), in order, of p_g[key] * V[key], for N heads; 16 V columns
@@ -232,32 +270,39 @@ FORKV_INLINE void by_group(int G, F&& f) {  // f(g0, count), count a compile-tim
   by_count<kGroup>(G, f);
 }
 
-// max over x[lo, hi): 16 running maxima, then across them (max is exact: any order gives
-// the same value, up to the sign of a zero, which no later result sees).
+// max over x[lo, hi): running maxima in V's lanes, then across them (max is exact: any order
+// gives the same value, up to the sign of a zero, which no later result sees).
+template <typename V>
 FORKV_INLINE float row_max(const float* x, int lo, int hi) {
-  vf16 mv;
-  for (int t = 0; t < 16; ++t) mv[t] = kNegInf;
+  constexpr int W = int(sizeof(V) / sizeof(float));
+  V mv;
+  for (int t = 0; t < W; ++t) mv[t] = kNegInf;
   int jj = lo;
-  for (; jj + 16 <= hi; jj += 16) {
-    const vf16 v = vload(x + jj);
+  for (; jj + W <= hi; jj += W) {
+    const V v = vload_as<V>(x + jj);
     mv = mv < v ? v : mv;
   }
   float m = kNegInf;
-  for (int t = 0; t < 16; ++t) m = std::max(m, mv[t]);
+  for (int t = 0; t < W; ++t) m = std::max(m, mv[t]);
   for (; jj < hi; ++jj) m = std::max(m, x[jj]);
   return m;
 }
 
 // lanes[(lane0 + j) % kLanes] += x[j] for j in [lo, hi), in order of j: each lane gets its
-// keys in the same order as one at a time, so the same bits; 16 keys a step once aligned.
+// keys in the same order as one at a time, so the same bits; 16 keys a step once aligned,
+// held in R registers of V.
+template <typename V>
 FORKV_INLINE void lane_sums(const float* x, int lo, int hi, int lane0, float* lanes) {
+  constexpr int W = int(sizeof(V) / sizeof(float)), R = kLanes / W;
   int jj = lo;
   for (; jj < hi && ((lane0 + jj) & (kLanes - 1)); ++jj)
     lanes[(lane0 + jj) & (kLanes - 1)] += x[jj];
   if (jj + 16 <= hi) {
-    vf16 acc = vload(lanes);
-    for (; jj + 16 <= hi; jj += 16) acc += vload(x + jj);
-    std::memcpy(lanes, &acc, sizeof acc);
+    V acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = vload_as<V>(lanes + r * W);
+    for (; jj + 16 <= hi; jj += 16)
+      for (int r = 0; r < R; ++r) acc[r] += vload_as<V>(x + jj + r * W);
+    std::memcpy(lanes, acc, sizeof acc);
   }
   for (; jj < hi; ++jj) lanes[(lane0 + jj) & (kLanes - 1)] += x[jj];
 }
@@ -303,15 +348,20 @@ FORKV_INLINE void block(const Args& a, int b, int h, int i, int j0, int n, float
   }
   // each head's scores: NQ heads (at most) per pass over the block's K rows
   for (int g = 0; g < G; ++g) std::fill(scores + g * kBlock, scores + g * kBlock + n, kNegInf);
-  auto put = [&](int g, int c, vf16 s) {  // 16 keys' scores from c, masked, into head g's
+  // 16 keys' dot products from c, scaled and masked, into head g's scores
+  auto put = [&](int g, int c, const float* dots) {
+    constexpr int W = int(sizeof(V) / sizeof(float));
     const int hq = h * G + g;
     float* sg = scores + g * kBlock;
     float sv[16];
+    for (int r = 0; r < 16; r += W) {
+      const V x = vload_as<V>(dots + r) * a.scale;
+      std::memcpy(sv + r, &x, sizeof x);
+    }
     if (!a.mask_kind && c + 16 <= hi) {  // no mask: the scores as they are
-      std::memcpy(sg + c, &s, sizeof s);
+      std::memcpy(sg + c, sv, sizeof sv);
       return;
     }
-    std::memcpy(sv, &s, sizeof sv);
     if (a.mask_kind && c + 16 <= hi && !a.rot && a.m3 == 1) {  // 16 mask entries in a row
       const int64_t at = b * a.m0 + hq * a.m1 + i * a.m2 + int64_t(j0 + c);
       if (a.mask_kind == 1) {
@@ -339,21 +389,21 @@ FORKV_INLINE void block(const Args& a, int b, int h, int i, int j0, int n, float
     for (int c = lo; c < hi; c += 16) {
       const float* rows[16];
       for (int t = 0; t < 16; ++t) rows[t] = krows[std::min(c + t, hi - 1)];
-      vf16 s[N];
+      alignas(64) float s[N * 16];
       dots16<V, (KT / N > 1 ? KT / N : 1), N>(qs, rows, D, s);
-      for (int t = 0; t < N; ++t) put(g0 + t, c, s[t] * a.scale);
+      for (int t = 0; t < N; ++t) put(g0 + t, c, s + t * 16);
     }
   });
   for (int g = 0; g < G; ++g) {
     float* sg = scores + g * kBlock;
     float* pg = part + g * (2 + D);
-    const float m = row_max(sg, lo, hi);
+    const float m = row_max<V>(sg, lo, hi);
     float lanes[kLanes] = {};
     if (m == kNegInf) {
       std::fill(sg, sg + n, 0.0f);
     } else {
       for (int jj = lo; jj < hi; ++jj) sg[jj] = vexp(sg[jj] - m);
-      lane_sums(sg, lo, hi, lane0, lanes);
+      lane_sums<V>(sg, lo, hi, lane0, lanes);
     }
     pg[0] = m;
     pg[1] = tree(lanes);
@@ -460,45 +510,74 @@ void run_attention(const Args& a, float* out, Isa isa) {
     const int bh = a.B * a.Hkv, per = std::max(1, (threads + bh - 1) / bh);
     const int R = std::max(1, std::min(kRowGroup, (a.L + per - 1) / per));
     const int per_bh = (a.L + R - 1) / R, groups = bh * per_bh;
+    // Group gi's block blk, for each of its rows that has one, into parts (row, blk).
+    auto group_block = [&](int gi, int blk, float* parts, std::vector<float>& wide, Scratch& s) {
+      const int b = gi / per_bh / a.Hkv, h = gi / per_bh % a.Hkv;
+      const int i0 = gi % per_bh * R, i1 = std::min(a.L, i0 + R);
+      Args ga = a;
+      if (a.widen) {  // the rows' union of this block, widened once, in time order
+        int lo = a.S, hi = 0;
+        for (int i = i0; i < i1; ++i) {
+          if (blk >= a.blocks(i)) continue;
+          const int j0 = a.block_start(i, blk);
+          lo = std::min(lo, j0);
+          hi = std::max(hi, std::min(a.visible(i), a.block_start(i, blk + 1)));
+        }
+        if (hi <= lo) return;
+        const int n = hi - lo;
+        wide.resize(size_t(2) * n * a.D + 1);
+        for (int j = lo; j < hi; ++j)
+          a.widen_row(b, h, a.at(j), wide.data() + size_t(j - lo) * a.D,
+                      wide.data() + size_t(n + j - lo) * a.D);
+        ga.widen = nullptr;
+        ga.kt = wide.data();
+        ga.vt = wide.data() + size_t(n) * a.D;
+        ga.t0 = lo;
+      }
+      for (int i = i0; i < i1; ++i)
+        if (blk < a.blocks(i))
+          run_block(ga, block_fn, b, h, i, blk,
+                    parts + (size_t(i - i0) * max_blocks + blk) * item, s);
+    };
+    auto combine_group = [&](int gi, const float* parts) {
+      const int b = gi / per_bh / a.Hkv, h = gi / per_bh % a.Hkv;
+      const int i0 = gi % per_bh * R, i1 = std::min(a.L, i0 + R);
+      for (int i = i0; i < i1; ++i)
+        combine_row(a, combine_fn, b, h, i, parts + size_t(i - i0) * max_blocks * item, out);
+    };
+    const size_t group_parts = size_t(R) * max_blocks * item;
+    if (groups < 2 * threads) {
+      // Few groups (a verify chunk of a few rows: 3 groups on 2 threads left one idle a third
+      // of the time): the threads share (group, block) items, then each row is combined.
+      thread_local std::vector<float> all;
+      all.resize(groups * group_parts);
+      float* ap = all.data();  // (the workers' own `all` is another thread_local)
+      const int items = groups * max_blocks;
+      p.run(std::min(threads, items), [&](int) {
+        thread_local Scratch s;
+        thread_local std::vector<float> wide;
+        for (;;) {
+          const int w = next.fetch_add(1);
+          if (w >= items) break;
+          group_block(w / max_blocks, w % max_blocks, ap + size_t(w / max_blocks) * group_parts,
+                      wide, s);
+        }
+      });
+      for (int gi = 0; gi < groups; ++gi) combine_group(gi, ap + gi * group_parts);
+      return;
+    }
     p.run(threads, [&](int) {
       thread_local Scratch s;
       thread_local std::vector<float> parts, wide;
-      parts.resize(size_t(R) * max_blocks * item);
+      parts.resize(group_parts);
       for (;;) {
         const int gi = next.fetch_add(1);
         if (gi >= groups) break;
-        const int b = gi / per_bh / a.Hkv, h = gi / per_bh % a.Hkv;
         const int i0 = gi % per_bh * R, i1 = std::min(a.L, i0 + R);
         int nb = 0;
         for (int i = i0; i < i1; ++i) nb = std::max(nb, a.blocks(i));
-        for (int blk = 0; blk < nb; ++blk) {
-          Args ga = a;
-          if (a.widen) {  // the rows' union of this block, widened once, in time order
-            int lo = a.S, hi = 0;
-            for (int i = i0; i < i1; ++i) {
-              if (blk >= a.blocks(i)) continue;
-              const int j0 = a.block_start(i, blk);
-              lo = std::min(lo, j0);
-              hi = std::max(hi, std::min(a.visible(i), a.block_start(i, blk + 1)));
-            }
-            const int n = std::max(0, hi - lo);
-            wide.resize(size_t(2) * n * a.D + 1);
-            for (int j = lo; j < hi; ++j)
-              a.widen_row(b, h, a.at(j), wide.data() + size_t(j - lo) * a.D,
-                          wide.data() + size_t(n + j - lo) * a.D);
-            ga.widen = nullptr;
-            ga.kt = wide.data();
-            ga.vt = wide.data() + size_t(n) * a.D;
-            ga.t0 = lo;
-          }
-          for (int i = i0; i < i1; ++i)
-            if (blk < a.blocks(i))
-              run_block(ga, block_fn, b, h, i, blk,
-                        parts.data() + (size_t(i - i0) * max_blocks + blk) * item, s);
-        }
-        for (int i = i0; i < i1; ++i)
-          combine_row(a, combine_fn, b, h, i, parts.data() + size_t(i - i0) * max_blocks * item,
-                      out);
+        for (int blk = 0; blk < nb; ++blk) group_block(gi, blk, parts.data(), wide, s);
+        combine_group(gi, parts.data());
       }
     });
     return;
