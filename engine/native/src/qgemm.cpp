@@ -863,6 +863,31 @@ struct Row256 {
   const uint8_t* ahead;
 };
 
+// A tile's activation rows interleaved by chunk: row i's chunk c at q + (c * MR + i) * 64 and
+// its 8 block scales at dx + (c * MR + i) * 8. Row-major, a tile of 4-7 rows kept 5 row
+// pointers and their scale pointers live across the chunk loop, and GCC spilled them: a
+// reload from the stack per row and chunk.
+struct Tile256 {
+  const int8_t* q;
+  const float* dx;
+};
+
+// Rows m0..m0+MR-1 of x interleaved into qbuf and dbuf (the same bytes and scales).
+inline Tile256 interleave256(const QuantX& x, int m0, int MR, std::vector<int8_t>& qbuf,
+                             std::vector<float>& dbuf) {
+  const int num_chunks = x.K / 64, num_blocks = x.K / kXBlock;
+  qbuf.resize(size_t(x.K) * MR);
+  dbuf.resize(size_t(num_blocks) * MR);
+  for (int c = 0; c < num_chunks; ++c)
+    for (int i = 0; i < MR; ++i) {
+      std::memcpy(qbuf.data() + (size_t(c) * MR + i) * 64,
+                  x.q + size_t(m0 + i) * x.K + 64 * size_t(c), 64);
+      std::memcpy(dbuf.data() + (size_t(c) * MR + i) * 8,
+                  x.dx + size_t(m0 + i) * num_blocks + 8 * size_t(c), 8 * sizeof(float));
+    }
+  return Tile256{qbuf.data(), dbuf.data()};
+}
+
 // An 8-bit chunk's signed weights (q - 128) and their magnitudes, evens and odds.
 T256 inline void signed8_256(__m256i wa, __m256i wb, __m256i& ua, __m256i& sa, __m256i& ub,
                              __m256i& sb) {
@@ -879,13 +904,19 @@ T256 inline void signed8_256(__m256i wa, __m256i wb, __m256i& ua, __m256i& sa, _
 // signed sums need no bias term (as AVX-512's tiles). STREAM: the chunk read from the row
 // (decode, 1-3 rows: the weights stream from memory once, so their next bytes are fetched
 // early; the hardware prefetcher alone left a decode's matvecs ~30% below the memory's rate).
+// `tile`: the MR rows' activations interleaved by chunk (Tile256), read at fixed offsets from
+// one pointer; else rows m0.. of x.
 template <int BITS, int MR, bool CENTRED, bool STREAM>
-T256 inline void row_tile256(const QuantX& x, const Row256& r, int m0, __m256* acc) {
+T256 inline void row_tile256(const QuantX& x, const Row256& r, int m0, __m256* acc,
+                             const Tile256* tile = nullptr) {
   const int num_chunks = x.K / 64, num_blocks = x.K / kXBlock;
   const __m256i ones = _mm256_set1_epi16(1);
   for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
-  const int8_t* q0 = x.q + size_t(m0) * x.K;
-  const float* d0 = x.dx + size_t(m0) * num_blocks;
+  const int8_t* q0 = tile ? tile->q : x.q + size_t(m0) * x.K;
+  const float* d0 = tile ? tile->dx : x.dx + size_t(m0) * num_blocks;
+  // row i's chunk c: interleaved, 64 bytes and 8 scales at (c * MR + i); else row-major
+  const size_t q_row = tile ? 64 : size_t(x.K), q_chunk = tile ? 64 * MR : 64;
+  const size_t d_row = tile ? 8 : size_t(num_blocks), d_chunk = tile ? 8 * MR : 8;
   for (int c = 0; c < num_chunks; ++c) {
     __m256i wa, wb;
     __m256i sa, sb, ua, ub;  // 8 bits: the signed weights (q - 128) and their magnitudes
@@ -907,7 +938,7 @@ T256 inline void row_tile256(const QuantX& x, const Row256& r, int m0, __m256* a
     const __m256 sv = STREAM ? lane_scale256(r.sc, r.group_size, c)
                              : _mm256_loadu_ps(r.sv + 8 * size_t(c));
     for (int i = 0; i < MR; ++i) {
-      const int8_t* qr = q0 + size_t(i) * x.K + 64 * c;
+      const int8_t* qr = q0 + size_t(i) * q_row + q_chunk * size_t(c);
       const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qr));
       const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qr + 32));
       // Lane j of both registers covers elements 8j..8j+7 (evens, odds): activation block
@@ -936,7 +967,7 @@ T256 inline void row_tile256(const QuantX& x, const Row256& r, int m0, __m256* a
         dot = _mm256_madd_epi16(
             _mm256_add_epi16(_mm256_maddubs_epi16(wa, xa), _mm256_maddubs_epi16(wb, xb)), ones);
       }
-      const __m256 dv = _mm256_loadu_ps(d0 + size_t(i) * num_blocks + 8 * c);
+      const __m256 dv = _mm256_loadu_ps(d0 + size_t(i) * d_row + d_chunk * size_t(c));
       acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(sv, dv), acc[i]);
     }
   }
@@ -979,9 +1010,9 @@ constexpr int kParamRows256 = 16;
 // One tile of MR rows against a weight row unpacked for all tiles, into y.
 template <int BITS, int MR, bool CENTRED>
 T256 inline void tile256(const QuantX& x, const Row256& r, const float* bi, float shift, int m0,
-                         int n, float* y, size_t ldy) {
+                         int n, float* y, size_t ldy, const Tile256& tile) {
   __m256 acc[MR];
-  row_tile256<BITS, MR, CENTRED, false>(x, r, m0, acc);
+  row_tile256<BITS, MR, CENTRED, false>(x, r, m0, acc, &tile);
   store_tile256<MR, CENTRED>(x, r.sc, bi, shift, m0, n, acc, y, ldy);
 }
 
@@ -1049,6 +1080,17 @@ T256 void rows256(const QuantX& x, const QuantW& w, int n0, int n1, float* y, si
   unpacked.resize(kUnpacked * size_t(num_chunks));
   const int last = x.M - x.M % 4 - 4;  // the last tile's first row
   const uint8_t* end = w.data + size_t(w.N) * w.row_bytes;
+  // each tile's rows interleaved once for all weight rows (this thread's copy: ~K x M bytes)
+  thread_local std::vector<std::vector<int8_t>> tq;
+  thread_local std::vector<std::vector<float>> td;
+  std::vector<Tile256> tiles;
+  const int num_tiles = last / 4 + 1;
+  tq.resize(size_t(num_tiles));
+  td.resize(size_t(num_tiles));
+  for (int t = 0; t < num_tiles; ++t) {
+    const int m0 = 4 * t, rows = t + 1 < num_tiles ? 4 : x.M - last;
+    tiles.push_back(interleave256(x, m0, rows, tq[t], td[t]));
+  }
   for_rows256(w, n0, n1, [&](int n, const float* sc, const float* bi, float shift,
                              const uint8_t* row) __attribute__((target("avx2,fma"))) {
     // the row after next fetched early (the loads of a row's first bytes stalled)
@@ -1073,12 +1115,14 @@ T256 void rows256(const QuantX& x, const QuantW& w, int n0, int n1, float* y, si
     }
     const Row256 r{row, sc, w.group_size, sv.data(), unpacked.data(), at8.data(), odd8.data(),
                    row};
-    for (int m = 0; m < last; m += 4) tile256<BITS, 4, CENTRED>(x, r, bi, shift, m, n, y, ldy);
+    for (int m = 0; m < last; m += 4)
+      tile256<BITS, 4, CENTRED>(x, r, bi, shift, m, n, y, ldy, tiles[m / 4]);
+    const Tile256& lt = tiles.back();
     switch (x.M - last) {
-      case 4: tile256<BITS, 4, CENTRED>(x, r, bi, shift, last, n, y, ldy); break;
-      case 5: tile256<BITS, 5, CENTRED>(x, r, bi, shift, last, n, y, ldy); break;
-      case 6: tile256<BITS, 6, CENTRED>(x, r, bi, shift, last, n, y, ldy); break;
-      case 7: tile256<BITS, 7, CENTRED>(x, r, bi, shift, last, n, y, ldy); break;
+      case 4: tile256<BITS, 4, CENTRED>(x, r, bi, shift, last, n, y, ldy, lt); break;
+      case 5: tile256<BITS, 5, CENTRED>(x, r, bi, shift, last, n, y, ldy, lt); break;
+      case 6: tile256<BITS, 6, CENTRED>(x, r, bi, shift, last, n, y, ldy, lt); break;
+      case 7: tile256<BITS, 7, CENTRED>(x, r, bi, shift, last, n, y, ldy, lt); break;
     }
   });
 }
