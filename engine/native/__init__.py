@@ -37,8 +37,10 @@ __all__ = ["DEFAULT_KV_DTYPE", "NativeInfo", "blocks_off", "fuse_off", "kernel_l
 # and the odds' int32 dot products of an 8-element block before converting them; 6: 8-bit
 # weights in the same paired layout (AVX2's 8-bit path sums the two halves as well), and
 # AVX-512 (and AVX2 at 8 bits) sums symmetric groups as x * (q - 2^(bits-1)), with no bias
-# term after them.
-KERNEL_VERSION = 7
+# term after them; 7: mlx-vlm's language models on the kernels too; 8: AVX2's bias terms of
+# affine groups end in one FMA a group past the last whole 8 (GCC had compiled that tail
+# to a multiply and an add in some instantiations).
+KERNEL_VERSION = 8
 # What cached K/V are stored in where the kernels run attention, unless asked otherwise:
 # half float32's bytes, within 0.5% of its perplexity on Gemma 3 and SmolLM2 (docs/memory.md).
 DEFAULT_KV_DTYPE = "float16"

@@ -973,33 +973,78 @@ T256 inline void row_tile256(const QuantX& x, const Row256& r, int m0, __m256* a
   }
 }
 
-// The tile's sums into y, each with its row's bias term (none where CENTRED).
+// The tile's sums into y, each plus its row's bias term (`bias`, rows m0.. of one weight row;
+// none where CENTRED).
 template <int MR, bool CENTRED>
-T256 inline void store_tile256(const QuantX& x, const float* sc, const float* bi, float shift,
-                               int m0, int n, const __m256* acc, float* y, size_t ldy) {
+T256 inline void store_tile256(const float* bias, int m0, int n, const __m256* acc, float* y,
+                               size_t ldy) {
   float sums[MR];
   hsums256<MR>(acc, sums);
-  if constexpr (CENTRED) {
-    for (int i = 0; i < MR; ++i) y[size_t(m0 + i) * ldy + n] = sums[i];
-  } else {
-    const int num_groups = x.K / x.group_size;
-    __m256 bacc[MR];
-    float bias[MR];
-    const int whole = num_groups - num_groups % 8;
-    for (int i = 0; i < MR; ++i) {
-      const float* xs = x.xsum + size_t(m0 + i) * num_groups;
-      bacc[i] = _mm256_setzero_ps();
-      for (int g = 0; g < whole; g += 8)
-        bacc[i] = _mm256_fmadd_ps(
-            bi ? _mm256_loadu_ps(bi + g)
-               : _mm256_mul_ps(_mm256_loadu_ps(sc + g), _mm256_set1_ps(shift)),
-            _mm256_loadu_ps(xs + g), bacc[i]);
+  for (int i = 0; i < MR; ++i)
+    y[size_t(m0 + i) * ldy + n] = CENTRED ? sums[i] : sums[i] + bias[m0 + i];
+}
+
+// The bias terms of one weight row (its biases `bi`, or its scales `sc` times `shift`) for
+// activation rows m0..m0+MR-1: lane l of a register a chain of FMAs over groups l, l + 8, ...
+// below the last whole 8, the lanes added as hsum_ps_256 adds them, then the last groups one
+// FMA each, in order. (The tail was `bias += b * x`, which GCC compiled to an FMA in some
+// instantiations and to a multiply and an add in others: now an FMA everywhere, as
+// block_bias256 computes it for many rows, the same bits.)
+template <int MR>
+T256 inline void row_bias256(const QuantX& x, const float* sc, const float* bi, float shift,
+                             int m0, float* out) {
+  const int G = x.K / x.group_size, whole = G - G % 8;
+  __m256 bacc[MR];
+  for (int i = 0; i < MR; ++i) {
+    const float* xs = x.xsum + size_t(m0 + i) * G;
+    bacc[i] = _mm256_setzero_ps();
+    for (int g = 0; g < whole; g += 8)
+      bacc[i] = _mm256_fmadd_ps(
+          bi ? _mm256_loadu_ps(bi + g) : _mm256_mul_ps(_mm256_loadu_ps(sc + g), _mm256_set1_ps(shift)),
+          _mm256_loadu_ps(xs + g), bacc[i]);
+  }
+  hsums256<MR>(bacc, out);
+  for (int i = 0; i < MR; ++i) {
+    const float* xs = x.xsum + size_t(m0 + i) * G;
+    __m128 acc = _mm_set_ss(out[i]);
+    for (int g = whole; g < G; ++g)
+      acc = _mm_fmadd_ss(_mm_set_ss(bi ? bi[g] : sc[g] * shift), _mm_set_ss(xs[g]), acc);
+    out[i] = _mm_cvtss_f32(acc);
+  }
+}
+
+// row_bias256 for weight rows [b, b1) (at most 16; params p) and all x.M activation rows, 8
+// weight rows a register (the params transposed): the same operations in the same order, so
+// the same bits; out[(n - b) * x.M + i]. A tile's rows took it one weight row at a time, its
+// horizontal sums and scalar tail ~16% of a 9-row Q4_1 matmul at K = 576.
+T256 inline void block_bias256(const QuantX& x, const RowParams& p, int b, int b1, float* out) {
+  const int G = x.K / x.group_size, whole = G - G % 8;
+  thread_local std::vector<float> tb;  // bias(n, g) at tb[g * 8 + n - n8]
+  for (int n8 = b; n8 < b1; n8 += 8) {
+    const int rows = std::min(8, b1 - n8);
+    tb.assign(size_t(G) * 8, 0.0f);  // lanes past `rows` stay zero (their sums unread)
+    for (int r = 0; r < rows; ++r) {
+      const size_t at = size_t(n8 + r - p.n0) * G;
+      for (int g = 0; g < G; ++g)
+        tb[size_t(g) * 8 + r] = p.biases ? p.biases[at + g] : p.scales[at + g] * p.shift;
     }
-    hsums256<MR>(bacc, bias);
-    for (int i = 0; i < MR; ++i) {
-      const float* xs = x.xsum + size_t(m0 + i) * num_groups;
-      for (int g = whole; g < num_groups; ++g) bias[i] += (bi ? bi[g] : sc[g] * shift) * xs[g];
-      y[size_t(m0 + i) * ldy + n] = sums[i] + bias[i];
+    const float* t = tb.data();
+    for (int i = 0; i < x.M; ++i) {
+      const float* xs = x.xsum + size_t(i) * G;
+      __m256 l[8];
+      for (int j = 0; j < 8; ++j) l[j] = _mm256_setzero_ps();
+      for (int g = 0; g < whole; g += 8)
+        for (int j = 0; j < 8; ++j)
+          l[j] = _mm256_fmadd_ps(_mm256_loadu_ps(t + size_t(g + j) * 8), _mm256_set1_ps(xs[g + j]),
+                                 l[j]);
+      __m256 sum = _mm256_add_ps(
+          _mm256_add_ps(_mm256_add_ps(l[0], l[4]), _mm256_add_ps(l[2], l[6])),
+          _mm256_add_ps(_mm256_add_ps(l[1], l[5]), _mm256_add_ps(l[3], l[7])));
+      for (int g = whole; g < G; ++g)
+        sum = _mm256_fmadd_ps(_mm256_loadu_ps(t + size_t(g) * 8), _mm256_set1_ps(xs[g]), sum);
+      alignas(32) float v[8];
+      _mm256_store_ps(v, sum);
+      for (int r = 0; r < rows; ++r) out[size_t(n8 + r - b) * x.M + i] = v[r];
     }
   }
 }
@@ -1009,27 +1054,33 @@ constexpr int kParamRows256 = 16;
 
 // One tile of MR rows against a weight row unpacked for all tiles, into y.
 template <int BITS, int MR, bool CENTRED>
-T256 inline void tile256(const QuantX& x, const Row256& r, const float* bi, float shift, int m0,
-                         int n, float* y, size_t ldy, const Tile256& tile) {
+T256 inline void tile256(const QuantX& x, const Row256& r, const float* bias, int m0, int n,
+                         float* y, size_t ldy, const Tile256& tile) {
   __m256 acc[MR];
   row_tile256<BITS, MR, CENTRED, false>(x, r, m0, acc, &tile);
-  store_tile256<MR, CENTRED>(x, r.sc, bi, shift, m0, n, acc, y, ldy);
+  store_tile256<MR, CENTRED>(bias, m0, n, acc, y, ldy);
 }
 
 // Walks weight rows n0..n1, making the params of 16 rows in one call, and calls
-// f(n, scales, biases or null, shift, row bytes) for each row.
-template <class F>
-T256 inline void for_rows256(const QuantW& w, int n0, int n1, F&& f) {
+// f(n, scales, biases or null, shift, bias terms or null, row bytes) for each row. BLOCK: the
+// bias terms of every activation row made 16 weight rows at a time (block_bias256; x.M at
+// row n's pointer), else null (the caller makes them, row_bias256: a decode step's 1-3 rows
+// are too few to pay for the transposed params).
+template <bool BLOCK, class F>
+T256 inline void for_rows256(const QuantX& x, const QuantW& w, int n0, int n1, F&& f) {
   const int num_groups = w.K / w.group_size;
-  thread_local std::vector<float> buf;
+  thread_local std::vector<float> buf, bias;
   buf.resize(2 * size_t(kParamRows256) * num_groups);
+  if (BLOCK) bias.resize(size_t(kParamRows256) * x.M);
   for (int b = n0; b < n1; b += kParamRows256) {
     const int b1 = std::min(n1, b + kParamRows256);
     const RowParams p = row_params256(w, b, b1, buf.data());
+    if (BLOCK) block_bias256(x, p, b, b1, bias.data());
     for (int n = b; n < b1; ++n) {
       const float* sc = p.scales + size_t(n - p.n0) * num_groups;
       const float* bi = p.biases ? p.biases + size_t(n - p.n0) * num_groups : nullptr;
-      f(n, sc, bi, p.shift, w.data + size_t(n) * w.row_bytes);
+      f(n, sc, bi, p.shift, BLOCK ? bias.data() + size_t(n - b) * x.M : nullptr,
+        w.data + size_t(n) * w.row_bytes);
     }
   }
 }
@@ -1041,16 +1092,18 @@ T256 void stream_rows256(const QuantX& x, const QuantW& w, int n0, int n1, float
                          size_t ldy, const size_t* at8, const size_t* odd8) {
   constexpr size_t kAhead = 4096;
   const uint8_t* end = w.data + size_t(w.N) * w.row_bytes;
-  for_rows256(w, n0, n1,
-              [&](int n, const float* sc, const float* bi, float shift, const uint8_t* row)
-                  __attribute__((target("avx2,fma"))) {
-                    const uint8_t* ahead =
-                        size_t(end - row) > kAhead + w.row_bytes ? row + kAhead : row;
-                    const Row256 r{row, sc, w.group_size, nullptr, nullptr, at8, odd8, ahead};
-                    __m256 acc[MR];
-                    row_tile256<BITS, MR, CENTRED, true>(x, r, 0, acc);
-                    store_tile256<MR, CENTRED>(x, sc, bi, shift, 0, n, acc, y, ldy);
-                  });
+  for_rows256<false>(x, w, n0, n1,
+                     [&](int n, const float* sc, const float* bi, float shift, const float*,
+                         const uint8_t* row) __attribute__((target("avx2,fma"))) {
+                       const uint8_t* ahead =
+                           size_t(end - row) > kAhead + w.row_bytes ? row + kAhead : row;
+                       const Row256 r{row, sc, w.group_size, nullptr, nullptr, at8, odd8, ahead};
+                       __m256 acc[MR];
+                       row_tile256<BITS, MR, CENTRED, true>(x, r, 0, acc);
+                       float bias[MR];
+                       if (!CENTRED) row_bias256<MR>(x, sc, bi, shift, 0, bias);
+                       store_tile256<MR, CENTRED>(bias, 0, n, acc, y, ldy);
+                     });
 }
 
 template <int BITS, bool CENTRED>
@@ -1091,8 +1144,9 @@ T256 void rows256(const QuantX& x, const QuantW& w, int n0, int n1, float* y, si
     const int m0 = 4 * t, rows = t + 1 < num_tiles ? 4 : x.M - last;
     tiles.push_back(interleave256(x, m0, rows, tq[t], td[t]));
   }
-  for_rows256(w, n0, n1, [&](int n, const float* sc, const float* bi, float shift,
-                             const uint8_t* row) __attribute__((target("avx2,fma"))) {
+  for_rows256<!CENTRED>(x, w, n0, n1, [&](int n, const float* sc, const float*, float,
+                                           const float* bias, const uint8_t* row)
+                                           __attribute__((target("avx2,fma"))) {
     // the row after next fetched early (the loads of a row's first bytes stalled)
     const uint8_t* next = size_t(end - row) > 3 * w.row_bytes ? row + 2 * w.row_bytes : row;
     for (int c = 0; c < num_chunks; ++c) {
@@ -1116,13 +1170,13 @@ T256 void rows256(const QuantX& x, const QuantW& w, int n0, int n1, float* y, si
     const Row256 r{row, sc, w.group_size, sv.data(), unpacked.data(), at8.data(), odd8.data(),
                    row};
     for (int m = 0; m < last; m += 4)
-      tile256<BITS, 4, CENTRED>(x, r, bi, shift, m, n, y, ldy, tiles[m / 4]);
+      tile256<BITS, 4, CENTRED>(x, r, bias, m, n, y, ldy, tiles[m / 4]);
     const Tile256& lt = tiles.back();
     switch (x.M - last) {
-      case 4: tile256<BITS, 4, CENTRED>(x, r, bi, shift, last, n, y, ldy, lt); break;
-      case 5: tile256<BITS, 5, CENTRED>(x, r, bi, shift, last, n, y, ldy, lt); break;
-      case 6: tile256<BITS, 6, CENTRED>(x, r, bi, shift, last, n, y, ldy, lt); break;
-      case 7: tile256<BITS, 7, CENTRED>(x, r, bi, shift, last, n, y, ldy, lt); break;
+      case 4: tile256<BITS, 4, CENTRED>(x, r, bias, last, n, y, ldy, lt); break;
+      case 5: tile256<BITS, 5, CENTRED>(x, r, bias, last, n, y, ldy, lt); break;
+      case 6: tile256<BITS, 6, CENTRED>(x, r, bias, last, n, y, ldy, lt); break;
+      case 7: tile256<BITS, 7, CENTRED>(x, r, bias, last, n, y, ldy, lt); break;
     }
   });
 }
