@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <type_traits>
 #include <limits>
@@ -19,6 +20,13 @@
 #include "qmatmul.h"
 #include "strided.h"
 #include "vmath.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define FORKV_ATT_X86 1
+#else
+#define FORKV_ATT_X86 0
+#endif
 
 namespace forkv {
 
@@ -57,6 +65,9 @@ struct Args {
   // Where K/V are narrow (`widen` set): read from kh, vh and widened one block at a time.
   HalfView kh, vh;
   WidenFn widen = nullptr;
+  // Float16 K/V that the ISA's block reads where they lie (load_half), for one query row a
+  // (b, h): the rows of a chunk share one widening of each block instead.
+  bool half_direct = false;
   // Where set, K and V rows already widened for a range of keys in time order (a group of
   // query rows' union of one block): key j's rows are kt, vt + (j - t0) * D.
   const float* kt = nullptr;
@@ -154,6 +165,38 @@ FORKV_INLINE V vload_as(const float* p) {
   return v;
 }
 
+// Float16 K/V rows read where they lie (Args::half_direct): a register's worth of halves
+// widened by F16C as it is loaded, the very float32 values the scratch widening writes (the
+// widening is exact), so every sum is the same. A decode step widened each block's K and V
+// into a float32 copy first (128 KiB a block at 64 dims: read back from L2 by every pass).
+// The target functions reach the generic body through `flatten` on the ISA's block function.
+template <typename V>
+V load_half(const uint16_t* p);
+#if FORKV_ATT_X86
+#define T512H16 __attribute__((target("avx512f,avx512vl,avx512dq,fma,f16c")))
+#define T256H16 __attribute__((target("avx2,fma,f16c")))
+template <>
+T512H16 inline vf16 load_half<vf16>(const uint16_t* p) {
+  return vf16(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+}
+template <>
+T256H16 inline vf8 load_half<vf8>(const uint16_t* p) {
+  return vf8(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+#else
+#define T512H16
+#define T256H16
+#endif
+
+// A K or V row's W floats from d on: float32 rows as they are, float16 ones widened.
+template <typename V, typename E>
+FORKV_INLINE V load_row(const E* p) {
+  if constexpr (std::is_same_v<E, float>)
+    return vload_as<V>(p);
+  else
+    return load_half<V>(p);
+}
+
 // The dot products of N query heads with 16 K rows: per head and K row kLanes partial sums
 // over D, then tree(). A key's score is the same whichever 16 keys share the call, whichever
 // KT of them and N heads share a pass over D, and whatever width V holds the lanes in (each
@@ -183,8 +226,8 @@ FORKV_INLINE vf8 trees8(const vf8* x) {
 // KT x N as many as its registers hold. Heads that share a pass read each K row once for all
 // of them (AVX2: the K rows came from L2 once per head, a third of a verify's attention).
 // out[g * 16 + t] is head g's score of key t.
-template <typename V, int KT, int N>
-FORKV_INLINE void dots16(const float* const* q, const float* const* rows, int D, float* out) {
+template <typename V, int KT, int N, typename E>
+FORKV_INLINE void dots16(const float* const* q, const E* const* rows, int D, float* out) {
   constexpr int W = int(sizeof(V) / sizeof(float)), R = kLanes / W;
   vf16 acc[N][16];
   [[maybe_unused]] vf8 half[N][16];  // W == 8: lanes i + (i + 8), tree()'s first step
@@ -196,7 +239,7 @@ FORKV_INLINE void dots16(const float* const* q, const float* const* rows, int D,
     for (int d = 0; d < D; d += kLanes) {
       for (int t = 0; t < KT; ++t)
         for (int r = 0; r < R; ++r) {
-          const V kv = vload_as<V>(rows[t0 + t] + d + r * W);
+          const V kv = load_row<V>(rows[t0 + t] + d + r * W);
           for (int g = 0; g < N; ++g) a[g][t][r] += vload_as<V>(q[g] + d + r * W) * kv;
         }
     }
@@ -223,8 +266,8 @@ FORKV_INLINE void dots16(const float* const* q, const float* const* rows, int D,
 // out_g = sum over keys [lo, hi), in order, of p_g[key] * V[key], for N heads; 16 V columns
 // times U at a time held in registers of V (each column's additions are in key order
 // whatever U and V are).
-template <typename V, int N, int U>
-FORKV_INLINE void weighted(const float* const* ps, const float* const* vrows, int lo, int hi,
+template <typename V, int N, int U, typename E>
+FORKV_INLINE void weighted(const float* const* ps, const E* const* vrows, int lo, int hi,
                            int D, float* const* outs) {
   constexpr int W = int(sizeof(V) / sizeof(float)), R = kLanes * U / W;
   for (int d0 = 0; d0 < D; d0 += kLanes * U) {
@@ -232,9 +275,9 @@ FORKV_INLINE void weighted(const float* const* ps, const float* const* vrows, in
     for (int g = 0; g < N; ++g)
       for (int r = 0; r < R; ++r) acc[g][r] = V{};
     for (int jj = lo; jj < hi; ++jj) {
-      const float* vr = vrows[jj] + d0;
+      const E* vr = vrows[jj] + d0;
       V vv[R];
-      for (int r = 0; r < R; ++r) vv[r] = vload_as<V>(vr + r * W);
+      for (int r = 0; r < R; ++r) vv[r] = load_row<V>(vr + r * W);
       for (int g = 0; g < N; ++g) {
         const float p = ps[g][jj];
         for (int r = 0; r < R; ++r) acc[g][r] += p * vv[r];
@@ -263,6 +306,14 @@ FORKV_INLINE void by_count(int G, F&& f) {
       }
     }
   }
+}
+
+// Keys per pass of dots16 for N heads within a budget of KT (key, head) accumulators: a
+// power of two, so the passes tile its 16 keys.
+constexpr int keys_per_pass(int KT, int N) {
+  int k = 1;
+  while (2 * k * N <= KT && 2 * k <= 16) k *= 2;
+  return k;
 }
 
 template <typename F>
@@ -311,15 +362,16 @@ FORKV_INLINE void lane_sums(const float* x, int lo, int hi, int lane0, float* la
 // block from j0 (n of them): per head its max, its sum of exp(score - max) and the weighted
 // sum of V rows (`part`, G x (2 + D)). Masked keys score -inf and weigh exactly 0, so leaving
 // out those at the block's ends (and the keys past a causal row's end) changes no bit.
-// V the ISA's vector, KT keys per pass of the dot products (KT / N for N heads), NQ heads at
-// most per pass, U x 16 V columns per pass of the weighted sum (as its registers allow; the
-// same bits whatever they are).
-template <typename V, int KT, int U, int NQ>
+// V the ISA's vector, KT (key, head) accumulators per pass of the dot products
+// (keys_per_pass), NQ heads at most per pass (each K row read once for them), U x 16 V
+// columns per pass of the weighted sum (as its registers allow; the same bits whatever they
+// are). E: the K/V rows' element, float or (half_direct) float16.
+template <typename V, int KT, int U, int NQ, typename E = float>
 FORKV_INLINE void block(const Args& a, int b, int h, int i, int j0, int n, float* part,
                         float* scores, float* wide) {
   const int G = a.group(), D = a.D, lane0 = j0 - a.shift(i);
-  const float* krows[kBlock];
-  const float* vrows[kBlock];
+  const E* krows[kBlock];
+  const E* vrows[kBlock];
   int lo = 0, hi = n;
   if (a.mask_kind) {
     auto kept = [&](int jj) {
@@ -332,7 +384,10 @@ FORKV_INLINE void block(const Args& a, int b, int h, int i, int j0, int n, float
   }
   for (int jj = lo; jj < hi; ++jj) {  // only keys in [lo, hi) are read
     const int64_t r = a.at(j0 + jj);
-    if (a.kt) {  // widened once for a group of rows
+    if constexpr (!std::is_same_v<E, float>) {  // float16 rows read where they lie
+      krows[jj] = reinterpret_cast<const E*>(a.kh.p + b * a.kh.s0 + h * a.kh.s1 + r * a.kh.s2);
+      vrows[jj] = reinterpret_cast<const E*>(a.vh.p + b * a.vh.s0 + h * a.vh.s1 + r * a.vh.s2);
+    } else if (a.kt) {  // widened once for a group of rows
       krows[jj] = a.kt + size_t(j0 + jj - a.t0) * D;
       vrows[jj] = a.vt + size_t(j0 + jj - a.t0) * D;
     } else if (a.widen) {  // narrow K/V: this block's rows widened once for all G heads
@@ -387,10 +442,10 @@ FORKV_INLINE void block(const Args& a, int b, int h, int i, int j0, int n, float
     for (int t = 0; t < N; ++t)
       qs[t] = a.q.p + b * a.q.s0 + (h * G + g0 + t) * a.q.s1 + int64_t(i) * a.q.s2;
     for (int c = lo; c < hi; c += 16) {
-      const float* rows[16];
+      const E* rows[16];
       for (int t = 0; t < 16; ++t) rows[t] = krows[std::min(c + t, hi - 1)];
       alignas(64) float s[N * 16];
-      dots16<V, (KT / N > 1 ? KT / N : 1), N>(qs, rows, D, s);
+      dots16<V, keys_per_pass(KT, N), N>(qs, rows, D, s);
       for (int t = 0; t < N; ++t) put(g0 + t, c, s + t * 16);
     }
   });
@@ -446,11 +501,25 @@ FORKV_INLINE void combine(int D, int nb, const float* first, size_t stride, floa
 // rows widened (2 x kBlock x D).
 using Scratch = std::vector<float>;
 
-T512F void block512(const Args& a, int b, int h, int i, int j0, int n, float* part, Scratch& s) {
-  block<vf16, 16, 4, 1>(a, b, h, i, j0, n, part, s.data(), s.data() + size_t(a.group()) * kBlock);
+// AVX-512 too takes up to 4 heads a pass: with K read where it lies, each row is widened once
+// for them (one head a pass widened it G times).
+T512H16 __attribute__((flatten)) void block512(const Args& a, int b, int h, int i, int j0, int n,
+                                               float* part, Scratch& s) {
+  float* wide = s.data() + size_t(a.group()) * kBlock;
+#if FORKV_ATT_X86
+  if (a.half_direct)
+    return block<vf16, 16, 4, 4, uint16_t>(a, b, h, i, j0, n, part, s.data(), wide);
+#endif
+  block<vf16, 16, 4, 4>(a, b, h, i, j0, n, part, s.data(), wide);
 }
-T256F void block256(const Args& a, int b, int h, int i, int j0, int n, float* part, Scratch& s) {
-  block<vf8, 4, 1, 4>(a, b, h, i, j0, n, part, s.data(), s.data() + size_t(a.group()) * kBlock);
+T256H16 __attribute__((flatten)) void block256(const Args& a, int b, int h, int i, int j0, int n,
+                                               float* part, Scratch& s) {
+  float* wide = s.data() + size_t(a.group()) * kBlock;
+#if FORKV_ATT_X86
+  if (a.half_direct)
+    return block<vf8, 4, 1, 4, uint16_t>(a, b, h, i, j0, n, part, s.data(), wide);
+#endif
+  block<vf8, 4, 1, 4>(a, b, h, i, j0, n, part, s.data(), wide);
 }
 void block_portable(const Args& a, int b, int h, int i, int j0, int n, float* part, Scratch& s) {
   block<vf4, 4, 1, 1>(a, b, h, i, j0, n, part, s.data(), s.data() + size_t(a.group()) * kBlock);
@@ -472,7 +541,8 @@ using CombineFn = void (*)(int, int, const float*, size_t, float*);
 void run_block(const Args& a, BlockFn fn, int b, int h, int i, int blk, float* part,
                Scratch& s) {
   const int j0 = a.block_start(i, blk), n = std::min(a.visible(i), a.block_start(i, blk + 1)) - j0;
-  s.resize(size_t(a.group()) * kBlock + (a.widen ? size_t(2) * kBlock * a.D : 0));
+  s.resize(size_t(a.group()) * kBlock +
+           (a.widen && !a.half_direct ? size_t(2) * kBlock * a.D : 0));
   fn(a, b, h, i, j0, n, part, s);
 }
 
@@ -515,7 +585,8 @@ void run_attention(const Args& a, float* out, Isa isa) {
       const int b = gi / per_bh / a.Hkv, h = gi / per_bh % a.Hkv;
       const int i0 = gi % per_bh * R, i1 = std::min(a.L, i0 + R);
       Args ga = a;
-      if (a.widen) {  // the rows' union of this block, widened once, in time order
+      // narrow K/V of a chunk: the rows' union of this block, widened once, in time order
+      if (a.widen && !a.half_direct) {
         int lo = a.S, hi = 0;
         for (int i = i0; i < i1; ++i) {
           if (blk >= a.blocks(i)) continue;
@@ -674,6 +745,7 @@ void attention_eval(const std::vector<mx::array>& in, float* out, float scale, i
     a.v = widened(in[2], widen_fn(kv, isa), a.D, vbuf);
   } else {  // each block's rows widened where they are read (a group's once: run_attention)
     a.widen = widen_fn(kv, isa);
+    a.half_direct = kv == KvType::float16 && isa != Isa::scalar && a.L == 1;
     const auto& ks = in[1].strides();
     const auto& vs = in[2].strides();
     const int64_t item = int64_t(in[1].itemsize());
