@@ -1000,7 +1000,8 @@ T256 inline void row_bias256(const QuantX& x, const float* sc, const float* bi, 
     bacc[i] = _mm256_setzero_ps();
     for (int g = 0; g < whole; g += 8)
       bacc[i] = _mm256_fmadd_ps(
-          bi ? _mm256_loadu_ps(bi + g) : _mm256_mul_ps(_mm256_loadu_ps(sc + g), _mm256_set1_ps(shift)),
+          bi ? _mm256_loadu_ps(bi + g)
+             : _mm256_mul_ps(_mm256_loadu_ps(sc + g), _mm256_set1_ps(shift)),
           _mm256_loadu_ps(xs + g), bacc[i]);
   }
   hsums256<MR>(bacc, out);
