@@ -502,25 +502,28 @@ FORKV_INLINE void combine(int D, int nb, const float* first, size_t stride, floa
 // rows widened (2 x kBlock x D).
 using Scratch = std::vector<float>;
 
+// A vector ISA's block: float16 K/V read where they lie (half_direct), others as `block` reads
+// them. Its callers carry `flatten`, which brings load_half's F16C into them.
+template <typename V, int KT, int U, int NQ>
+FORKV_INLINE void block_simd(const Args& a, int b, int h, int i, int j0, int n, float* part,
+                             Scratch& s) {
+  float* wide = s.data() + size_t(a.group()) * kBlock;
+#if FORKV_ATT_X86
+  if (a.half_direct)
+    return block<V, KT, U, NQ, uint16_t>(a, b, h, i, j0, n, part, s.data(), wide);
+#endif
+  block<V, KT, U, NQ>(a, b, h, i, j0, n, part, s.data(), wide);
+}
+
 // AVX-512 too takes up to 4 heads a pass: with K read where it lies, each row is widened once
 // for them (one head a pass widened it G times).
 T512H16 __attribute__((flatten)) void block512(const Args& a, int b, int h, int i, int j0, int n,
                                                float* part, Scratch& s) {
-  float* wide = s.data() + size_t(a.group()) * kBlock;
-#if FORKV_ATT_X86
-  if (a.half_direct)
-    return block<vf16, 16, 4, 4, uint16_t>(a, b, h, i, j0, n, part, s.data(), wide);
-#endif
-  block<vf16, 16, 4, 4>(a, b, h, i, j0, n, part, s.data(), wide);
+  block_simd<vf16, 16, 4, 4>(a, b, h, i, j0, n, part, s);
 }
 T256H16 __attribute__((flatten)) void block256(const Args& a, int b, int h, int i, int j0, int n,
                                                float* part, Scratch& s) {
-  float* wide = s.data() + size_t(a.group()) * kBlock;
-#if FORKV_ATT_X86
-  if (a.half_direct)
-    return block<vf8, 4, 1, 4, uint16_t>(a, b, h, i, j0, n, part, s.data(), wide);
-#endif
-  block<vf8, 4, 1, 4>(a, b, h, i, j0, n, part, s.data(), wide);
+  block_simd<vf8, 4, 1, 4>(a, b, h, i, j0, n, part, s);
 }
 void block_portable(const Args& a, int b, int h, int i, int j0, int n, float* part, Scratch& s) {
   block<vf4, 4, 1, 1>(a, b, h, i, j0, n, part, s.data(), s.data() + size_t(a.group()) * kBlock);
