@@ -123,7 +123,8 @@ class Engine:
             # A text row decoding alone runs on its own plain caches (batchcache.py), new
             # objects sharing the prompt cache's arrays until the first write; vision rows
             # always decode through batch caches (per-row position state).
-            copy = None if self.lm.is_vision else partial(share, make_cache=self.lm.make_cache)
+            copy = None if self.lm.is_vision else partial(share, make_cache=self.lm.make_cache,
+                                                          room=True)
             self.budget = self._make_budget()
             self.scheduler = Scheduler(self.runner, self.prefix, self.block_size,
                                        self.config.max_seqs, self.config.prefill_budget,

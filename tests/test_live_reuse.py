@@ -514,3 +514,127 @@ def test_a_prompt_sent_again_compares_one_entrys_kv_at_most(monkeypatch):
         assert all(k in entries for e in entries.values() for k in e.differs)
     finally:
         fast.close()
+
+
+def _siblings(lm, monkeypatch, split: bool) -> tuple[list, int, dict]:
+    """Two questions on one document, then the second's next turn and a cut inside the
+    document: every output, the mlx bytes the pool held after the second, its stats."""
+    import gc
+
+    import mlx.core as mx
+
+    from forkv.engine.cache import live
+
+    if not split:
+        monkeypatch.setattr(live.LivePool, "_split_from", lambda *a, **k: None)
+    fast = _engine(lm, reuse="fast")
+    doc = random_tokens(700, seed=40)
+    try:
+        gc.collect()
+        before = mx.get_active_memory()
+        outs = [fast.generate(doc + random_tokens(40, seed=41), GREEDY)]
+        two = doc + random_tokens(30, seed=42)
+        outs.append(fast.generate(two, GREEDY))
+        gc.collect()
+        held = mx.get_active_memory() - before
+        outs.append(fast.generate(two + outs[1].token_ids[:-1] + random_tokens(20, seed=43),
+                                  GREEDY))
+        outs.append(fast.generate(doc[:650] + random_tokens(25, seed=44), GREEDY))
+        pool = fast.prefix.live
+        for e in pool.entries.values():
+            for c in e.cache:
+                if isinstance(c, live.SplitKV):  # its parts: the document's, and its own
+                    assert c.p == e.split_of[1] and c.p in (650, len(doc))
+                    assert c.tail_keys.shape[2] == len(e.tokens) - c.p
+        return [(o.token_ids, o.logprobs, o.timings.reused_tokens) for o in outs], held, \
+            pool.stats.as_dict()
+    finally:
+        monkeypatch.undo()
+        fast.close()
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+def test_siblings_of_one_prompt_keep_one_copy_of_its_global_kv(arch, monkeypatch):
+    """Two questions on one document are siblings: neither holds the other. The second's
+    entries hold the document's global K/V as views of the first's and their own tokens as
+    a copy (SplitKV), so its own full buffers go once it finishes. Requests continuing the
+    sibling past the shared prefix, or cut inside it, get the very bits they get with every
+    entry whole."""
+    lm = load_tiny(arch)
+    whole, held_whole, stats_whole = _siblings(lm, monkeypatch, split=False)
+    split, held_split, stats = _siblings(lm, monkeypatch, split=True)
+    assert stats_whole["split"] == 0 and stats["split"] >= 2  # the fork's prompt and answer
+    assert split == whole  # tokens, logprobs and reused tokens, bit for bit
+    assert [r for _, _, r in split][2:] == [730 + len(whole[1][0]) - 1, 650]
+    assert held_split < held_whole  # the second sibling's copy of the document is gone
+
+
+def test_a_split_entry_cut_gives_the_whole_kv_bit_for_bit():
+    """SplitKind.cut: inside the prefix, views of the base; past it, the base's and the
+    tail's bytes in one buffer with a step of room; equal to the full cache's either way."""
+    import mlx.core as mx
+
+    from forkv.engine.cache.kinds.kv import SplitKind, SplitKV
+    from mlx_lm.models.cache import KVCache
+
+    rng = [mx.random.normal((1, 2, 300, 16)) for _ in range(2)]
+    whole = KVCache()
+    whole.update_and_fetch(rng[0], rng[1])
+    base = KVCache()
+    base.update_and_fetch(rng[0][..., :280, :], rng[1][..., :280, :])
+    part = SplitKV(whole, base.keys[..., :260, :], base.values[..., :260, :], 260)
+    assert part.p == 260 and part.offset == 300 and part.tail_keys.shape[2] == 40
+    for u in (1, 259, 260, 261, 300):
+        got = SplitKind.cut(part, KVCache(), 300, u)
+        assert got.offset == u
+        assert mx.array_equal(got.keys[..., :u, :], rng[0][..., :u, :]).item()
+        assert mx.array_equal(got.values[..., :u, :], rng[1][..., :u, :]).item()
+        k, v = got.update_and_fetch(rng[0][..., :1, :], rng[1][..., :1, :])  # still grows
+        assert k.shape[2] == u + 1
+    with pytest.raises(TypeError):
+        SplitKind.cut(part, object(), 300, 10)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+def test_a_next_turn_takes_the_siblings_prefix_along(arch, monkeypatch):
+    """A document's first answer, a fork of it (a split entry over the first's K/V), then the
+    first answer's next turn, whose entries the first's become views of: the fork's prefix is
+    read from the new buffer too (`_rebase_splits`), so the old one goes; outputs are the
+    same bits as without."""
+    import gc
+
+    import mlx.core as mx
+
+    from forkv.engine.cache import live
+    from forkv.engine.cache.kinds.kv import SplitKV
+
+    lm = load_tiny(arch)
+    doc = random_tokens(700, seed=60)
+
+    def run(rebase: bool):
+        if not rebase:
+            monkeypatch.setattr(live.LivePool, "_rebase_splits", lambda self, new: None)
+        fast = _engine(lm, reuse="fast")
+        try:
+            gc.collect()
+            before = mx.get_active_memory()
+            first = fast.generate(doc + random_tokens(20, seed=61), GREEDY)
+            fork = fast.generate(doc + random_tokens(25, seed=62), GREEDY)
+            nxt = fast.generate(doc + random_tokens(20, seed=61) + first.token_ids[:-1]
+                                + random_tokens(30, seed=63), GREEDY)
+            gc.collect()
+            held = mx.get_active_memory() - before
+            pool = fast.prefix.live
+            splits = [e for e in pool.entries.values()
+                      if any(isinstance(c, SplitKV) for c in e.cache)]
+            assert splits
+            outs = [(o.token_ids, o.logprobs) for o in (first, fork, nxt)]
+            return outs, held
+        finally:
+            monkeypatch.undo()
+            fast.close()
+
+    outs_off, held_off = run(rebase=False)
+    outs_on, held_on = run(rebase=True)
+    assert outs_on == outs_off
+    assert held_on < held_off

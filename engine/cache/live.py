@@ -31,8 +31,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from . import kinds as _kinds
-from .kinds.base import sharing
+from .kinds.base import copy_array, sharing
 from .kinds.kv import GlobalKind as _GLOBAL
+from .kinds.kv import SplitKV
 from .blocks import as_list, shared_prefix
 
 REUSE_MODES = ("exact", "fast")
@@ -55,6 +56,9 @@ class LiveEntry:
     # tokens (a compare that failed: not run again on each later put whose chain reaches
     # this entry); pruned to the pool's entries
     differs: dict = field(default_factory=dict)
+    # (entry, p): its global K/V over the first p tokens are that entry's (a sibling's), bit
+    # for bit, held as views of them (`SplitKV`); that entry may have left the pool
+    split_of: tuple | None = None
 
 
 @dataclass(slots=True)
@@ -67,6 +71,7 @@ class LiveStats:
     evicted: int = 0
     released: int = 0
     replaced: int = 0  # entries that left for a newer one holding the very same tokens
+    split: int = 0  # entries that hold a sibling's prefix as views of its K/V (SplitKV)
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__slots__}
@@ -104,6 +109,8 @@ def _share_kv(short, long_, p: int, check_from: int = 0) -> bool:
     (True for a layer that is not global K/V: nothing of it is shared)."""
     import mlx.core as mx
 
+    if isinstance(short, SplitKV) or isinstance(long_, SplitKV):
+        return False  # (held in parts: not a view, nor one to be viewed)
     if _kinds.kind_of(short) is not _GLOBAL:
         return True
     if (type(short) is not type(long_) or short.keys is None or long_.keys is None
@@ -119,6 +126,25 @@ def _share_kv(short, long_, p: int, check_from: int = 0) -> bool:
     mx.eval(keys, values)  # (views of long_'s buffer: evaluated here, on the engine thread)
     short.keys, short.values = keys, values
     return True
+
+
+def _sibling_prefix(new, old, p: int) -> tuple | None:
+    """(keys, values) of `old`'s first `p` tokens as views, where `new` (holding more than
+    `p`) is a global-layer K/V cache of the same class and dtype that a `SplitKV` over them
+    can stand for; None otherwise."""
+    if isinstance(old, SplitKV):
+        if p > old.p or type(new) is not old.cache_type:
+            return None
+        keys, values = old.prefix(p)
+    elif (_kinds.kind_of(old) is _GLOBAL and old.keys is not None and old.offset >= p
+            and type(old) is type(new)):
+        keys, values = old.keys[..., :p, :], old.values[..., :p, :]
+    else:
+        return None
+    if (_kinds.kind_of(new) is not _GLOBAL or new.keys is None or new.offset <= p
+            or keys.dtype != new.keys.dtype or keys.shape != new.keys[..., :p, :].shape):
+        return None
+    return keys, values
 
 
 def _chain(entry: LiveEntry) -> list[LiveEntry]:
@@ -203,13 +229,25 @@ def cache_nbytes(cache: list) -> int:
     return sum(int(getattr(c, "nbytes", 0) or 0) for c in cache)
 
 
-def share(cache: list, make_cache: Callable) -> list:
+def share(cache: list, make_cache: Callable, room: bool = False) -> list:
     """Caches equal to `cache`, new objects holding its arrays: nothing is copied until one
     side writes, and then only what it writes over (mlx-lm's K/V caches grow by copying
-    anyway, sliding windows rewrite a ring of a few hundred tokens)."""
+    anyway, sliding windows rewrite a ring of a few hundred tokens). `room`: global layers
+    hold the whole buffer, the room after their tokens too (a decoding row's: its updates
+    write there, in place where it owns the buffer's tail: native/kvcache.py `own_tails`),
+    not a slice of their tokens that its first update must copy whole to grow."""
     with sharing():
-        return [k.load_whole(new, k.save_whole(c))
+        return [_whole_buffer(c, new) if room and k is _GLOBAL and c.keys is not None
+                else k.load_whole(new, k.save_whole(c))
                 for c, new, k in zip(cache, make_cache(), _kinds_of(cache))]
+
+
+def _whole_buffer(cache, fresh):
+    """`fresh` holding `cache`'s tokens in new array objects over its whole buffers (inside
+    `sharing()`: an update assigns into its array object, which `cache` must not see)."""
+    fresh.keys, fresh.values = copy_array(cache.keys), copy_array(cache.values)
+    fresh.offset = cache.offset
+    return fresh
 
 
 class LivePool:
@@ -305,6 +343,11 @@ class LivePool:
         source_root = _root(source) if source is not None else None
         olds = sorted((e for e in self.entries.values() if e.tag == new.tag and e.cache),
                       key=lambda e: len(e.tokens), reverse=True)
+        # The sibling `new` shares most with (both go on past what they share), if at least
+        # half of `new`: `new` then holds that prefix as views of it (`_split_from`), and an
+        # entry holding no more than the prefix need not become a view of `new`. (Longest
+        # first: a sibling sharing p comes before every entry of p tokens or fewer.)
+        sibling, based = None, False  # (based: `new` became a view, or one a view of it)
         for old in olds:
             chain, old_root = _chain(new), _root(old)  # (new's changes as it comes to read one)
             same_root = old_root is chain[-1]
@@ -314,8 +357,17 @@ class LivePool:
                 p = known + shared_prefix(old.tokens[known:], new.tokens[known:])
             else:
                 p = shared_prefix(old.tokens, new.tokens)
-            if p < _SHARE_MIN or p not in (len(old.tokens), len(new.tokens)):
+            if p < _SHARE_MIN:
                 continue
+            if p not in (len(old.tokens), len(new.tokens)):  # siblings: both go on past p
+                if 2 * p >= len(new.tokens) and (sibling is None or p > sibling[1]):
+                    sibling = (old, p)
+                continue
+            if p == len(old.tokens) < len(new.tokens) and sibling is not None \
+                    and p <= sibling[1]:
+                continue  # (it begins the sibling's prefix too: `new` will read that)
+            if any(isinstance(c, SplitKV) for c in old.cache):
+                continue  # (held in parts, it is no view and has none to give)
             short, long_ = (old, new) if p == len(old.tokens) else (new, old)
             canonical = min(short.canonical_to, long_.canonical_to) >= p
             check_from = (p - 1) // self.block_size * self.block_size if canonical else 0
@@ -328,10 +380,71 @@ class LivePool:
                 continue  # found to differ from `new`'s chain where both hold: no compare
             if all([_share_kv(a, b, p, check_from) for a, b in zip(short.cache, long_.cache)]):
                 short.view_of = long_
+                based = True
                 for k, n in short.differs.items():  # (long_ equals it where those differ)
                     long_.differs[k] = min(n, long_.differs.get(k, n))
             else:
                 new.differs[id(old)] = min(p, new.differs.get(id(old), p))
+        if sibling is not None and not based:
+            self._split_from(new, *sibling, source_root, known, source)
+        elif based and new.view_of is None:
+            self._rebase_splits(new)
+
+    def _rebase_splits(self, new: LiveEntry) -> None:
+        """Split entries whose prefix is that of an entry now on `new`'s chain read it from
+        `new`'s buffer instead: entries that became views of `new` left their old buffer,
+        which the splits' views would otherwise keep whole (a rewind's next turn kept the
+        conversation's K/V twice). No compare: the split equals its base over its prefix,
+        the base `new` over the base's tokens."""
+        for e in self.entries.values():
+            if e.split_of is None or e is new or e.tag != new.tag:
+                continue
+            base, p = e.split_of
+            if base is new or _root(base) is not new or p > len(new.tokens):
+                continue
+            if not all(isinstance(c, SplitKV) <= (_kinds.kind_of(n) is _GLOBAL
+                                                   and n.keys is not None and n.offset >= p)
+                       for c, n in zip(e.cache, new.cache)):
+                continue
+            for c, n in zip(e.cache, new.cache):
+                if isinstance(c, SplitKV):
+                    c.base_keys, c.base_values = n.keys[..., :p, :], n.values[..., :p, :]
+            e.split_of = (new, p)
+
+    def _split_from(self, new: LiveEntry, old: LiveEntry, p: int, source_root, known: int,
+                    source) -> None:
+        """`new`'s global layers held as `old`'s first `p` tokens and its own after them
+        (`SplitKV`), where equal bit for bit there: siblings of one prefix (a fork, a
+        regenerated answer, a rewind) keep one copy of it instead of one each. Compared from
+        where it is known equal: the source `new` continued (its first `known` tokens), or,
+        both canonical through p, the last block boundary before p (as `_share_prefixes`)."""
+        if any(e.differs.get(id(old), p + 1) <= p for e in _chain(new)):
+            return  # found to differ where both hold
+        canonical = min(new.canonical_to, old.canonical_to) >= p
+        check_from = (p - 1) // self.block_size * self.block_size if canonical else 0
+        if old is source or _root(old) is source_root:
+            check_from = max(check_from, min(known, p))
+        if source is not None and source.split_of is not None:  # (a fork's answer: its
+            base, q = source.split_of  # prompt's entry was split from `old` already)
+            if base is old or _root(base) is _root(old):
+                check_from = max(check_from, min(q, known, p))
+        globals_ = [i for i, c in enumerate(new.cache)
+                    if _kinds.kind_of(c) is _GLOBAL and c.keys is not None]
+        views = {i: _sibling_prefix(new.cache[i], old.cache[i], p) for i in globals_}
+        if not globals_ or any(v is None for v in views.values()):
+            return  # (all or none: the prefix is one, not a layer's)
+        a = check_from
+        pairs = [pair for i, (k, v) in views.items() for pair in (
+            (k[..., a:, :], new.cache[i].keys[..., a:p, :]),
+            (v[..., a:, :], new.cache[i].values[..., a:p, :]))]
+        if a < p and not same_bits(pairs):
+            new.differs[id(old)] = min(p, new.differs.get(id(old), p))
+            return
+        cache = list(new.cache)  # (a new list: the request may still run the one it gave)
+        for i, (k, v) in views.items():
+            cache[i] = SplitKV(cache[i], k, v, p)
+        new.cache, new.split_of = cache, (_root(old), p)  # (equal to old's root there too)
+        self.stats.split += 1
 
     def shrink_to(self, limit: int) -> None:
         """Evict least recently used entries until the pool holds at most `limit` bytes (the
@@ -357,7 +470,7 @@ class LivePool:
             self.stats.replaced += 1
         if why != "released" and entry.on_leave is not None:
             entry.on_leave()
-        entry.cache, entry.on_leave = [], None
+        entry.cache, entry.on_leave, entry.split_of = [], None, None
 
     def best(self, tokens: Sequence[int], tag: bytes) -> tuple[LiveEntry | None, int]:
         """The entry of namespace `tag` that gives `tokens` the longest usable prefix (always
@@ -403,7 +516,7 @@ class LivePool:
         self.stats.tokens += u
         out = [k.hand_over(c, new, u) for c, new, k in
                zip(entry.cache, self.make_cache(), _kinds_of(entry.cache))]
-        entry.cache = []
+        entry.cache, entry.split_of = [], None
         return out
 
     def take(self, entry: LiveEntry, u: int) -> list:

@@ -16,7 +16,7 @@ files or fingerprints.
 from __future__ import annotations
 
 __all__ = ["KV_CHOICES", "KV_DTYPES", "Q8_GROUP", "Q8_GROUP_BYTES", "bytes_per_token",
-           "dequantize_q8", "half_caches", "kv_dtype_of", "kv_row_widths"]
+           "dequantize_q8", "half_caches", "kv_dtype_of", "kv_row_widths", "own_tails"]
 
 KV_DTYPES = ("float16", "bfloat16", "q8_0", "float32")
 KV_CHOICES = ("auto", *KV_DTYPES)  # the setting's values (auto: native.DEFAULT_KV_DTYPE)
@@ -82,21 +82,22 @@ def _half_class(cls: type, dtype: str) -> type:
         return sub
     import mlx.core as mx
 
-    if dtype == "q8_0":
-        from . import load
+    from . import load
 
-        quantize = load().quantize_kv
+    lib = load()
+    store = _in_place(cls, lib) if cls.__name__ == "KVCache" else cls.update_and_fetch
+    if dtype == "q8_0":
+        quantize = lib.quantize_kv
 
         def update_and_fetch(self, keys, values):
             # (fused decoder layers hand over q8_0 rows already: native/blocks.py)
-            return cls.update_and_fetch(
-                self, keys if keys.dtype == mx.uint8 else quantize(keys),
-                values if values.dtype == mx.uint8 else quantize(values))
+            return store(self, keys if keys.dtype == mx.uint8 else quantize(keys),
+                         values if values.dtype == mx.uint8 else quantize(values))
     else:
         target = getattr(mx, dtype)
 
         def update_and_fetch(self, keys, values):
-            return cls.update_and_fetch(self, keys.astype(target), values.astype(target))
+            return store(self, keys.astype(target), values.astype(target))
 
     def merge(_, caches):
         return _swap(cls.merge(caches), dtype)
@@ -106,12 +107,59 @@ def _half_class(cls: type, dtype: str) -> type:
 
     body = {"update_and_fetch": update_and_fetch, "merge": classmethod(merge),
             "_forkv_kv_dtype": dtype, "_forkv_base": cls,
+            "_forkv_in_place": cls.__name__ == "KVCache",
             # Same name and module: kinds, layouts and batch checks see mlx-lm's class.
             "__module__": cls.__module__, "__qualname__": cls.__qualname__}
     if hasattr(cls, "extract"):
         body["extract"] = extract
     sub = _subclasses[(cls, dtype)] = type(cls.__name__, (cls,), body)
     return sub
+
+
+def own_tails(caches: list) -> None:
+    """Mark the K/V caches among `caches` (one decoding row's, a CacheList's children too) as
+    the only writers of their buffers from their current length on: other caches may share
+    the buffer (the live pool's entry of the prompt), reading only tokens before it. Their
+    updates there write into the buffer (`kv_write`) instead of copying it whole."""
+    for c in caches:
+        for leaf in getattr(c, "caches", None) or (c,):
+            if getattr(type(leaf), "_forkv_in_place", False) and leaf.keys is not None:
+                leaf._forkv_floor = leaf.offset
+
+
+def _in_place(cls: type, lib):
+    """mlx-lm's `KVCache.update_and_fetch`, whose update writes into the buffer in place
+    (`lib.kv_write`) where the cache owns it from its `_forkv_floor` on (`own_tails`) and the
+    buffer has room; otherwise mlx-lm's own (a copy where the buffer is shared). The same
+    values in the same places either way."""
+    import mlx.core as mx
+
+    def update_and_fetch(self, keys, values):
+        prev, floor = self.offset, getattr(self, "_forkv_floor", None)
+        if (floor is None or self.keys is None or prev + keys.shape[2] > self.keys.shape[2]
+                or (prev < floor and not _holds(self, keys, values, prev, floor, mx))):
+            return cls.update_and_fetch(self, keys, values)
+        self.keys = lib.kv_write(self.keys, keys, prev)
+        self.values = lib.kv_write(self.values, values, prev)
+        self.offset = prev + keys.shape[2]
+        return self.keys_and_values()
+
+    return update_and_fetch
+
+
+def _holds(cache, keys, values, prev: int, floor: int, mx) -> bool:
+    """Whether `cache`'s buffer already holds, bit for bit, what an update at `prev` writes
+    before `floor` (the tokens others may read): a decode boundary's recompute of a block
+    that began inside the shared prompt gives its tokens' very bits (the kernels' rows do not
+    depend on the chunking), so it may write them over in place. Evaluates those few rows."""
+    n = min(floor, prev + keys.shape[2]) - prev
+    uint = {1: mx.uint8, 2: mx.uint16, 4: mx.uint32}.get(keys.dtype.size)
+    if uint is None or keys.dtype != cache.keys.dtype:
+        return False
+    pairs = [(mx.view(cache.keys[..., prev:prev + n, :], uint), mx.view(keys[..., :n, :], uint)),
+             (mx.view(cache.values[..., prev:prev + n, :], uint),
+              mx.view(values[..., :n, :], uint))]
+    return all(bool(mx.array_equal(a, b).item()) for a, b in pairs)
 
 
 def dequantize_q8(x):

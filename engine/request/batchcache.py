@@ -19,6 +19,8 @@ Knows nothing about tokens, sampling or stores.
 
 from __future__ import annotations
 
+from ..native.kvcache import own_tails
+
 
 def merge_blocker(caches: list) -> str | None:
     """Why these caches (from `make_cache()`) cannot be merged into a batch, or None if they can."""
@@ -52,8 +54,10 @@ class BatchCache:
         if not self.mergeable:
             assert self.num_rows == 0, "a batch of unmergeable caches holds one row"
             self.caches = row
+            own_tails(row)  # (the live pool's entry of the prompt holds other objects)
         elif self.solo and self.num_rows == 0:
             self.caches = self.copy(row)
+            own_tails(self.caches)  # (new objects: the pool may keep the row's own)
         else:
             if self.solo and self.num_rows == 1:  # the lone row joins a batch
                 self.caches = [type(c).merge([c]) for c in self.caches]

@@ -99,3 +99,69 @@ def _filled(cache, ks: list, vs: list, n: int, why: str):
     cache.values = vs[0] if len(vs) == 1 else mx.concatenate(vs, axis=2)
     cache.offset = n
     return cache
+
+
+class SplitKV:
+    """A live pool entry's global-layer K/V held in two parts: the first `p` tokens as views of
+    another entry's buffer (a sibling branch: both continue one prefix, neither holds the
+    other), and its own tokens after them as a copy of those alone. A fork of a 32K-token
+    prompt then keeps its few hundred tokens, not a second copy of the 32K (Gemma 3 270M:
+    ~104 MiB at float16). Only the pool holds one; `cut` gives a request an mlx-lm cache."""
+
+    __slots__ = ("base_keys", "base_values", "tail_keys", "tail_values", "offset", "cache_type")
+
+    def __init__(self, cache, base_keys, base_values, p: int):
+        import mlx.core as mx
+
+        n = cache.offset
+        self.base_keys, self.base_values = base_keys, base_values  # [..., :p, :] views
+        self.tail_keys = mx.array(cache.keys[..., p:n, :])  # (copies: not the whole buffer)
+        self.tail_values = mx.array(cache.values[..., p:n, :])
+        self.offset, self.cache_type = n, type(cache)
+        mx.eval(self.tail_keys, self.tail_values)
+
+    @property
+    def p(self) -> int:
+        return int(self.base_keys.shape[2])
+
+    @property
+    def state(self) -> tuple:
+        return self.base_keys, self.base_values, self.tail_keys, self.tail_values
+
+    @property
+    def nbytes(self) -> int:  # (as a whole cache counts its slices: the budget errs safe)
+        return sum(a.nbytes for a in self.state)
+
+    def prefix(self, u: int) -> tuple:
+        """(keys, values) of its first `u` <= p tokens: views of the base's buffer."""
+        return self.base_keys[..., :u, :], self.base_values[..., :u, :]
+
+
+@register
+class SplitKind(RecordKind):
+    """A `SplitKV` in the live pool: cut anywhere, as a whole K/V cache."""
+
+    cache_classes = (f"{SplitKV.__module__}.{SplitKV.__qualname__}",)
+
+    @classmethod
+    def can_cut(cls, cache, n_tokens: int, u: int) -> bool:
+        return True
+
+    @classmethod
+    def cut(cls, cache, fresh, n_tokens: int, u: int):
+        p = cache.p
+        if type(fresh) is not cache.cache_type:
+            raise TypeError(f"a split K/V of {cache.cache_type.__name__} cut into "
+                            f"{type(fresh).__name__}")
+        if u <= p:  # the base's views, as GlobalKind.cut gives
+            fresh.keys, fresh.values = cache.prefix(u)
+            fresh.offset = u
+            return fresh
+        # one copy with a step of room: the request's first update writes into it in place
+        return _filled(fresh, [cache.base_keys, cache.tail_keys[..., :u - p, :]],
+                       [cache.base_values, cache.tail_values[..., :u - p, :]], u,
+                       f"the split K/V does not hold {u} tokens")
+
+    @classmethod
+    def hand_over(cls, cache, fresh, u: int):
+        return cls.cut(cache, fresh, cache.offset, u)

@@ -7,6 +7,7 @@
 #include "activation.h"
 #include "attention.h"
 #include "block.h"
+#include "kvwrite.h"
 #include "pool.h"
 #include "rowwise.h"
 #include "qgemm.h"
@@ -26,6 +27,7 @@ NB_MODULE(_forkv_native, m) {
   m.def("attention", &forkv::attention, "q"_a, "k"_a, "v"_a, "scale"_a, "mask"_a = nb::none(),
         "causal"_a = false, "rot"_a = 0);
   m.def("quantize_kv", &forkv::quantize_kv, "x"_a);
+  m.def("kv_write", &forkv::kv_write, "buf"_a, "upd"_a, "pos"_a);
   m.def("attn_in", &forkv::attn_in, "x"_a, "norm"_a, "qk_norms"_a, "arrays"_a, "specs"_a,
         "eps"_a, "norm_offset"_a, "qk_eps"_a, "n_heads"_a, "n_kv_heads"_a, "head_dim"_a,
         "rope_dims"_a, "rope_traditional"_a, "rope_base"_a, "rope_scale"_a, "offset"_a,
