@@ -369,11 +369,7 @@ class LivePool:
             if any(isinstance(c, SplitKV) for c in old.cache):
                 continue  # (held in parts, it is no view and has none to give)
             short, long_ = (old, new) if p == len(old.tokens) else (new, old)
-            canonical = min(short.canonical_to, long_.canonical_to) >= p
-            check_from = (p - 1) // self.block_size * self.block_size if canonical else 0
-            if old is source or old_root is source_root:
-                # (it equals the source over what both hold, `new` the source over `known`)
-                check_from = max(check_from, min(known, p))
+            check_from = self._known_equal(new, old, p, source, source_root, known)
             if same_root:
                 check_from = p  # both equal one entry over their own tokens: so over p
             elif any(e.differs.get(id(old), p + 1) <= p for e in chain):
@@ -389,6 +385,18 @@ class LivePool:
             self._split_from(new, *sibling, source_root, known, source)
         elif based and new.view_of is None:
             self._rebase_splits(new)
+
+    def _known_equal(self, new: LiveEntry, old: LiveEntry, p: int, source, source_root,
+                     known: int) -> int:
+        """How far `new`'s and `old`'s global K/V are known equal without a compare, within
+        their first `p` tokens: both canonical through p, to the last block boundary before
+        it (cuts are a function of the tokens); `old` the source `new` continued (or of its
+        root), over `new`'s first `known` tokens (it equals the source over what both hold)."""
+        canonical = min(new.canonical_to, old.canonical_to) >= p
+        check_from = (p - 1) // self.block_size * self.block_size if canonical else 0
+        if old is source or _root(old) is source_root:
+            check_from = max(check_from, min(known, p))
+        return check_from
 
     def _rebase_splits(self, new: LiveEntry) -> None:
         """Split entries whose prefix is that of an entry now on `new`'s chain read it from
@@ -420,10 +428,7 @@ class LivePool:
         both canonical through p, the last block boundary before p (as `_share_prefixes`)."""
         if any(e.differs.get(id(old), p + 1) <= p for e in _chain(new)):
             return  # found to differ where both hold
-        canonical = min(new.canonical_to, old.canonical_to) >= p
-        check_from = (p - 1) // self.block_size * self.block_size if canonical else 0
-        if old is source or _root(old) is source_root:
-            check_from = max(check_from, min(known, p))
+        check_from = self._known_equal(new, old, p, source, source_root, known)
         if source is not None and source.split_of is not None:  # (a fork's answer: its
             base, q = source.split_of  # prompt's entry was split from `old` already)
             if base is old or _root(base) is _root(old):
