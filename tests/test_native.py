@@ -174,16 +174,18 @@ def test_k_quant_params_give_the_bits_of_their_float32_scales_on_every_isa(lib, 
         wk = _kernel_weight(lib, w, K, bits)
         for isa in _isas(lib):
             lib.set_isa(isa)
-            for tiles in (True, False) if isa == "avx512vnni" else (True,):  # (AVX-512 only)
-                lib.set_matvec_tiles(tiles)
+            for way in ("tiles", "rows", "ahead") if isa == "avx512vnni" else ("tiles",):
+                lib.set_matvec_tiles(way == "tiles")  # (AVX-512 only)
+                lib.set_matvec_ahead(way == "ahead")
                 for M in (1, 5):
                     x = mx.random.normal((M, K), key=mx.random.key(M))
                     want = lib.quantized_matmul(x, wk, s, b, bits, group_size)
                     got = lib.quantized_matmul(x, wk, kp, None, bits, group_size)
                     assert mx.array_equal(got.view(mx.uint32), want.view(mx.uint32)).item(), (
-                        isa, tiles, M, N, K)
+                        isa, way, M, N, K)
     lib.set_isa(lib.best_isa())
     lib.set_matvec_tiles(True)
+    lib.set_matvec_ahead(True)
     with pytest.raises(ValueError, match="K-quant params"):  # no biases beside them
         lib.quantized_matmul(mx.zeros((1, K)), wk, kp, kp, bits, group_size)
     with pytest.raises(ValueError, match="K-quant params"):  # 8 bits have none
@@ -216,9 +218,10 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(lib, bits, K):
 
 @pytest.mark.parametrize("bits,group_size", [(4, 32), (5, 32), (6, 16), (8, 32)])
 def test_a_matvec_has_the_same_bits_read_in_tiles_or_rows(lib, bits, group_size):
-    # decode's one-row calls read weights 4 rows at a time or in order (choose_matvec times
-    # both on this CPU): every output sees the same operations either way, also beside other
-    # rows, in tile tails (N % 4) and with symmetric groups (no biases)
+    # decode's one-row calls read weights 4 rows at a time or in order, their next bytes
+    # fetched early or not (choose_matvec times each on this CPU): every output sees the same
+    # operations every way, also beside other rows, in tile tails (N % 4), with symmetric
+    # groups (no biases), and where the rows left are fewer than the fetch reaches ahead
     N, K = 70, 640
     if group_size == 16:
         w, s, b = _quantize16(mx.random.normal((N, K)), bits)
@@ -227,41 +230,52 @@ def test_a_matvec_has_the_same_bits_read_in_tiles_or_rows(lib, bits, group_size)
     s, b = s.astype(mx.float32), b.astype(mx.float32)
     wk = _kernel_weight(lib, w, K, bits)
     x = mx.random.normal((3, K))
-    was = lib.matvec_tiles()
+    was = lib.matvec_tiles(), lib.matvec_ahead()
     try:
         for biases in (b, None):
             out = {}
-            for tiles in (True, False):
-                lib.set_matvec_tiles(tiles)
-                out[tiles] = [lib.quantized_matmul(x[:m], wk, s, biases, bits, group_size)
-                              for m in (1, 2, 3)]
-            for a, c in zip(out[True], out[False]):
-                assert mx.array_equal(a, c).item()
-            assert mx.array_equal(out[True][0], out[True][2][:1]).item()
+            for way in ("tiles", "rows", "ahead"):
+                lib.set_matvec_tiles(way == "tiles")
+                lib.set_matvec_ahead(way == "ahead")
+                out[way] = [lib.quantized_matmul(x[:m], wk, s, biases, bits, group_size)
+                            for m in (1, 2, 3)]
+            for way in ("rows", "ahead"):
+                for a, c in zip(out["tiles"], out[way]):
+                    assert mx.array_equal(a, c).item(), way
+            assert mx.array_equal(out["tiles"][0], out["tiles"][2][:1]).item()
     finally:
-        lib.set_matvec_tiles(was)
+        lib.set_matvec_tiles(was[0])
+        lib.set_matvec_ahead(was[1])
 
 
 def test_the_matvec_read_is_timed_or_fixed_by_the_environment(lib, monkeypatch):
     from forkv.engine import native
 
-    was = lib.matvec_tiles()
+    was = lib.matvec_tiles(), lib.matvec_ahead()
     try:
         monkeypatch.setenv("FORKV_NATIVE_MATVEC", "rows")
         assert native.choose_matvec(lib) == "rows in order (FORKV_NATIVE_MATVEC)"
-        assert not lib.matvec_tiles()
+        assert not lib.matvec_tiles() and not lib.matvec_ahead()
+        monkeypatch.setenv("FORKV_NATIVE_MATVEC", "ahead")
+        assert native.choose_matvec(lib) == "rows in order, fetched ahead (FORKV_NATIVE_MATVEC)"
+        assert not lib.matvec_tiles() and lib.matvec_ahead()
         monkeypatch.setenv("FORKV_NATIVE_MATVEC", "tiled")
-        with pytest.raises(ValueError, match="'tiled' is not a choice; use 'tiles' or 'rows'"):
+        with pytest.raises(ValueError, match="'tiled' is not a choice; use 'tiles', 'rows' or "
+                                             "'ahead'"):
             native.choose_matvec(lib)
         monkeypatch.delenv("FORKV_NATIVE_MATVEC")
         chosen = native.choose_matvec(lib)
         if lib.isa() == "avx512vnni":
-            assert chosen.startswith(("4-row tiles (a 42 MB matvec: ", "rows in order (a 42"))
-            assert lib.matvec_tiles() == chosen.startswith("4-row")
+            ways = {"4-row tiles (": (True, False), "rows in order (": (False, False),
+                    "rows in order, fetched ahead (": (False, True)}
+            way = next(w for w in ways if chosen.startswith(w))
+            assert chosen.startswith(way + "a 42 MB matvec: ")
+            assert (lib.matvec_tiles(), lib.matvec_ahead()) == ways[way]
         else:
             assert chosen == ""
     finally:
-        lib.set_matvec_tiles(was)
+        lib.set_matvec_tiles(was[0])
+        lib.set_matvec_ahead(was[1])
 
 
 @pytest.mark.parametrize("bits", [4, 5, 6, 8])

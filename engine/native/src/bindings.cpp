@@ -55,6 +55,8 @@ NB_MODULE(_forkv_native, m) {
   });
   m.def("matvec_tiles", &forkv::matvec_tiles);
   m.def("set_matvec_tiles", &forkv::set_matvec_tiles, "on"_a);
+  m.def("matvec_ahead", &forkv::matvec_ahead);
+  m.def("set_matvec_ahead", &forkv::set_matvec_ahead, "on"_a);
   m.def("num_threads", &forkv::current_threads);
   m.def("set_num_threads", &forkv::set_threads, "n"_a);
 }

@@ -96,6 +96,10 @@ size_t row_bytes(int K, int bits);
 // (native/__init__.py) and sets it.
 void set_matvec_tiles(bool on);
 bool matvec_tiles();
+// Whether one-row calls that read rows in order fetch their next bytes early (qgemm.cpp
+// kStreamAhead): the same bits either way; Python times it with the above.
+void set_matvec_ahead(bool on);
+bool matvec_ahead();
 
 // Quantize rows [m0, m1) of x (float32, row stride ldx) into the buffers of `qx`.
 // `xshift` (or null): each block's -shift_mul * sum of its int8 values.
