@@ -365,6 +365,30 @@ T512 inline void load_last512(const uint8_t* row, int c, __m512i& lo, __m512i& h
   hi = _mm512_zextsi256_si512(h);
 }
 
+// Pair p's lines of a row streamed from memory, `ahead` bytes on into L1 and, where `far` is
+// not 0, `far` bytes on into L2 (the tiles' next-block prefetch and kStreamAhead's fetch).
+template <int BITS>
+T512 inline void fetch_pair512(const uint8_t* row, int p, size_t ahead, size_t far) {
+  constexpr size_t kPair = 2 * (BITS == 8 ? 64 : 32 + 8 * (BITS - 4));
+  const char* at = reinterpret_cast<const char*>(row) + kPair * size_t(p);
+  _mm_prefetch(at + ahead, _MM_HINT_T0);
+  if constexpr (BITS > 4) _mm_prefetch(at + ahead + 64, _MM_HINT_T0);
+  if (far) {
+    _mm_prefetch(at + far, _MM_HINT_T1);
+    if constexpr (BITS > 4) _mm_prefetch(at + far + 64, _MM_HINT_T1);
+  }
+}
+
+// How far a one-row call streaming a row with `left` bytes of weights from its start on fetches
+// ahead (kStreamAhead, kStreamFar; 0: not at all): never past the weights' end.
+struct StreamAhead {
+  size_t ahead = 0, far = 0;
+};
+inline StreamAhead stream_ahead(bool on, size_t left, size_t row_bytes) {
+  if (!on || left <= kStreamAhead + row_bytes) return {};
+  return {kStreamAhead, left > kStreamFar + row_bytes ? kStreamFar : 0};
+}
+
 // Which of a row's scales the lanes of 128 (or 64) elements take: lane l (elements 8l..8l+7)
 // lies in group 8l / G from the first element's, G a power of two from 16 to 128
 // (matmul_inputs checks). Worked out once a call: divisions per row or pair slowed small rows.
@@ -513,7 +537,6 @@ T512H void tile512(const QuantX& x, const QuantW& w, const PairScales& ps, const
     sc[j] = KP ? nullptr : scales + size_t(j) * num_groups;
     kp[j] = KP ? w.kparams + size_t(n0 + j) * kp_row : nullptr;
   }
-  constexpr size_t kChunkBytes = BITS == 8 ? 64 : 32 + 8 * (BITS - 4);
   // Chunks in pairs (QuantX::paired): the evens of both chunks in one register and their
   // odds in another, so lane l of both covers the same 8-element activation block (16p + l)
   // and their two dot products add in int32 before one conversion: per 128 weights one
@@ -529,16 +552,7 @@ T512H void tile512(const QuantX& x, const QuantW& w, const PairScales& ps, const
     __m512i lo[NR], hi[NR];
     __m512 sv[NR];
     if (ahead)
-      for (int j = 0; j < NR; ++j) {
-        const char* at = reinterpret_cast<const char*>(rows[j] + ahead + 2 * kChunkBytes * p);
-        _mm_prefetch(at, _MM_HINT_T0);
-        if constexpr (BITS > 4) _mm_prefetch(at + 64, _MM_HINT_T0);
-        if (far) {  // (kStreamFar)
-          const char* l2 = at + (far - ahead);
-          _mm_prefetch(l2, _MM_HINT_T1);
-          if constexpr (BITS > 4) _mm_prefetch(l2 + 64, _MM_HINT_T1);
-        }
-      }
+      for (int j = 0; j < NR; ++j) fetch_pair512<BITS>(rows[j], p, ahead, far);
     for (int j = 0; j < NR; ++j) {
       load_pair512<BITS>(rows[j], p, lo[j], hi[j], whole);
       if constexpr (KP) {  // a super-block is 2 pairs
@@ -643,7 +657,7 @@ T512H void tile512(const QuantX& x, const QuantW& w, const PairScales& ps, const
 // instructions on runtime group-size branches and index arithmetic.
 template <int BITS, int GS, int MR>
 T512H void kq_row512(const QuantX& x, const QuantW& w, const PairScales& ps, int n, float* y,
-                     size_t ldy) {
+                     size_t ldy, bool fetch) {
   constexpr int kBB = GS == 16 ? 18 : 20;
   constexpr bool kSym = GS == 16;  // (groups of 16: Q6_K, symmetric)
   const int supers = w.K / kSuperBlock, num_blocks = w.K / kXBlock, num_groups = w.K / GS;
@@ -653,26 +667,12 @@ T512H void kq_row512(const QuantX& x, const QuantW& w, const PairScales& ps, int
   __m512 acc[MR];
   for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
   const bool whole = (reinterpret_cast<uintptr_t>(row) & 63) == 0;
-  const uint8_t* end = w.data + size_t(w.N) * w.row_bytes;
-  const bool fetch = g_stream_ahead.load(std::memory_order_relaxed);
-  const uint8_t* ahead =
-      fetch && size_t(end - row) > kStreamAhead + w.row_bytes ? row + kStreamAhead : nullptr;
-  const bool far = size_t(end - row) > kStreamFar + w.row_bytes;
-  constexpr size_t kPair = 2 * (BITS == 8 ? 64 : 32 + 8 * (BITS - 4));
+  const StreamAhead fa = stream_ahead(fetch, size_t(w.N - n) * w.row_bytes, w.row_bytes);
   for (int b = 0; b < supers; ++b) {
     const __m512 ks = kp_scales512(kp + size_t(b) * kBB, GS);
     for (int h = 0; h < 2; ++h) {
       const int p = 2 * b + h;
-      if (ahead) {
-        const char* at = reinterpret_cast<const char*>(ahead + kPair * p);
-        _mm_prefetch(at, _MM_HINT_T0);
-        if constexpr (BITS > 4) _mm_prefetch(at + 64, _MM_HINT_T0);
-        if (far) {
-          const char* l2 = at + (kStreamFar - kStreamAhead);
-          _mm_prefetch(l2, _MM_HINT_T1);
-          if constexpr (BITS > 4) _mm_prefetch(l2 + 64, _MM_HINT_T1);
-        }
-      }
+      if (fa.ahead) fetch_pair512<BITS>(row, p, fa.ahead, fa.far);
       __m512i lo, hi;
       load_pair512<BITS>(row, p, lo, hi, whole);
       const __m512 sv = _mm512_permutexvar_ps(h ? i1 : i0, ks);
@@ -696,11 +696,12 @@ T512H void kq_row512(const QuantX& x, const QuantW& w, const PairScales& ps, int
 template <int BITS, int GS>
 T512 void kq_rows512(const QuantX& x, const QuantW& w, int n0, int n1, float* y, size_t ldy) {
   const PairScales ps(GS);
+  const bool fetch = g_stream_ahead.load(std::memory_order_relaxed);  // (once a call)
   for (int n = n0; n < n1; ++n) {
     switch (x.M) {
-      case 1: kq_row512<BITS, GS, 1>(x, w, ps, n, y, ldy); break;
-      case 2: kq_row512<BITS, GS, 2>(x, w, ps, n, y, ldy); break;
-      default: kq_row512<BITS, GS, 3>(x, w, ps, n, y, ldy); break;
+      case 1: kq_row512<BITS, GS, 1>(x, w, ps, n, y, ldy, fetch); break;
+      case 2: kq_row512<BITS, GS, 2>(x, w, ps, n, y, ldy, fetch); break;
+      default: kq_row512<BITS, GS, 3>(x, w, ps, n, y, ldy, fetch); break;
     }
   }
 }
@@ -732,11 +733,9 @@ T512 void rows512(const QuantX& x, const QuantW& w, const RowParams& p, int m0, 
   // (one activation row's first pass streams the rows: fetch ahead, kStreamAhead)
   const bool stream = MR == 1 && m0 == 0 && g_stream_ahead.load(std::memory_order_relaxed);
   for (; n < n1; ++n) {
-    const size_t left = size_t(w.N - n) * w.row_bytes;  // bytes from this row on
-    const bool near = stream && left > kStreamAhead + w.row_bytes;
+    const StreamAhead fa = stream_ahead(stream, size_t(w.N - n) * w.row_bytes, w.row_bytes);
     tile512<BITS, MR, 1, SYM, KP>(x, w, ps, scales_at(n), at(biases, n), m0, n, y, ldy,
-                                  near ? kStreamAhead : 0,
-                                  near && left > kStreamFar + w.row_bytes ? kStreamFar : 0);
+                                  fa.ahead, fa.far);
   }
 }
 
